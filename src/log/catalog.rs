@@ -1,0 +1,130 @@
+//! The `meta` tree: format version, queue catalog, fences.
+//!
+//! ```text
+//! key                                   value
+//! "format"                              u32 LE: the store format version
+//! "queue/" name                         u32 LE: the queue's id
+//! "fence/" queue id (u32 BE) seq (u64 BE)  UTF-8 reason: the queue is fenced by that record
+//! ```
+
+use crate::core::QueueId;
+use crate::error::{Error, Result};
+
+/// The store format this build reads and writes.
+pub(crate) const FORMAT_VERSION: u32 = 1;
+
+const FORMAT_KEY: &[u8] = b"format";
+const QUEUE_PREFIX: &[u8] = b"queue/";
+const FENCE_PREFIX: &[u8] = b"fence/";
+
+/// A queue fenced by a set-aside record.
+#[derive(Debug, Clone)]
+pub(crate) struct Fence {
+    pub(crate) queue: QueueId,
+    pub(crate) record: u64,
+    pub(crate) reason: String,
+}
+
+fn u32_of(bytes: &[u8]) -> Option<u32> {
+    Some(u32::from_le_bytes(bytes.try_into().ok()?))
+}
+
+/// Checks (or, in a new store, writes) the format version.
+pub(crate) fn check_format(meta: &sled::Tree, fresh: bool) -> Result<()> {
+    match meta.get(FORMAT_KEY)? {
+        Some(v) => match u32_of(&v) {
+            Some(FORMAT_VERSION) => Ok(()),
+            Some(found) => Err(Error::UnsupportedFormat {
+                found,
+                supported: FORMAT_VERSION,
+            }),
+            None => Err(Error::UnsupportedFormat {
+                found: u32::MAX,
+                supported: FORMAT_VERSION,
+            }),
+        },
+        None if fresh => {
+            meta.insert(FORMAT_KEY, &FORMAT_VERSION.to_le_bytes())?;
+            Ok(())
+        }
+        // Queues or records without a format key: not a store this build wrote.
+        None => Err(Error::UnsupportedFormat {
+            found: 0,
+            supported: FORMAT_VERSION,
+        }),
+    }
+}
+
+/// Every queue of the catalog, by id order.
+pub(crate) fn load_queues(meta: &sled::Tree) -> Result<Vec<(String, QueueId)>> {
+    let mut queues = Vec::new();
+    for kv in meta.scan_prefix(QUEUE_PREFIX) {
+        let (k, v) = kv?;
+        let name = String::from_utf8(k[QUEUE_PREFIX.len()..].to_vec());
+        match (name, u32_of(&v)) {
+            (Ok(name), Some(id)) => queues.push((name, id)),
+            _ => {
+                return Err(Error::storage(std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    format!("catalog entry {:?} is damaged", String::from_utf8_lossy(&k)),
+                )))
+            }
+        }
+    }
+    queues.sort_by_key(|(_, id)| *id);
+    Ok(queues)
+}
+
+/// Records a new queue.
+pub(crate) fn create_queue(meta: &sled::Tree, name: &str, id: QueueId) -> Result<()> {
+    let mut key = QUEUE_PREFIX.to_vec();
+    key.extend_from_slice(name.as_bytes());
+    meta.insert(key, &id.to_le_bytes())?;
+    Ok(())
+}
+
+fn fence_key(queue: QueueId, record: u64) -> Vec<u8> {
+    let mut key = FENCE_PREFIX.to_vec();
+    key.extend_from_slice(&queue.to_be_bytes());
+    key.extend_from_slice(&record.to_be_bytes());
+    key
+}
+
+/// Every fence in place.
+pub(crate) fn load_fences(meta: &sled::Tree) -> Result<Vec<Fence>> {
+    let mut fences = Vec::new();
+    for kv in meta.scan_prefix(FENCE_PREFIX) {
+        let (k, v) = kv?;
+        let rest = &k[FENCE_PREFIX.len()..];
+        if rest.len() != 12 {
+            continue;
+        }
+        let queue = u32::from_be_bytes([rest[0], rest[1], rest[2], rest[3]]);
+        let mut seq = [0u8; 8];
+        seq.copy_from_slice(&rest[4..]);
+        fences.push(Fence {
+            queue,
+            record: u64::from_be_bytes(seq),
+            reason: String::from_utf8_lossy(&v).into_owned(),
+        });
+    }
+    Ok(fences)
+}
+
+/// Fences `queue` because of `record`.
+pub(crate) fn add_fence(meta: &sled::Tree, fence: &Fence) -> Result<()> {
+    meta.insert(fence_key(fence.queue, fence.record), fence.reason.as_bytes())?;
+    Ok(())
+}
+
+/// Lifts every fence of `queue`.
+pub(crate) fn remove_fences(meta: &sled::Tree, queue: QueueId) -> Result<()> {
+    let mut prefix = FENCE_PREFIX.to_vec();
+    prefix.extend_from_slice(&queue.to_be_bytes());
+    let mut batch = sled::Batch::default();
+    for kv in meta.scan_prefix(prefix) {
+        batch.remove(kv?.0);
+    }
+    meta.apply_batch(batch)?;
+    Ok(())
+}

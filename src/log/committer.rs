@@ -1,0 +1,311 @@
+//! The committer: the one thread that writes the log.
+//!
+//! It takes every commit waiting in its channel (up to the group size), assigns the new items
+//! their ids, writes the group as one record in one sled operation, flushes once under
+//! `Durability::Sync`, then makes the enqueued items visible, marks the dequeued ones
+//! acknowledged and answers every commit of the group. After each group it compacts the front
+//! of the log a little. It owns the authoritative view of what is live ([`Liveness`]).
+
+use std::sync::Arc;
+
+use crossbeam_channel::Receiver;
+
+use super::liveness::Liveness;
+use super::record::{self, Bytes, Op, RecordBuilder};
+use super::recovery::Trees;
+use crate::config::{Config, Durability};
+use crate::core::{publish_all, restore_all, Entry, QueueCore};
+use crate::error::{Error, Result};
+
+/// The most live bytes one compaction round moves, so no commit waits long behind it.
+const REWRITE_BUDGET: u64 = 4 << 20;
+
+/// A transaction on its way to the log.
+#[derive(Debug)]
+pub(crate) struct CommitRequest {
+    /// Encoded items to add, in enqueue order.
+    pub(crate) enqueues: Vec<(Arc<QueueCore>, Box<[u8]>)>,
+    /// Items the transaction dequeued; acknowledged on success, given back on failure.
+    pub(crate) dequeued: Vec<(Arc<QueueCore>, Entry)>,
+    pub(crate) reply: Reply,
+}
+
+impl CommitRequest {
+    /// Approximate bytes the request adds to a record.
+    fn size(&self) -> usize {
+        let items: usize = self.enqueues.iter().map(|(_, b)| b.len() + 24).sum();
+        items + self.dequeued.len() * 12
+    }
+
+    /// Answers the request with a failure, giving its dequeued items back to their queues.
+    pub(crate) fn fail(self, error: Error) {
+        restore_all(self.dequeued);
+        self.reply.send(Err(error));
+    }
+}
+
+/// Where the committer sends a commit's outcome.
+#[derive(Debug)]
+pub(crate) enum Reply {
+    /// A thread blocked in `commit`.
+    Blocking(crossbeam_channel::Sender<Result<()>>),
+    /// A task awaiting `commit_async`.
+    Async(tokio::sync::oneshot::Sender<Result<()>>),
+}
+
+impl Reply {
+    pub(crate) fn send(self, result: Result<()>) {
+        // The receiver may be gone (a cancelled `commit_async`): the outcome stands anyway.
+        match self {
+            Reply::Blocking(tx) => drop(tx.send(result)),
+            Reply::Async(tx) => drop(tx.send(result)),
+        }
+    }
+}
+
+/// What the committer is asked to do.
+#[derive(Debug)]
+pub(crate) enum Message {
+    Commit(CommitRequest),
+    /// Flush everything written so far to disk, then reply.
+    Flush(Reply),
+}
+
+#[derive(Debug)]
+pub(crate) struct Committer {
+    trees: Trees,
+    durability: Durability,
+    group_size: usize,
+    compaction_floor: u64,
+    rx: Receiver<Message>,
+    liveness: Liveness,
+    next_id: u64,
+    next_seq: u64,
+    builder: RecordBuilder,
+    /// Set by the first storage failure: sled stops accepting writes after one, so every
+    /// later commit fails with the same error until the store is reopened.
+    failed: Option<Error>,
+    /// Set when compaction met a record it could not read; it then stops for this run.
+    compaction_stopped: bool,
+}
+
+impl Committer {
+    pub(crate) fn new(
+        trees: Trees,
+        config: &Config,
+        rx: Receiver<Message>,
+        liveness: Liveness,
+        next_id: u64,
+        next_seq: u64,
+    ) -> Self {
+        Committer {
+            trees,
+            durability: config.durability,
+            group_size: config.group_size,
+            compaction_floor: config.compaction_floor,
+            rx,
+            liveness,
+            next_id,
+            next_seq,
+            builder: RecordBuilder::default(),
+            failed: None,
+            compaction_stopped: false,
+        }
+    }
+
+    /// Serves commits until every sender is gone, then flushes.
+    pub(crate) fn run(mut self) {
+        let mut group = Vec::new();
+        let mut flushes = Vec::new();
+        while let Ok(first) = self.rx.recv() {
+            let mut size = 0;
+            let mut next = Some(first);
+            while let Some(message) = next.take() {
+                match message {
+                    Message::Commit(req) => {
+                        size += req.size();
+                        group.push(req);
+                    }
+                    Message::Flush(reply) => flushes.push(reply),
+                }
+                if size < self.group_size {
+                    next = self.rx.try_recv().ok();
+                }
+            }
+            if !group.is_empty() {
+                self.commit_group(std::mem::take(&mut group));
+                self.compact();
+            }
+            for reply in flushes.drain(..) {
+                reply.send(self.flush());
+            }
+        }
+        if let Err(e) = self.flush() {
+            tracing::error!(error = %e, "final flush of the store failed");
+        }
+    }
+
+    fn flush(&self) -> Result<()> {
+        if let Some(e) = &self.failed {
+            return Err(e.clone());
+        }
+        self.trees.db.flush()?;
+        Ok(())
+    }
+
+    fn commit_group(&mut self, group: Vec<CommitRequest>) {
+        if let Some(e) = &self.failed {
+            group.into_iter().for_each(|req| req.fail(e.clone()));
+            return;
+        }
+        let seq = self.next_seq;
+        let first = self.next_id;
+        let record = match self.encode(&group, first) {
+            Ok(record) => record,
+            Err(e) => {
+                // Only a bug can get here; fail the group, keep the store going.
+                self.builder.reset();
+                let e = Error::storage(e);
+                group.into_iter().for_each(|req| req.fail(e.clone()));
+                return;
+            }
+        };
+        let bytes = record.len() as u64;
+        let written = self
+            .trees
+            .log
+            .insert(seq.to_be_bytes(), record)
+            .and_then(|_| match self.durability {
+                Durability::Sync => self.trees.db.flush().map(drop),
+                Durability::Buffered => Ok(()),
+            });
+        if let Err(e) = written {
+            let e = Error::from(e);
+            tracing::error!(error = %e, seq, "writing a commit group failed; the store stops committing");
+            self.failed = Some(e.clone());
+            group.into_iter().for_each(|req| req.fail(e.clone()));
+            return;
+        }
+        let added: u64 = group.iter().map(|r| r.enqueues.len() as u64).sum();
+        self.next_seq += 1;
+        self.next_id += added;
+        self.liveness.add_range(seq, first, added, bytes);
+        let mut id = first;
+        for req in group {
+            for (_, entry) in &req.dequeued {
+                self.liveness.ack(entry.id);
+            }
+            let n = req.enqueues.len() as u64;
+            publish_all(req.enqueues, id);
+            id += n;
+            drop(req.dequeued);
+            req.reply.send(Ok(()));
+        }
+    }
+
+    fn encode(&mut self, group: &[CommitRequest], first: u64) -> Result<Vec<u8>, postcard::Error> {
+        let mut id = first;
+        for req in group {
+            for (queue, bytes) in &req.enqueues {
+                self.builder.push(&Op::Enqueue {
+                    queue: queue.id(),
+                    id,
+                    attempts: 0,
+                    not_before: 0,
+                    bytes: Bytes(bytes),
+                })?;
+                id += 1;
+            }
+            for (queue, entry) in &req.dequeued {
+                self.builder.push(&Op::Ack {
+                    queue: queue.id(),
+                    id: entry.id,
+                })?;
+            }
+        }
+        self.builder.finish()
+    }
+
+    /// Deletes the fully acknowledged front of the log, and moves the few live items that
+    /// pin an old group to a new group when the log has grown well past the live backlog.
+    fn compact(&mut self) {
+        if self.failed.is_some() || self.compaction_stopped {
+            return;
+        }
+        let mut batch = sled::Batch::default();
+        let mut changed = false;
+        let mut moved_bytes = 0;
+        while let Some(front) = self.liveness.front() {
+            if front.is_last {
+                break;
+            }
+            if front.live == 0 {
+                batch.remove(&front.seq.to_be_bytes()[..]);
+                self.liveness.pop_front();
+                changed = true;
+                continue;
+            }
+            let log = self.liveness.log_bytes();
+            let crowded = log > self.compaction_floor && log > 2 * self.liveness.live_bytes();
+            if !crowded || moved_bytes >= REWRITE_BUDGET {
+                break;
+            }
+            match self.rewrite_front(front.seq, &mut batch) {
+                Ok(bytes) => {
+                    moved_bytes += bytes;
+                    changed = true;
+                }
+                Err(reason) => {
+                    tracing::error!(seq = front.seq, %reason, "compaction stopped: a record cannot be read");
+                    self.compaction_stopped = true;
+                    break;
+                }
+            }
+        }
+        if changed {
+            if let Err(e) = self.trees.log.apply_batch(batch) {
+                let e = Error::from(e);
+                tracing::error!(error = %e, "compaction failed; the store stops committing");
+                self.failed = Some(e);
+            }
+        }
+    }
+
+    /// Copies the live items of the front group into a new group and queues the old group's
+    /// deletion, both in `batch`. Returns the bytes written.
+    fn rewrite_front(&mut self, seq: u64, batch: &mut sled::Batch) -> Result<u64, String> {
+        let raw = match self.trees.log.get(seq.to_be_bytes()) {
+            Ok(Some(raw)) => raw,
+            Ok(None) => return Err("record missing from the log".into()),
+            Err(e) => return Err(e.to_string()),
+        };
+        let rec = record::decode(&raw).map_err(|e| e.reason)?;
+        let live = self.liveness.front_live();
+        let mut kept = Vec::with_capacity(live.len());
+        for op in &rec.ops {
+            if let Op::Enqueue { id, .. } = op {
+                if live.binary_search(id).is_ok() {
+                    if let Err(e) = self.builder.push(op) {
+                        self.builder.reset();
+                        return Err(e.to_string());
+                    }
+                    kept.push(*id);
+                }
+            }
+        }
+        kept.sort_unstable();
+        if kept != live {
+            self.builder.reset();
+            return Err("the record lacks items the log counts as live".into());
+        }
+        let record = self.builder.finish().map_err(|e| e.to_string())?;
+        let bytes = record.len() as u64;
+        let new_seq = self.next_seq;
+        batch.insert(&new_seq.to_be_bytes()[..], record);
+        batch.remove(&seq.to_be_bytes()[..]);
+        self.next_seq += 1;
+        self.liveness.pop_front();
+        self.liveness.add_list(new_seq, kept, bytes);
+        Ok(bytes)
+    }
+}

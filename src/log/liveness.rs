@@ -1,0 +1,299 @@
+//! Which items of which commit group are still live: the committer's authoritative view,
+//! rebuilt by recovery, used by compaction.
+//!
+//! A group made by a commit holds a contiguous run of fresh ids (`first .. first + len`), so
+//! an id finds its group by binary search and costs one bit of memory. A group written by
+//! compaction holds items moved from older groups (old, scattered ids); those few ids are
+//! indexed in `moved`.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+
+/// Where an id sits: its group and its index in that group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Slot {
+    pub(crate) seq: u64,
+    pub(crate) index: usize,
+}
+
+/// A fixed-size set of live positions.
+#[derive(Debug)]
+struct Bits {
+    words: Box<[u64]>,
+    live: u32,
+}
+
+impl Bits {
+    fn all(len: usize) -> Self {
+        let mut words = vec![u64::MAX; len.div_ceil(64)].into_boxed_slice();
+        if len % 64 != 0 {
+            if let Some(last) = words.last_mut() {
+                *last = (1u64 << (len % 64)) - 1;
+            }
+        }
+        Bits {
+            words,
+            live: u32::try_from(len).unwrap_or(u32::MAX),
+        }
+    }
+
+    /// Clears `index`; true if it was set.
+    fn clear(&mut self, index: usize) -> bool {
+        let Some(word) = self.words.get_mut(index / 64) else {
+            return false;
+        };
+        let mask = 1u64 << (index % 64);
+        let was = *word & mask != 0;
+        *word &= !mask;
+        if was {
+            self.live -= 1;
+        }
+        was
+    }
+
+    fn iter(&self) -> impl Iterator<Item = usize> + '_ {
+        self.words.iter().enumerate().flat_map(|(w, &word)| {
+            (0..64)
+                .filter(move |b| word & (1u64 << b) != 0)
+                .map(move |b| w * 64 + b)
+        })
+    }
+}
+
+#[derive(Debug)]
+struct RangeGroup {
+    seq: u64,
+    first: u64,
+    len: u64,
+    bytes: u64,
+    bits: Bits,
+}
+
+#[derive(Debug)]
+struct ListGroup {
+    ids: Box<[u64]>,
+    bytes: u64,
+    bits: Bits,
+}
+
+/// What compaction needs to know of the oldest group.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Front {
+    pub(crate) seq: u64,
+    pub(crate) live: u32,
+    /// Is it also the newest group? (The newest group is never deleted: it carries the
+    /// highest sequence number and ids forward.)
+    pub(crate) is_last: bool,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Liveness {
+    /// Commit groups, oldest first; `first` ascends with `seq`.
+    ranges: VecDeque<RangeGroup>,
+    /// Compaction groups, by sequence number.
+    lists: BTreeMap<u64, ListGroup>,
+    /// id -> sequence number of the compaction group holding it.
+    moved: HashMap<u64, u64>,
+    log_bytes: u64,
+    /// Estimate of the log bytes the live items take: each group's bytes spread evenly over
+    /// its items.
+    live_bytes: u64,
+    /// Highest id ever added, so recovery can tell a commit group from a compaction group.
+    range_end: u64,
+}
+
+fn per_item(bytes: u64, len: u64) -> u64 {
+    bytes.checked_div(len).unwrap_or(0)
+}
+
+impl Liveness {
+    /// Total size of the records of all groups.
+    pub(crate) fn log_bytes(&self) -> u64 {
+        self.log_bytes
+    }
+
+    /// Estimated log bytes held by live items.
+    pub(crate) fn live_bytes(&self) -> u64 {
+        self.live_bytes
+    }
+
+    /// Number of groups in the log.
+    pub(crate) fn groups(&self) -> usize {
+        self.ranges.len() + self.lists.len()
+    }
+
+    /// The id a commit group added now would have to start at or above.
+    pub(crate) fn range_end(&self) -> u64 {
+        self.range_end
+    }
+
+    /// Can `first .. first + len` be added as a commit group after the existing ones?
+    pub(crate) fn fits_as_range(&self, first: u64) -> bool {
+        first >= self.range_end
+    }
+
+    /// Adds a group whose items have ids `first .. first + len`, all live.
+    pub(crate) fn add_range(&mut self, seq: u64, first: u64, len: u64, bytes: u64) {
+        self.ranges.push_back(RangeGroup {
+            seq,
+            first,
+            len,
+            bytes,
+            bits: Bits::all(len as usize),
+        });
+        self.range_end = self.range_end.max(first + len);
+        self.log_bytes += bytes;
+        self.live_bytes += per_item(bytes, len) * len;
+    }
+
+    /// Adds a group holding `ids` (ascending), all live.
+    pub(crate) fn add_list(&mut self, seq: u64, ids: Vec<u64>, bytes: u64) {
+        let len = ids.len() as u64;
+        for &id in &ids {
+            self.moved.insert(id, seq);
+        }
+        self.lists.insert(
+            seq,
+            ListGroup {
+                bits: Bits::all(ids.len()),
+                ids: ids.into_boxed_slice(),
+                bytes,
+            },
+        );
+        self.log_bytes += bytes;
+        self.live_bytes += per_item(bytes, len) * len;
+    }
+
+    /// Marks `id` acknowledged. Returns where it was, or `None` for an id that is not live
+    /// (unknown, or acknowledged before).
+    pub(crate) fn ack(&mut self, id: u64) -> Option<Slot> {
+        if let Some(seq) = self.moved.remove(&id) {
+            let group = self.lists.get_mut(&seq)?;
+            let index = group.ids.binary_search(&id).ok()?;
+            if group.bits.clear(index) {
+                self.live_bytes -= per_item(group.bytes, group.ids.len() as u64);
+                return Some(Slot { seq, index });
+            }
+            return None;
+        }
+        let at = self.ranges.partition_point(|g| g.first <= id).checked_sub(1)?;
+        let group = &mut self.ranges[at];
+        let index = usize::try_from(id - group.first).ok()?;
+        if id - group.first < group.len && group.bits.clear(index) {
+            self.live_bytes -= per_item(group.bytes, group.len);
+            return Some(Slot {
+                seq: group.seq,
+                index,
+            });
+        }
+        None
+    }
+
+    /// The oldest group.
+    pub(crate) fn front(&self) -> Option<Front> {
+        let range = self.ranges.front().map(|g| (g.seq, g.bits.live));
+        let list = self.lists.first_key_value().map(|(s, g)| (*s, g.bits.live));
+        let (seq, live) = match (range, list) {
+            (Some(r), Some(l)) => r.min(l),
+            (r, l) => r.or(l)?,
+        };
+        Some(Front {
+            seq,
+            live,
+            is_last: self.groups() == 1,
+        })
+    }
+
+    /// The ids still live in the oldest group, ascending.
+    pub(crate) fn front_live(&self) -> Vec<u64> {
+        let Some(front) = self.front() else {
+            return Vec::new();
+        };
+        match self.ranges.front() {
+            Some(g) if g.seq == front.seq => {
+                g.bits.iter().map(|i| g.first + i as u64).collect()
+            }
+            _ => match self.lists.get(&front.seq) {
+                Some(g) => g.bits.iter().map(|i| g.ids[i]).collect(),
+                None => Vec::new(),
+            },
+        }
+    }
+
+    /// Removes the oldest group and returns the ids still live in it, ascending.
+    pub(crate) fn pop_front(&mut self) -> Vec<u64> {
+        let Some(front) = self.front() else {
+            return Vec::new();
+        };
+        let (bytes, len, live) = if self.ranges.front().map(|g| g.seq) == Some(front.seq) {
+            let Some(g) = self.ranges.pop_front() else {
+                return Vec::new();
+            };
+            let live: Vec<u64> = g.bits.iter().map(|i| g.first + i as u64).collect();
+            (g.bytes, g.len, live)
+        } else {
+            let Some(g) = self.lists.remove(&front.seq) else {
+                return Vec::new();
+            };
+            let live: Vec<u64> = g.bits.iter().map(|i| g.ids[i]).collect();
+            for id in &live {
+                self.moved.remove(id);
+            }
+            (g.bytes, g.ids.len() as u64, live)
+        };
+        self.log_bytes -= bytes;
+        self.live_bytes -= per_item(bytes, len) * live.len() as u64;
+        live
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn acks_find_their_groups() {
+        let mut l = Liveness::default();
+        l.add_range(1, 0, 3, 300);
+        l.add_range(2, 3, 0, 10); // ack-only group
+        l.add_range(3, 3, 2, 200);
+        assert_eq!(l.ack(4), Some(Slot { seq: 3, index: 1 }));
+        assert_eq!(l.ack(4), None, "a second ack is not live");
+        assert_eq!(l.ack(9), None, "unknown id");
+        assert_eq!(l.ack(0), Some(Slot { seq: 1, index: 0 }));
+        assert_eq!(l.front().unwrap().live, 2);
+        assert_eq!(l.pop_front(), vec![1, 2]);
+        assert_eq!(l.front().unwrap().seq, 2);
+        assert_eq!(l.front().unwrap().live, 0);
+    }
+
+    #[test]
+    fn moved_items_are_tracked_in_their_new_group() {
+        let mut l = Liveness::default();
+        l.add_range(1, 0, 100, 10_000);
+        for id in 0..98 {
+            assert!(l.ack(id).is_some());
+        }
+        let live = l.pop_front();
+        assert_eq!(live, vec![98, 99]);
+        l.add_range(2, 100, 1, 100);
+        l.add_list(3, live, 200);
+        assert_eq!(l.front().unwrap().seq, 2);
+        assert_eq!(l.ack(99), Some(Slot { seq: 3, index: 1 }));
+        assert_eq!(l.ack(99), None);
+        assert_eq!(l.log_bytes(), 300);
+        l.pop_front();
+        assert_eq!(l.pop_front(), vec![98]);
+        assert_eq!(l.groups(), 0);
+        assert_eq!(l.live_bytes(), 0);
+    }
+
+    #[test]
+    fn bits_cover_partial_words() {
+        let mut b = Bits::all(70);
+        assert_eq!(b.iter().count(), 70);
+        assert!(b.clear(69));
+        assert!(!b.clear(69));
+        assert!(!b.clear(70));
+        assert_eq!(b.live, 69);
+    }
+}
