@@ -1,0 +1,486 @@
+//! The documented cases of Service Fabric's ReliableConcurrentQueue, each run against an
+//! in-memory store and an on-disk store.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Barrier};
+use std::thread;
+
+use common::{drain, peek_all, temp_dir};
+use reliable_queue::{ReliableConcurrentQueue, Store};
+
+/// Runs `case` against a fresh in-memory store, then against a fresh on-disk store.
+fn on_both_stores(case: impl Fn(&Store)) {
+    let memory = Store::in_memory().expect("open an in-memory store");
+    case(&memory);
+    let (_guard, path) = temp_dir();
+    let disk = Store::open(&path).expect("open an on-disk store");
+    case(&disk);
+}
+
+/// Commits `items` in one transaction.
+fn enqueue_all(store: &Store, queue: &ReliableConcurrentQueue<u32>, items: &[u32]) {
+    let mut tx = store.begin();
+    for &item in items {
+        queue.enqueue(&mut tx, item).expect("enqueue");
+    }
+    tx.commit().expect("commit enqueues");
+}
+
+fn set(items: &[u32]) -> BTreeSet<u32> {
+    items.iter().copied().collect()
+}
+
+/// A queue holding 10, 20, ..., 60, committed in one transaction.
+fn populated(store: &Store) -> ReliableConcurrentQueue<u32> {
+    let queue = store.queue::<u32>("q").expect("open queue");
+    enqueue_all(store, &queue, &[10, 20, 30, 40, 50, 60]);
+    assert_eq!(queue.count(), 6);
+    queue
+}
+
+#[test]
+fn single_enqueue_task_holds_exactly_both_items() {
+    on_both_stores(|store| {
+        let queue = store.queue::<u32>("q").unwrap();
+        enqueue_all(store, &queue, &[10, 20]);
+        assert_eq!(queue.count(), 2);
+        let items = peek_all(store, &queue);
+        assert!(
+            items == [10, 20] || items == [20, 10],
+            "queue holds {items:?}"
+        );
+        assert_eq!(queue.count(), 2, "peeking consumed nothing");
+    });
+}
+
+#[test]
+fn parallel_enqueue_tasks_lose_nothing() {
+    on_both_stores(|store| {
+        let queue = store.queue::<u32>("q").unwrap();
+        // Both transactions are open, with their items enqueued, before either commits.
+        let ready = Arc::new(Barrier::new(2));
+        let tasks: Vec<_> = [[10, 20], [30, 40]]
+            .into_iter()
+            .map(|items| {
+                let (store, queue, ready) = (store.clone(), queue.clone(), ready.clone());
+                thread::spawn(move || {
+                    let mut tx = store.begin();
+                    for item in items {
+                        queue.enqueue(&mut tx, item).unwrap();
+                    }
+                    ready.wait();
+                    tx.commit().unwrap();
+                })
+            })
+            .collect();
+        for task in tasks {
+            task.join().expect("enqueue task");
+        }
+        assert_eq!(queue.count(), 4);
+        let mut items = drain(store, &queue);
+        assert_eq!(items.len(), 4, "each item exactly once: {items:?}");
+        items.sort_unstable();
+        assert_eq!(items, [10, 20, 30, 40]);
+        assert_eq!(queue.count(), 0);
+    });
+}
+
+#[test]
+fn single_dequeue_task_takes_three_distinct_items_and_leaves_the_rest() {
+    on_both_stores(|store| {
+        let queue = populated(store);
+        let mut tx = store.begin();
+        let taken: Vec<u32> = (0..3)
+            .map(|_| queue.try_dequeue(&mut tx).unwrap().expect("an item"))
+            .collect();
+        tx.commit().unwrap();
+
+        assert_eq!(set(&taken).len(), 3, "distinct items: {taken:?}");
+        assert!(set(&taken).is_subset(&set(&[10, 20, 30, 40, 50, 60])));
+        assert_eq!(queue.count(), 3);
+        let rest = drain(store, &queue);
+        assert_eq!(rest.len(), 3);
+        let mut all = taken.clone();
+        all.extend(&rest);
+        assert_eq!(set(&all), set(&[10, 20, 30, 40, 50, 60]));
+    });
+}
+
+#[test]
+fn parallel_dequeue_tasks_take_disjoint_items() {
+    on_both_stores(|store| {
+        let queue = populated(store);
+        // Both transactions hold their two items before either commits.
+        let ready = Arc::new(Barrier::new(2));
+        let tasks: Vec<_> = (0..2)
+            .map(|_| {
+                let (store, queue, ready) = (store.clone(), queue.clone(), ready.clone());
+                thread::spawn(move || {
+                    let mut tx = store.begin();
+                    let taken: Vec<u32> = (0..2)
+                        .map(|_| queue.try_dequeue(&mut tx).unwrap().expect("an item"))
+                        .collect();
+                    ready.wait();
+                    tx.commit().unwrap();
+                    taken
+                })
+            })
+            .collect();
+        let lists: Vec<Vec<u32>> = tasks.into_iter().map(|t| t.join().unwrap()).collect();
+        let (first, second) = (set(&lists[0]), set(&lists[1]));
+        assert_eq!((first.len(), second.len()), (2, 2), "{lists:?}");
+        assert!(first.is_disjoint(&second), "both took an item: {lists:?}");
+
+        assert_eq!(queue.count(), 2);
+        let rest = drain(store, &queue);
+        let mut all = lists.concat();
+        all.extend(&rest);
+        all.sort_unstable();
+        assert_eq!(all, [10, 20, 30, 40, 50, 60], "remaining {rest:?}");
+    });
+}
+
+#[test]
+fn abort_puts_dequeued_items_back_at_the_head() {
+    on_both_stores(|store| {
+        let queue = populated(store);
+        let mut tx = store.begin();
+        let first = queue.try_dequeue(&mut tx).unwrap().unwrap();
+        let second = queue.try_dequeue(&mut tx).unwrap().unwrap();
+        assert_eq!(queue.count(), 4);
+        tx.abort();
+        assert_eq!(queue.count(), 6, "returned items are visible at once");
+
+        let mut tx = store.begin();
+        let again = [
+            queue.try_dequeue(&mut tx).unwrap().unwrap(),
+            queue.try_dequeue(&mut tx).unwrap().unwrap(),
+        ];
+        assert_eq!(
+            set(&again),
+            set(&[first, second]),
+            "aborted items come first"
+        );
+        let next = queue.try_dequeue(&mut tx).unwrap().unwrap();
+        assert!(!set(&again).contains(&next));
+        tx.commit().unwrap();
+        assert_eq!(queue.count(), 3);
+    });
+}
+
+#[test]
+fn aborted_items_come_before_items_committed_meanwhile() {
+    on_both_stores(|store| {
+        let queue = populated(store);
+        let mut holder = store.begin();
+        let held = [
+            queue.try_dequeue(&mut holder).unwrap().unwrap(),
+            queue.try_dequeue(&mut holder).unwrap().unwrap(),
+        ];
+        // Meanwhile the rest is consumed and a newer item committed.
+        let mut tx = store.begin();
+        let mut others = Vec::new();
+        while let Some(item) = queue.try_dequeue(&mut tx).unwrap() {
+            others.push(item);
+        }
+        tx.commit().unwrap();
+        enqueue_all(store, &queue, &[70]);
+        drop(holder);
+
+        let mut tx = store.begin();
+        let returned = [
+            queue.try_dequeue(&mut tx).unwrap().unwrap(),
+            queue.try_dequeue(&mut tx).unwrap().unwrap(),
+        ];
+        assert_eq!(set(&returned), set(&held));
+        assert_eq!(queue.try_dequeue(&mut tx).unwrap(), Some(70));
+        tx.commit().unwrap();
+        assert_eq!(others.len(), 4);
+    });
+}
+
+#[test]
+fn dequeued_item_is_hidden_from_others_until_abort() {
+    on_both_stores(|store| {
+        let queue = store.queue::<u32>("q").unwrap();
+        enqueue_all(store, &queue, &[10]);
+        let mut a = store.begin();
+        let mut b = store.begin();
+        assert_eq!(queue.try_dequeue(&mut a).unwrap(), Some(10));
+        assert_eq!(queue.try_dequeue(&mut b).unwrap(), None, "held by a");
+        a.abort();
+        assert_eq!(
+            queue.try_dequeue(&mut b).unwrap(),
+            Some(10),
+            "visible to b at once"
+        );
+        b.commit().unwrap();
+        assert_eq!(queue.count(), 0);
+        assert!(peek_all(store, &queue).is_empty());
+    });
+}
+
+#[test]
+fn peek_by_dequeue_then_abort_leaves_the_queue_unchanged() {
+    on_both_stores(|store| {
+        let queue = populated(store);
+        let before = peek_all(store, &queue);
+
+        let mut tx = store.begin();
+        let peeked = queue.try_dequeue(&mut tx).unwrap().expect("an item");
+        tx.abort();
+
+        assert_eq!(queue.count(), 6);
+        let mut tx = store.begin();
+        assert_eq!(
+            queue.try_dequeue(&mut tx).unwrap(),
+            Some(peeked),
+            "the peeked item is still first"
+        );
+        tx.abort();
+        assert_eq!(peek_all(store, &queue), before);
+    });
+}
+
+#[test]
+fn peek_commits_only_when_the_item_is_processed() {
+    on_both_stores(|store| {
+        let queue = store.queue::<u32>("q").unwrap();
+        enqueue_all(store, &queue, &[5, 15]);
+        // The documented pattern: process (and commit) only values over 10.
+        let mut processed = Vec::new();
+        for _ in 0..2 {
+            let mut tx = store.begin();
+            match queue.try_dequeue(&mut tx).unwrap() {
+                Some(v) if v > 10 => {
+                    processed.push(v);
+                    tx.commit().unwrap();
+                }
+                _ => tx.abort(),
+            }
+        }
+        // 5 was peeked and put back twice; 15 was never reached.
+        assert!(processed.is_empty());
+        assert_eq!(peek_all(store, &queue), [5, 15]);
+    });
+}
+
+#[test]
+fn batch_dequeue_loop_sees_every_item_exactly_once() {
+    on_both_stores(|store| {
+        let queue = store.queue::<u32>("q").unwrap();
+        let items: Vec<u32> = (0..23).collect();
+        for chunk in items.chunks(4) {
+            enqueue_all(store, &queue, chunk);
+        }
+        const BATCH: usize = 5;
+        let mut processed = Vec::new();
+        loop {
+            let mut batch = Vec::new();
+            let mut tx = store.begin();
+            while batch.len() < BATCH {
+                match queue.try_dequeue(&mut tx).unwrap() {
+                    Some(item) => batch.push(item),
+                    None => break,
+                }
+            }
+            tx.commit().unwrap();
+            assert!(batch.len() <= BATCH);
+            if batch.is_empty() {
+                break;
+            }
+            processed.extend(batch);
+        }
+        processed.sort_unstable();
+        assert_eq!(processed, items);
+        assert_eq!(queue.count(), 0);
+    });
+}
+
+#[test]
+fn count_threshold_processing_takes_full_batches() {
+    on_both_stores(|store| {
+        let queue = store.queue::<u32>("q").unwrap();
+        const THRESHOLD: u64 = 5;
+        let mut processed = Vec::new();
+        for item in 0..17u32 {
+            enqueue_all(store, &queue, &[item]);
+            if queue.count() < THRESHOLD {
+                continue;
+            }
+            let mut tx = store.begin();
+            let mut batch = Vec::new();
+            while (batch.len() as u64) < THRESHOLD {
+                match queue.try_dequeue(&mut tx).unwrap() {
+                    Some(v) => batch.push(v),
+                    None => break,
+                }
+            }
+            tx.commit().unwrap();
+            assert_eq!(batch.len() as u64, THRESHOLD, "count promised a full batch");
+            processed.extend(batch);
+        }
+        assert_eq!(processed.len(), 15);
+        assert_eq!(queue.count(), 2);
+        processed.extend(drain(store, &queue));
+        processed.sort_unstable();
+        assert_eq!(processed, (0..17).collect::<Vec<_>>());
+    });
+}
+
+#[test]
+fn best_effort_drain_after_all_tasks_stop_gets_everything() {
+    on_both_stores(|store| {
+        let queue = store.queue::<u32>("q").unwrap();
+        // Producers commit; consumers take items and abort, so items go back and forth.
+        let tasks: Vec<_> = (0..4u32)
+            .map(|task| {
+                let (store, queue) = (store.clone(), queue.clone());
+                thread::spawn(move || {
+                    for round in 0..25u32 {
+                        let mut tx = store.begin();
+                        queue.enqueue(&mut tx, task * 1000 + round).unwrap();
+                        tx.commit().unwrap();
+                        let mut tx = store.begin();
+                        let _ = queue.try_dequeue(&mut tx).unwrap();
+                        let _ = queue.try_dequeue(&mut tx).unwrap();
+                        tx.abort();
+                    }
+                })
+            })
+            .collect();
+        for task in tasks {
+            task.join().unwrap();
+        }
+        // The documented drain: batches of five until a dequeue finds nothing.
+        let mut drained = Vec::new();
+        loop {
+            let mut tx = store.begin();
+            let mut batch = 0;
+            let exhausted = loop {
+                match queue.try_dequeue(&mut tx).unwrap() {
+                    Some(v) => {
+                        drained.push(v);
+                        batch += 1;
+                        if batch == 5 {
+                            break false;
+                        }
+                    }
+                    None => break true,
+                }
+            };
+            tx.commit().unwrap();
+            if exhausted {
+                break;
+            }
+        }
+        drained.sort_unstable();
+        let expected: Vec<u32> = (0..4)
+            .flat_map(|task| (0..25).map(move |r| task * 1000 + r))
+            .collect();
+        assert_eq!(drained, expected);
+        assert_eq!(queue.count(), 0);
+    });
+}
+
+#[test]
+fn enqueue_is_invisible_before_commit_even_to_its_own_transaction() {
+    on_both_stores(|store| {
+        let queue = store.queue::<u32>("q").unwrap();
+        let mut tx = store.begin();
+        queue.enqueue(&mut tx, 10).unwrap();
+        assert_eq!(queue.try_dequeue(&mut tx).unwrap(), None, "own write");
+        let mut other = store.begin();
+        assert_eq!(queue.try_dequeue(&mut other).unwrap(), None, "other reader");
+        assert_eq!(queue.count(), 0);
+        tx.commit().unwrap();
+        assert_eq!(queue.count(), 1);
+        assert_eq!(queue.try_dequeue(&mut other).unwrap(), Some(10));
+        other.commit().unwrap();
+    });
+}
+
+#[test]
+fn own_enqueue_is_not_dequeued_after_the_committed_items() {
+    on_both_stores(|store| {
+        let queue = store.queue::<u32>("q").unwrap();
+        enqueue_all(store, &queue, &[1, 2]);
+        let mut tx = store.begin();
+        queue.enqueue(&mut tx, 3).unwrap();
+        let mut seen = Vec::new();
+        while let Some(v) = queue.try_dequeue(&mut tx).unwrap() {
+            seen.push(v);
+        }
+        assert_eq!(set(&seen), set(&[1, 2]), "the uncommitted 3 is not visible");
+        tx.commit().unwrap();
+        assert_eq!(peek_all(store, &queue), [3]);
+    });
+}
+
+#[test]
+fn count_is_exact_when_idle_and_excludes_held_items() {
+    on_both_stores(|store| {
+        let queue = store.queue::<u32>("q").unwrap();
+        assert_eq!(queue.count(), 0);
+        enqueue_all(store, &queue, &(0..10).collect::<Vec<_>>());
+        assert_eq!(queue.count(), 10);
+
+        let mut a = store.begin();
+        for _ in 0..3 {
+            queue.try_dequeue(&mut a).unwrap().unwrap();
+        }
+        assert_eq!(queue.count(), 7);
+        let mut b = store.begin();
+        for _ in 0..2 {
+            queue.try_dequeue(&mut b).unwrap().unwrap();
+        }
+        queue.enqueue(&mut b, 99).unwrap();
+        assert_eq!(queue.count(), 5, "held and uncommitted items are excluded");
+
+        a.commit().unwrap();
+        assert_eq!(queue.count(), 5);
+        b.abort();
+        assert_eq!(queue.count(), 7);
+        assert_eq!(drain(store, &queue).len(), 7);
+        assert_eq!(queue.count(), 0);
+    });
+}
+
+#[test]
+fn dropping_a_transaction_aborts_it() {
+    on_both_stores(|store| {
+        let queue = populated(store);
+        {
+            let mut tx = store.begin();
+            queue.try_dequeue(&mut tx).unwrap().unwrap();
+            queue.try_dequeue(&mut tx).unwrap().unwrap();
+            queue.enqueue(&mut tx, 70).unwrap();
+            assert_eq!(queue.count(), 4);
+        }
+        assert_eq!(queue.count(), 6);
+        let mut items = drain(store, &queue);
+        items.sort_unstable();
+        assert_eq!(items, [10, 20, 30, 40, 50, 60], "70 was never committed");
+    });
+}
+
+#[test]
+fn a_transaction_dropped_in_another_thread_gives_its_items_back() {
+    on_both_stores(|store| {
+        let queue = populated(store);
+        let (store2, queue2) = (store.clone(), queue.clone());
+        let taken = thread::spawn(move || {
+            let mut tx = store2.begin();
+            let item = queue2.try_dequeue(&mut tx).unwrap().unwrap();
+            assert_eq!(queue2.count(), 5);
+            item
+            // tx dropped here, in this thread
+        })
+        .join()
+        .unwrap();
+        assert_eq!(queue.count(), 6);
+        assert!(peek_all(store, &queue).contains(&taken));
+    });
+}
