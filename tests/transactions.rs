@@ -1,0 +1,369 @@
+//! Transactions across queues and stores: atomic moves, all-or-nothing commits, misuse,
+//! empty commits, async commits and waiting dequeues.
+
+mod common;
+
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::{drain, peek_all, temp_dir};
+use reliable_queue::{Error, Store};
+use serde::{Deserialize, Serialize};
+
+/// Runs `case` against a fresh in-memory store, then against a fresh on-disk store.
+fn on_both_stores(case: impl Fn(&Store)) {
+    let memory = Store::in_memory().expect("open an in-memory store");
+    case(&memory);
+    let (_guard, path) = temp_dir();
+    let disk = Store::open(&path).expect("open an on-disk store");
+    case(&disk);
+}
+
+/// Waits, without sleeping, until `done` holds; fails the test after ten seconds.
+fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        thread::yield_now();
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Job {
+    id: u64,
+    name: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+enum Outcome {
+    Done { job: u64, note: String },
+    Failed(u64),
+}
+
+#[test]
+fn move_between_queues_aborted_leaves_both_unchanged() {
+    on_both_stores(|store| {
+        let a = store.queue::<u64>("a").unwrap();
+        let b = store.queue::<u64>("b").unwrap();
+        let mut tx = store.begin();
+        a.enqueue(&mut tx, 7).unwrap();
+        tx.commit().unwrap();
+
+        let mut tx = store.begin();
+        let item = a.try_dequeue(&mut tx).unwrap().unwrap();
+        b.enqueue(&mut tx, item).unwrap();
+        assert_eq!((a.count(), b.count()), (0, 0), "in flight");
+        tx.abort();
+
+        assert_eq!((a.count(), b.count()), (1, 0));
+        assert_eq!(peek_all(store, &a), [7]);
+        assert!(peek_all(store, &b).is_empty());
+    });
+}
+
+#[test]
+fn move_between_queues_committed_moves_the_item() {
+    on_both_stores(|store| {
+        let a = store.queue::<u64>("a").unwrap();
+        let b = store.queue::<u64>("b").unwrap();
+        let mut tx = store.begin();
+        a.enqueue(&mut tx, 7).unwrap();
+        tx.commit().unwrap();
+
+        let mut tx = store.begin();
+        let item = a.try_dequeue(&mut tx).unwrap().unwrap();
+        b.enqueue(&mut tx, item).unwrap();
+        tx.commit().unwrap();
+
+        assert_eq!((a.count(), b.count()), (0, 1));
+        assert!(drain(store, &a).is_empty());
+        assert_eq!(drain(store, &b), [7]);
+    });
+}
+
+#[test]
+fn move_between_queues_of_different_item_types() {
+    on_both_stores(|store| {
+        let jobs = store.queue::<Job>("jobs").unwrap();
+        let outcomes = store.queue::<Outcome>("outcomes").unwrap();
+        let job = Job {
+            id: 3,
+            name: "resize".into(),
+        };
+        let mut tx = store.begin();
+        jobs.enqueue(&mut tx, job.clone()).unwrap();
+        tx.commit().unwrap();
+
+        // Aborted: the job stays, no outcome.
+        let mut tx = store.begin();
+        let got = jobs.try_dequeue(&mut tx).unwrap().unwrap();
+        assert_eq!(got, job);
+        outcomes.enqueue(&mut tx, Outcome::Failed(got.id)).unwrap();
+        drop(tx);
+        assert_eq!((jobs.count(), outcomes.count()), (1, 0));
+
+        // Committed: the job is gone, the outcome is there.
+        let mut tx = store.begin();
+        let got = jobs.try_dequeue(&mut tx).unwrap().unwrap();
+        let done = Outcome::Done {
+            job: got.id,
+            note: format!("{} ok", got.name),
+        };
+        outcomes.enqueue(&mut tx, done.clone()).unwrap();
+        tx.commit().unwrap();
+        assert!(drain(store, &jobs).is_empty());
+        assert_eq!(drain(store, &outcomes), [done]);
+    });
+}
+
+#[test]
+fn committed_move_survives_a_restart() {
+    let (_guard, path) = temp_dir();
+    {
+        let store = Store::open(&path).unwrap();
+        let a = store.queue::<u64>("a").unwrap();
+        let b = store.queue::<String>("b").unwrap();
+        let mut tx = store.begin();
+        a.enqueue(&mut tx, 1).unwrap();
+        a.enqueue(&mut tx, 2).unwrap();
+        tx.commit().unwrap();
+        let mut tx = store.begin();
+        let item = a.try_dequeue(&mut tx).unwrap().unwrap();
+        b.enqueue(&mut tx, format!("moved {item}")).unwrap();
+        tx.commit().unwrap();
+    }
+    let store = Store::open(&path).unwrap();
+    let a = store.queue::<u64>("a").unwrap();
+    let b = store.queue::<String>("b").unwrap();
+    assert_eq!(drain(&store, &a), [2]);
+    assert_eq!(drain(&store, &b), ["moved 1"]);
+}
+
+#[test]
+fn three_queue_transaction_commits_all_or_nothing() {
+    on_both_stores(|store| {
+        let inbox = store.queue::<u32>("inbox").unwrap();
+        let audit = store.queue::<String>("audit").unwrap();
+        let out = store.queue::<(u32, bool)>("out").unwrap();
+        let mut tx = store.begin();
+        inbox.enqueue(&mut tx, 1).unwrap();
+        inbox.enqueue(&mut tx, 2).unwrap();
+        tx.commit().unwrap();
+
+        let work = |store: &Store| {
+            let mut tx = store.begin();
+            let x = inbox.try_dequeue(&mut tx).unwrap().unwrap();
+            audit.enqueue(&mut tx, format!("saw {x}")).unwrap();
+            out.enqueue(&mut tx, (x, true)).unwrap();
+            assert_eq!((inbox.count(), audit.count(), out.count()), (1, 0, 0));
+            (tx, x)
+        };
+
+        let (tx, _) = work(store);
+        tx.abort();
+        assert_eq!((inbox.count(), audit.count(), out.count()), (2, 0, 0));
+
+        let (tx, x) = work(store);
+        tx.commit().unwrap();
+        assert_eq!((inbox.count(), audit.count(), out.count()), (1, 1, 1));
+        assert_eq!(drain(store, &audit), [format!("saw {x}")]);
+        assert_eq!(drain(store, &out), [(x, true)]);
+        let rest = drain(store, &inbox);
+        assert_eq!(rest.len(), 1);
+        assert_ne!(rest[0], x);
+    });
+}
+
+#[test]
+fn transaction_of_another_store_is_rejected_and_changes_nothing() {
+    let (_guard, path) = temp_dir();
+    let stores = [
+        Store::in_memory().unwrap(),
+        Store::open(&path).unwrap(),
+        Store::in_memory().unwrap(),
+    ];
+    for pair in [(0, 1), (1, 0), (0, 2)] {
+        let (mine, theirs) = (&stores[pair.0], &stores[pair.1]);
+        let queue = theirs
+            .queue::<u32>(&format!("q{}{}", pair.0, pair.1))
+            .unwrap();
+        let mut setup = theirs.begin();
+        queue.enqueue(&mut setup, 5).unwrap();
+        setup.commit().unwrap();
+
+        let mut tx = mine.begin();
+        match queue.enqueue(&mut tx, 6) {
+            Err(Error::WrongStore { queue: name }) => assert_eq!(name, queue.name()),
+            other => panic!("enqueue with a foreign transaction: {other:?}"),
+        }
+        assert!(matches!(
+            queue.try_dequeue(&mut tx),
+            Err(Error::WrongStore { .. })
+        ));
+        assert!(matches!(
+            queue.blocking_dequeue_timeout(&mut tx, Duration::from_millis(1)),
+            Err(Error::WrongStore { .. })
+        ));
+        assert_eq!((tx.enqueued(), tx.dequeued()), (0, 0));
+        assert_eq!(queue.count(), 1, "the foreign queue kept its item");
+        tx.commit().unwrap();
+        assert_eq!(peek_all(theirs, &queue), [5]);
+    }
+}
+
+#[test]
+fn a_clone_of_the_store_is_the_same_store() {
+    on_both_stores(|store| {
+        let other = store.clone();
+        let queue = other.queue::<u32>("q").unwrap();
+        let mut tx = store.begin();
+        queue.enqueue(&mut tx, 1).unwrap();
+        tx.commit().unwrap();
+        assert_eq!(store.queue::<u32>("q").unwrap().count(), 1);
+    });
+}
+
+#[test]
+fn committing_an_empty_transaction_is_ok() {
+    on_both_stores(|store| {
+        let queue = store.queue::<u32>("q").unwrap();
+        store.begin().commit().unwrap();
+
+        // A transaction whose dequeue found nothing is empty too.
+        let mut tx = store.begin();
+        assert_eq!(queue.try_dequeue(&mut tx).unwrap(), None);
+        tx.commit().unwrap();
+
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        runtime.block_on(store.begin().commit_async()).unwrap();
+        assert_eq!(queue.count(), 0);
+    });
+}
+
+#[test]
+fn commit_async_applies_the_transaction() {
+    on_both_stores(|store| {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let queue = store.queue::<u64>("q").unwrap();
+        let done = store.queue::<u64>("done").unwrap();
+        runtime.block_on(async {
+            // Consumers wait for items; producers commit asynchronously.
+            let consumers: Vec<_> = (0..2)
+                .map(|_| {
+                    let (store, queue, done) = (store.clone(), queue.clone(), done.clone());
+                    tokio::spawn(async move {
+                        for _ in 0..10 {
+                            let mut tx = store.begin();
+                            let item = queue.dequeue(&mut tx).await.unwrap();
+                            done.enqueue(&mut tx, item).unwrap();
+                            tx.commit_async().await.unwrap();
+                        }
+                    })
+                })
+                .collect();
+            let producers: Vec<_> = (0..4u64)
+                .map(|p| {
+                    let (store, queue) = (store.clone(), queue.clone());
+                    tokio::spawn(async move {
+                        for i in 0..5 {
+                            let mut tx = store.begin();
+                            queue.enqueue(&mut tx, p * 100 + i).unwrap();
+                            tx.commit_async().await.unwrap();
+                        }
+                    })
+                })
+                .collect();
+            for task in producers.into_iter().chain(consumers) {
+                tokio::time::timeout(Duration::from_secs(30), task)
+                    .await
+                    .expect("tasks finish")
+                    .unwrap();
+            }
+        });
+        assert_eq!(queue.count(), 0);
+        let mut moved = drain(store, &done);
+        moved.sort_unstable();
+        let expected: Vec<u64> = (0..4)
+            .flat_map(|p| (0..5).map(move |i| p * 100 + i))
+            .collect();
+        assert_eq!(moved, expected);
+    });
+}
+
+#[test]
+fn blocking_dequeue_timeout_gives_none_on_an_empty_queue() {
+    on_both_stores(|store| {
+        let queue = store.queue::<u32>("q").unwrap();
+        let mut tx = store.begin();
+        let start = Instant::now();
+        let got = queue
+            .blocking_dequeue_timeout(&mut tx, Duration::from_millis(50))
+            .unwrap();
+        assert_eq!(got, None);
+        assert!(
+            start.elapsed() >= Duration::from_millis(50),
+            "waited the timeout"
+        );
+        assert_eq!(tx.dequeued(), 0);
+        assert_eq!(queue.waiters(), 0, "the request was withdrawn");
+        tx.commit().unwrap();
+    });
+}
+
+#[test]
+fn blocking_dequeue_timeout_gets_an_item_once_committed() {
+    on_both_stores(|store| {
+        let queue = store.queue::<u32>("q").unwrap();
+        let consumer = {
+            let (store, queue) = (store.clone(), queue.clone());
+            thread::spawn(move || {
+                let mut tx = store.begin();
+                let got = queue
+                    .blocking_dequeue_timeout(&mut tx, Duration::from_secs(30))
+                    .unwrap();
+                tx.commit().unwrap();
+                got
+            })
+        };
+        wait_until("the consumer to wait", || queue.waiters() == 1);
+        let mut tx = store.begin();
+        queue.enqueue(&mut tx, 42).unwrap();
+        assert_eq!(queue.waiters(), 1, "an uncommitted item wakes nobody");
+        tx.commit().unwrap();
+        assert_eq!(consumer.join().unwrap(), Some(42));
+        assert_eq!(queue.count(), 0);
+        assert!(drain(store, &queue).is_empty());
+    });
+}
+
+#[test]
+fn waiting_consumer_gets_an_item_another_transaction_aborts() {
+    on_both_stores(|store| {
+        let queue = store.queue::<u32>("q").unwrap();
+        let mut tx = store.begin();
+        queue.enqueue(&mut tx, 9).unwrap();
+        tx.commit().unwrap();
+
+        let mut holder = store.begin();
+        assert_eq!(queue.try_dequeue(&mut holder).unwrap(), Some(9));
+        let consumer = {
+            let (store, queue) = (store.clone(), queue.clone());
+            thread::spawn(move || {
+                let mut tx = store.begin();
+                let got = queue.blocking_dequeue(&mut tx).unwrap();
+                tx.commit().unwrap();
+                got
+            })
+        };
+        wait_until("the consumer to wait", || queue.waiters() == 1);
+        holder.abort();
+        assert_eq!(consumer.join().unwrap(), 9);
+        assert_eq!(queue.count(), 0);
+    });
+}
