@@ -1,0 +1,390 @@
+//! Closing and reopening an on-disk store: what was committed is there, what was not is not,
+//! in commit order; directories in use are refused; the catalog survives.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::mpsc;
+use std::thread;
+use std::time::Duration;
+
+use common::{drain, peek_all, temp_dir};
+use reliable_queue::{Durability, Error, Result, Store};
+use serde::{Deserialize, Serialize};
+
+fn enqueue_all<T>(store: &Store, name: &str, items: impl IntoIterator<Item = T>)
+where
+    T: Serialize + serde::de::DeserializeOwned + Send + 'static,
+{
+    let queue = store.queue::<T>(name).unwrap();
+    let mut tx = store.begin();
+    for item in items {
+        queue.enqueue(&mut tx, item).unwrap();
+    }
+    tx.commit().unwrap();
+}
+
+/// Opens `path` in another thread and returns its outcome, failing the test if the open
+/// does not return within thirty seconds.
+fn open_elsewhere(open: impl FnOnce() -> Result<Store> + Send + 'static) -> Result<Store> {
+    let (tx, rx) = mpsc::channel();
+    thread::spawn(move || {
+        let _ = tx.send(open());
+    });
+    rx.recv_timeout(Duration::from_secs(30))
+        .expect("a second open returns instead of hanging")
+}
+
+fn assert_already_open(result: Result<Store>, path: &Path) {
+    match result {
+        Err(Error::AlreadyOpen { path: reported }) => {
+            assert_eq!(
+                reported.canonicalize().unwrap(),
+                path.canonicalize().unwrap()
+            );
+        }
+        other => panic!("expected AlreadyOpen, got {other:?}"),
+    }
+}
+
+#[test]
+fn committed_enqueues_survive_a_reopen() {
+    let (_guard, path) = temp_dir();
+    {
+        let store = Store::open(&path).unwrap();
+        enqueue_all(&store, "q", 0..100u32);
+        enqueue_all(&store, "q", 100..150u32);
+    }
+    let store = Store::open(&path).unwrap();
+    let queue = store.queue::<u32>("q").unwrap();
+    assert_eq!(queue.count(), 150);
+    assert_eq!(drain(&store, &queue), (0..150).collect::<Vec<_>>());
+}
+
+#[test]
+fn committed_dequeues_do_not_come_back() {
+    let (_guard, path) = temp_dir();
+    {
+        let store = Store::open(&path).unwrap();
+        enqueue_all(&store, "q", 0..10u32);
+        let queue = store.queue::<u32>("q").unwrap();
+        let mut tx = store.begin();
+        for _ in 0..4 {
+            queue.try_dequeue(&mut tx).unwrap().unwrap();
+        }
+        tx.commit().unwrap();
+        assert_eq!(queue.count(), 6);
+    }
+    for _ in 0..2 {
+        let store = Store::open(&path).unwrap();
+        let queue = store.queue::<u32>("q").unwrap();
+        assert_eq!(queue.count(), 6);
+        assert_eq!(peek_all(&store, &queue), (4..10).collect::<Vec<_>>());
+    }
+    {
+        let store = Store::open(&path).unwrap();
+        let queue = store.queue::<u32>("q").unwrap();
+        assert_eq!(drain(&store, &queue).len(), 6);
+    }
+    let store = Store::open(&path).unwrap();
+    assert_eq!(store.queue::<u32>("q").unwrap().count(), 0);
+}
+
+#[test]
+fn transaction_open_at_close_is_undone() {
+    let (_guard, path) = temp_dir();
+    {
+        let store = Store::open(&path).unwrap();
+        enqueue_all(&store, "q", [1u32, 2, 3]);
+        let queue = store.queue::<u32>("q").unwrap();
+        let mut open = store.begin();
+        assert_eq!(queue.try_dequeue(&mut open).unwrap(), Some(1));
+        assert_eq!(queue.try_dequeue(&mut open).unwrap(), Some(2));
+        queue.enqueue(&mut open, 4).unwrap();
+        // The transaction is the last handle: the store closes when it goes.
+        drop(queue);
+        drop(store);
+        drop(open);
+    }
+    let store = Store::open(&path).unwrap();
+    let queue = store.queue::<u32>("q").unwrap();
+    assert_eq!(queue.count(), 3);
+    assert_eq!(drain(&store, &queue), [1, 2, 3]);
+}
+
+#[test]
+fn items_given_back_before_close_are_there_after() {
+    let (_guard, path) = temp_dir();
+    {
+        let store = Store::open(&path).unwrap();
+        enqueue_all(&store, "q", 0..5u32);
+        let queue = store.queue::<u32>("q").unwrap();
+        let mut tx = store.begin();
+        queue.try_dequeue(&mut tx).unwrap().unwrap();
+        queue.try_dequeue(&mut tx).unwrap().unwrap();
+        tx.abort();
+    }
+    let store = Store::open(&path).unwrap();
+    let queue = store.queue::<u32>("q").unwrap();
+    assert_eq!(drain(&store, &queue), (0..5).collect::<Vec<_>>());
+}
+
+#[test]
+fn order_after_restart_follows_commit_order() {
+    let (_guard, path) = temp_dir();
+    let before;
+    {
+        let store = Store::open(&path).unwrap();
+        let queue = store.queue::<String>("q").unwrap();
+        // Begun first, committed last.
+        let mut late = store.begin();
+        queue.enqueue(&mut late, "late".into()).unwrap();
+        let mut early = store.begin();
+        queue.enqueue(&mut early, "early-1".into()).unwrap();
+        queue.enqueue(&mut early, "early-2".into()).unwrap();
+        early.commit().unwrap();
+        enqueue_all(&store, "q", ["middle".to_owned()]);
+        late.commit().unwrap();
+        enqueue_all(&store, "q", ["last".to_owned()]);
+        before = peek_all(&store, &queue);
+    }
+    assert_eq!(before, ["early-1", "early-2", "middle", "late", "last"]);
+    let store = Store::open(&path).unwrap();
+    let queue = store.queue::<String>("q").unwrap();
+    assert_eq!(peek_all(&store, &queue), before);
+
+    // New items go after the recovered ones.
+    enqueue_all(&store, "q", ["after restart".to_owned()]);
+    let mut expected = before.clone();
+    expected.push("after restart".into());
+    assert_eq!(drain(&store, &queue), expected);
+}
+
+#[test]
+fn items_enqueued_after_a_restart_are_not_confused_with_old_ones() {
+    let (_guard, path) = temp_dir();
+    {
+        let store = Store::open(&path).unwrap();
+        enqueue_all(&store, "q", 0..3u32);
+    }
+    {
+        let store = Store::open(&path).unwrap();
+        let queue = store.queue::<u32>("q").unwrap();
+        enqueue_all(&store, "q", 3..6u32);
+        // Hold the old items aside and acknowledge only the new ones: their acks must not
+        // remove old items, at this open or the next.
+        let mut old = store.begin();
+        let held: Vec<u32> = (0..3)
+            .map(|_| queue.try_dequeue(&mut old).unwrap().unwrap())
+            .collect();
+        assert_eq!(held, [0, 1, 2]);
+        let mut new = store.begin();
+        let taken: Vec<u32> = (0..3)
+            .map(|_| queue.try_dequeue(&mut new).unwrap().unwrap())
+            .collect();
+        assert_eq!(taken, [3, 4, 5]);
+        new.commit().unwrap();
+        old.abort();
+        enqueue_all(&store, "q", 6..8u32);
+        assert_eq!(peek_all(&store, &queue), [0, 1, 2, 6, 7]);
+    }
+    let store = Store::open(&path).unwrap();
+    let queue = store.queue::<u32>("q").unwrap();
+    assert_eq!(drain(&store, &queue), [0, 1, 2, 6, 7]);
+}
+
+#[test]
+fn buffered_commits_survive_flush_and_reopen() {
+    let (_guard, path) = temp_dir();
+    let open = || {
+        Store::builder()
+            .path(&path)
+            .durability(Durability::Buffered)
+            .flush_interval(Duration::from_secs(3600))
+            .open()
+            .unwrap()
+    };
+    {
+        let store = open();
+        assert_eq!(store.durability(), Durability::Buffered);
+        enqueue_all(&store, "q", 0..20u32);
+        let queue = store.queue::<u32>("q").unwrap();
+        let mut tx = store.begin();
+        queue.try_dequeue(&mut tx).unwrap().unwrap();
+        tx.commit().unwrap();
+        store.flush().unwrap();
+    }
+    let store = open();
+    let queue = store.queue::<u32>("q").unwrap();
+    assert_eq!(drain(&store, &queue), (1..20).collect::<Vec<_>>());
+}
+
+#[test]
+fn dropping_a_buffered_store_flushes_it() {
+    let (_guard, path) = temp_dir();
+    {
+        // An interval no test run reaches: only closing the store can flush.
+        let store = Store::builder()
+            .path(&path)
+            .durability(Durability::Buffered)
+            .flush_interval(Duration::from_secs(3600))
+            .open()
+            .unwrap();
+        enqueue_all(&store, "q", ["a".to_owned(), "b".to_owned()]);
+    }
+    let store = Store::open(&path).unwrap();
+    let queue = store.queue::<String>("q").unwrap();
+    assert_eq!(drain(&store, &queue), ["a", "b"]);
+}
+
+#[test]
+fn reopening_in_the_same_process_after_dropping_all_handles_works() {
+    let (_guard, path) = temp_dir();
+    for round in 0..5u32 {
+        let store = Store::open(&path).unwrap();
+        let queue = store.queue::<u32>("q").unwrap();
+        assert_eq!(queue.count(), u64::from(round));
+        let mut tx = store.begin();
+        queue.enqueue(&mut tx, round).unwrap();
+        tx.commit().unwrap();
+    }
+    let store = Store::open(&path).unwrap();
+    let queue = store.queue::<u32>("q").unwrap();
+    assert_eq!(drain(&store, &queue), [0, 1, 2, 3, 4]);
+}
+
+#[test]
+fn a_queue_handle_keeps_the_store_open() {
+    let (_guard, path) = temp_dir();
+    let store = Store::open(&path).unwrap();
+    let queue = store.queue::<u32>("q").unwrap();
+    drop(store);
+    let again = path.clone();
+    assert_already_open(open_elsewhere(move || Store::open(again)), &path);
+    drop(queue);
+    Store::open(&path).expect("reopen once the last handle is gone");
+}
+
+#[test]
+fn second_open_of_a_directory_in_use_is_refused() {
+    let (_guard, path) = temp_dir();
+    let store = Store::open(&path).unwrap();
+    enqueue_all(&store, "q", [1u8]);
+
+    let again = path.clone();
+    assert_already_open(open_elsewhere(move || Store::open(again)), &path);
+    let again = path.clone();
+    assert_already_open(
+        open_elsewhere(move || {
+            Store::builder()
+                .path(again)
+                .durability(Durability::Buffered)
+                .open()
+        }),
+        &path,
+    );
+    // Another spelling of the same directory.
+    let again = path.join(".");
+    assert_already_open(open_elsewhere(move || Store::open(again)), &path);
+
+    // The store in use is unharmed.
+    let queue = store.queue::<u8>("q").unwrap();
+    assert_eq!(peek_all(&store, &queue), [1]);
+}
+
+#[test]
+fn queues_created_before_a_restart_are_listed() {
+    let (_guard, path) = temp_dir();
+    {
+        let store = Store::open(&path).unwrap();
+        store.queue::<u32>("zeta").unwrap();
+        store.queue::<String>("alpha").unwrap();
+        enqueue_all(&store, "mid", [1u64]);
+        assert_eq!(store.queue_names(), ["alpha", "mid", "zeta"]);
+    }
+    let store = Store::open(&path).unwrap();
+    assert_eq!(store.queue_names(), ["alpha", "mid", "zeta"]);
+    assert_eq!(store.queue::<u64>("mid").unwrap().count(), 1);
+    assert_eq!(store.queue::<String>("alpha").unwrap().count(), 0);
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Order {
+    id: u64,
+    lines: Vec<(String, u32)>,
+    note: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+enum Event {
+    Created { at: i64 },
+    Renamed(String),
+    Deleted,
+}
+
+#[test]
+fn a_store_with_many_queues_of_different_types_round_trips() {
+    let (_guard, path) = temp_dir();
+    let orders: Vec<Order> = (0..5)
+        .map(|i| Order {
+            id: i,
+            lines: (0..i as u32).map(|n| (format!("sku-{n}"), n)).collect(),
+            note: (i % 2 == 0).then(|| format!("note {i}")),
+        })
+        .collect();
+    let events = vec![
+        Event::Created { at: -5 },
+        Event::Renamed("ünïcödé ✓".into()),
+        Event::Deleted,
+    ];
+    let blobs: Vec<Vec<u8>> = vec![vec![], vec![0; 1000], (0..=255).collect()];
+    let mut numbers: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    {
+        let store = Store::open(&path).unwrap();
+        enqueue_all(&store, "orders", orders.clone());
+        enqueue_all(&store, "events", events.clone());
+        enqueue_all(&store, "blobs", blobs.clone());
+        enqueue_all(&store, "unit", [(), ()]);
+        enqueue_all(&store, "pairs", [(1i8, 'x'), (-1, 'y')]);
+        enqueue_all(&store, "floats", [1.5f64, -0.0, f64::MAX]);
+        // A transaction over many queues of one type.
+        let mut tx = store.begin();
+        for q in 0..30u64 {
+            let queue = store.queue::<u64>(&format!("n/{q:02}")).unwrap();
+            for i in 0..q {
+                queue.enqueue(&mut tx, q * 1000 + i).unwrap();
+            }
+            numbers.insert(format!("n/{q:02}"), (0..q).map(|i| q * 1000 + i).collect());
+        }
+        tx.commit().unwrap();
+    }
+    let store = Store::open(&path).unwrap();
+    assert_eq!(store.queue_names().len(), 36);
+    assert_eq!(
+        drain(&store, &store.queue::<Order>("orders").unwrap()),
+        orders
+    );
+    assert_eq!(
+        drain(&store, &store.queue::<Event>("events").unwrap()),
+        events
+    );
+    assert_eq!(
+        drain(&store, &store.queue::<Vec<u8>>("blobs").unwrap()),
+        blobs
+    );
+    assert_eq!(drain(&store, &store.queue::<()>("unit").unwrap()).len(), 2);
+    assert_eq!(
+        drain(&store, &store.queue::<(i8, char)>("pairs").unwrap()),
+        [(1, 'x'), (-1, 'y')]
+    );
+    let floats = drain(&store, &store.queue::<f64>("floats").unwrap());
+    assert_eq!(floats.len(), 3);
+    assert_eq!(floats[0], 1.5);
+    assert!(floats[1] == 0.0 && floats[1].is_sign_negative());
+    assert_eq!(floats[2], f64::MAX);
+    for (name, expected) in numbers {
+        let got: Vec<u64> = drain(&store, &store.queue::<u64>(&name).unwrap());
+        assert_eq!(got, expected, "queue {name}");
+    }
+}
