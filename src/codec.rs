@@ -85,7 +85,13 @@ mod tests {
         let back: (String, u32) = decode(&bytes).unwrap();
         assert_eq!(back, ("job".to_owned(), 7));
         assert!(matches!(decode::<u32>(&[]), Err(DecodeError::Empty)));
-        assert!(matches!(decode::<u32>(&[9, 1]), Err(DecodeError::Version(9))));
-        assert!(matches!(decode::<u8>(&[1, 1, 2]), Err(DecodeError::Trailing(1))));
+        assert!(matches!(
+            decode::<u32>(&[9, 1]),
+            Err(DecodeError::Version(9))
+        ));
+        assert!(matches!(
+            decode::<u8>(&[1, 1, 2]),
+            Err(DecodeError::Trailing(1))
+        ));
     }
 }

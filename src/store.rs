@@ -84,7 +84,9 @@ struct Catalog {
 
 pub(crate) enum Backend {
     /// Nothing on disk: commits apply in the caller's thread.
-    Memory { next_id: AtomicU64 },
+    Memory {
+        next_id: AtomicU64,
+    },
     Durable(Durable),
 }
 
@@ -248,7 +250,12 @@ impl Store {
             let core = QueueCore::new(*id, Arc::from(name.as_str()), items);
             queues.insert(name.clone(), Arc::new(core));
         }
-        let next_id = recovered.queues.iter().map(|(_, id)| id + 1).max().unwrap_or(0);
+        let next_id = recovered
+            .queues
+            .iter()
+            .map(|(_, id)| id + 1)
+            .max()
+            .unwrap_or(0);
         let (sender, receiver) = crossbeam_channel::unbounded();
         let committer = Committer::new(
             trees.clone(),
@@ -318,7 +325,10 @@ impl Store {
                     reason: fence.reason.clone(),
                 });
             }
-            return Ok(ReliableConcurrentQueue::new(self.inner.clone(), core.clone()));
+            return Ok(ReliableConcurrentQueue::new(
+                self.inner.clone(),
+                core.clone(),
+            ));
         }
         let id = catalog.next_id;
         if let Backend::Durable(durable) = &self.inner.backend {

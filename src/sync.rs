@@ -44,7 +44,9 @@ mod imp {
 
         pub(crate) fn lock(&self) -> MutexGuard<'_, T> {
             // A poisoned lock means a model thread panicked; the model reports that panic.
-            self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+            self.0
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
         }
     }
 }

@@ -226,7 +226,10 @@ impl Transaction {
     #[allow(clippy::type_complexity)]
     fn take_work(
         &mut self,
-    ) -> Option<(Vec<(Arc<QueueCore>, Box<[u8]>)>, Vec<(Arc<QueueCore>, Entry)>)> {
+    ) -> Option<(
+        Vec<(Arc<QueueCore>, Box<[u8]>)>,
+        Vec<(Arc<QueueCore>, Entry)>,
+    )> {
         if self.enqueues.is_empty() && self.dequeued.is_empty() {
             return None;
         }

@@ -84,7 +84,8 @@ impl QueueCore {
     pub(crate) fn try_take(&self) -> Option<Entry> {
         let mut state = self.state.lock();
         let entry = state.ready.pop_front()?;
-        self.visible.store(state.ready.len() as u64, Ordering::Release);
+        self.visible
+            .store(state.ready.len() as u64, Ordering::Release);
         Some(entry)
     }
 
@@ -101,7 +102,8 @@ impl QueueCore {
                     Err(entry) => state.ready.push_back(entry),
                 }
             }
-            self.visible.store(state.ready.len() as u64, Ordering::Release);
+            self.visible
+                .store(state.ready.len() as u64, Ordering::Release);
         }
         wake.into_iter().for_each(Waker::wake);
     }
@@ -125,7 +127,8 @@ impl QueueCore {
             for entry in entries.rev() {
                 state.ready.push_front(entry);
             }
-            self.visible.store(state.ready.len() as u64, Ordering::Release);
+            self.visible
+                .store(state.ready.len() as u64, Ordering::Release);
         }
         wake.into_iter().for_each(Waker::wake);
     }
@@ -147,7 +150,8 @@ impl QueueCore {
             },
             None => match state.ready.pop_front() {
                 Some(entry) => {
-                    self.visible.store(state.ready.len() as u64, Ordering::Release);
+                    self.visible
+                        .store(state.ready.len() as u64, Ordering::Release);
                     Poll::Ready(entry)
                 }
                 None => {
@@ -190,7 +194,9 @@ mod tests {
     }
 
     fn ids(core: &QueueCore) -> Vec<u64> {
-        std::iter::from_fn(|| core.try_take()).map(|e| e.id).collect()
+        std::iter::from_fn(|| core.try_take())
+            .map(|e| e.id)
+            .collect()
     }
 
     #[test]

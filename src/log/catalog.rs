@@ -113,7 +113,10 @@ pub(crate) fn load_fences(meta: &sled::Tree) -> Result<Vec<Fence>> {
 
 /// Fences `queue` because of `record`.
 pub(crate) fn add_fence(meta: &sled::Tree, fence: &Fence) -> Result<()> {
-    meta.insert(fence_key(fence.queue, fence.record), fence.reason.as_bytes())?;
+    meta.insert(
+        fence_key(fence.queue, fence.record),
+        fence.reason.as_bytes(),
+    )?;
     Ok(())
 }
 

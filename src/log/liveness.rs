@@ -175,7 +175,10 @@ impl Liveness {
             }
             return None;
         }
-        let at = self.ranges.partition_point(|g| g.first <= id).checked_sub(1)?;
+        let at = self
+            .ranges
+            .partition_point(|g| g.first <= id)
+            .checked_sub(1)?;
         let group = &mut self.ranges[at];
         let index = usize::try_from(id - group.first).ok()?;
         if id - group.first < group.len && group.bits.clear(index) {
@@ -209,9 +212,7 @@ impl Liveness {
             return Vec::new();
         };
         match self.ranges.front() {
-            Some(g) if g.seq == front.seq => {
-                g.bits.iter().map(|i| g.first + i as u64).collect()
-            }
+            Some(g) if g.seq == front.seq => g.bits.iter().map(|i| g.first + i as u64).collect(),
             _ => match self.lists.get(&front.seq) {
                 Some(g) => g.bits.iter().map(|i| g.ids[i]).collect(),
                 None => Vec::new(),

@@ -307,7 +307,10 @@ mod tests {
     fn every_truncation_is_detected() {
         let bytes = sample();
         for len in 0..bytes.len() {
-            assert!(decode(&bytes[..len]).is_err(), "truncation to {len} went unnoticed");
+            assert!(
+                decode(&bytes[..len]).is_err(),
+                "truncation to {len} went unnoticed"
+            );
         }
     }
 }
