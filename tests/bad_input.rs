@@ -1,0 +1,594 @@
+//! Bad input never panics and never loses data: items that cannot be serialized or are too
+//! large, items that are not a `T`, invalid settings, and damaged log records on disk.
+
+mod common;
+
+use std::path::Path;
+
+use common::{drain, peek_all, temp_dir};
+use reliable_queue::{Error, SetAsideRecord, Store};
+use serde::ser::{Error as _, Serializer};
+use serde::{Deserialize, Deserializer, Serialize};
+
+/// An item whose serialization fails when its value is `u32::MAX`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Picky(u32);
+
+impl Serialize for Picky {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        if self.0 == u32::MAX {
+            return Err(S::Error::custom("this value refuses to be serialized"));
+        }
+        serializer.serialize_u32(self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for Picky {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        u32::deserialize(deserializer).map(Picky)
+    }
+}
+
+/// Runs `case` against a fresh in-memory store, then against a fresh on-disk store.
+fn on_both_stores(case: impl Fn(&Store)) {
+    let memory = Store::in_memory().expect("open an in-memory store");
+    case(&memory);
+    let (_guard, path) = temp_dir();
+    let disk = Store::open(&path).expect("open an on-disk store");
+    case(&disk);
+}
+
+#[test]
+fn unserialisable_item_is_rejected_and_the_transaction_is_unchanged() {
+    on_both_stores(|store| {
+        let queue = store.queue::<Picky>("q").unwrap();
+        let mut tx = store.begin();
+        queue.enqueue(&mut tx, Picky(1)).unwrap();
+        match queue.enqueue(&mut tx, Picky(u32::MAX)) {
+            Err(Error::Serialize { queue: name, .. }) => assert_eq!(name, "q"),
+            other => panic!("expected Serialize, got {other:?}"),
+        }
+        assert_eq!(tx.enqueued(), 1);
+        queue.enqueue(&mut tx, Picky(2)).unwrap();
+        tx.commit().unwrap();
+        assert_eq!(drain(store, &queue), [Picky(1), Picky(2)]);
+    });
+}
+
+#[test]
+fn item_failing_halfway_through_serialization_leaves_nothing_behind() {
+    on_both_stores(|store| {
+        // The failing element comes after two good ones: part of the item was already written.
+        let queue = store.queue::<Vec<Picky>>("q").unwrap();
+        let mut tx = store.begin();
+        let err = queue
+            .enqueue(&mut tx, vec![Picky(1), Picky(2), Picky(u32::MAX), Picky(3)])
+            .unwrap_err();
+        assert!(matches!(err, Error::Serialize { .. }), "{err:?}");
+        assert!(
+            std::error::Error::source(&err).is_some(),
+            "the serializer's error is chained"
+        );
+        assert_eq!(tx.enqueued(), 0);
+        queue.enqueue(&mut tx, vec![Picky(7)]).unwrap();
+        tx.commit().unwrap();
+        assert_eq!(drain(store, &queue), [vec![Picky(7)]]);
+    });
+}
+
+#[test]
+fn oversized_item_is_rejected_and_the_transaction_keeps_the_rest() {
+    let (_guard, path) = temp_dir();
+    let stores = [
+        Store::builder().max_item_size(64).open().unwrap(),
+        Store::builder()
+            .path(&path)
+            .max_item_size(64)
+            .open()
+            .unwrap(),
+    ];
+    for store in &stores {
+        let queue = store.queue::<Vec<u8>>("q").unwrap();
+        let mut held = store.begin();
+        let mut setup = store.begin();
+        queue.enqueue(&mut setup, vec![1; 10]).unwrap();
+        setup.commit().unwrap();
+        assert_eq!(queue.try_dequeue(&mut held).unwrap(), Some(vec![1; 10]));
+
+        queue.enqueue(&mut held, vec![2; 40]).unwrap();
+        match queue.enqueue(&mut held, vec![3; 100]) {
+            Err(Error::ItemTooLarge {
+                queue: name,
+                size,
+                limit,
+            }) => {
+                assert_eq!((name.as_str(), limit), ("q", 64));
+                assert!(size > 100, "size {size} is the encoded item's");
+            }
+            other => panic!("expected ItemTooLarge, got {other:?}"),
+        }
+        assert_eq!((held.enqueued(), held.dequeued()), (1, 1), "nothing lost");
+        held.commit().unwrap();
+        assert_eq!(drain(store, &queue), [vec![2; 40]]);
+    }
+}
+
+#[test]
+fn item_over_the_default_limit_is_rejected() {
+    let store = Store::in_memory().unwrap();
+    let queue = store.queue::<Vec<u8>>("big").unwrap();
+    let mut tx = store.begin();
+    let err = queue.enqueue(&mut tx, vec![0; 5 << 20]).unwrap_err();
+    assert!(matches!(err, Error::ItemTooLarge { .. }), "{err:?}");
+    queue.enqueue(&mut tx, vec![0; 1 << 20]).unwrap();
+    tx.commit().unwrap();
+    assert_eq!(queue.count(), 1);
+}
+
+#[test]
+fn transaction_over_its_size_limit_is_rejected_item_by_item() {
+    on_limits(|store| {
+        let queue = store.queue::<Vec<u8>>("q").unwrap();
+        let mut tx = store.begin();
+        queue.enqueue(&mut tx, vec![1; 90]).unwrap();
+        queue.enqueue(&mut tx, vec![2; 90]).unwrap();
+        match queue.enqueue(&mut tx, vec![3; 90]) {
+            Err(Error::TransactionTooLarge { size, limit }) => {
+                assert_eq!(limit, 250);
+                assert!(size > limit);
+            }
+            other => panic!("expected TransactionTooLarge, got {other:?}"),
+        }
+        assert_eq!(tx.enqueued(), 2);
+        // The rejected item was not counted: a small one still fits.
+        queue.enqueue(&mut tx, vec![4; 10]).unwrap();
+        tx.commit().unwrap();
+        assert_eq!(
+            drain(store, &queue),
+            [vec![1; 90], vec![2; 90], vec![4; 10]]
+        );
+        // The limit is per transaction.
+        let mut tx = store.begin();
+        queue.enqueue(&mut tx, vec![5; 90]).unwrap();
+        queue.enqueue(&mut tx, vec![6; 90]).unwrap();
+        tx.commit().unwrap();
+        assert_eq!(queue.count(), 2);
+    });
+}
+
+fn on_limits(case: impl Fn(&Store)) {
+    let limits = |b: reliable_queue::Builder| b.max_item_size(100).max_transaction_size(250);
+    case(&limits(Store::builder()).open().unwrap());
+    let (_guard, path) = temp_dir();
+    case(&limits(Store::builder().path(&path)).open().unwrap());
+}
+
+#[test]
+fn item_that_is_not_a_t_gives_deserialize_and_stays_held() {
+    on_both_stores(|store| {
+        let as_bytes = store.queue::<Vec<u8>>("mixed").unwrap();
+        let mut tx = store.begin();
+        as_bytes.enqueue(&mut tx, vec![0xff; 20]).unwrap();
+        tx.commit().unwrap();
+
+        // The same queue opened with another type.
+        let as_number = store.queue::<u64>("mixed").unwrap();
+        let mut tx = store.begin();
+        match as_number.try_dequeue(&mut tx) {
+            Err(Error::Deserialize { queue, .. }) => assert_eq!(queue, "mixed"),
+            other => panic!("expected Deserialize, got {other:?}"),
+        }
+        assert_eq!(tx.dequeued(), 1, "the item is held by the transaction");
+        assert_eq!(as_number.count(), 0);
+        tx.abort();
+        assert_eq!(as_number.count(), 1, "abort put it back");
+        assert_eq!(drain(store, &as_bytes), [vec![0xff; 20]]);
+    });
+}
+
+#[test]
+fn undecodable_item_can_be_discarded_by_commit() {
+    on_both_stores(|store| {
+        let as_text = store.queue::<String>("mixed").unwrap();
+        let mut tx = store.begin();
+        as_text.enqueue(&mut tx, "not a number".into()).unwrap();
+        as_text.enqueue(&mut tx, "next".into()).unwrap();
+        tx.commit().unwrap();
+
+        let as_pair = store.queue::<(u8, u8)>("mixed").unwrap();
+        let mut tx = store.begin();
+        assert!(matches!(
+            as_pair.try_dequeue(&mut tx),
+            Err(Error::Deserialize { .. })
+        ));
+        tx.commit().unwrap();
+        assert_eq!(drain(store, &as_text), ["next"]);
+    });
+}
+
+#[test]
+fn invalid_builder_settings_are_rejected() {
+    use std::time::Duration;
+    let (_guard, path) = temp_dir();
+    let cases = [
+        ("zero item size", Store::builder().max_item_size(0)),
+        (
+            "item size over 1 GiB",
+            Store::builder().max_item_size(2 << 30),
+        ),
+        (
+            "transaction smaller than an item",
+            Store::builder()
+                .max_item_size(1000)
+                .max_transaction_size(999),
+        ),
+        ("zero group size", Store::builder().group_size(0)),
+        (
+            "zero flush interval",
+            Store::builder().flush_interval(Duration::ZERO),
+        ),
+        (
+            "flush interval over an hour",
+            Store::builder().flush_interval(Duration::from_secs(7200)),
+        ),
+        ("tiny cache", Store::builder().cache_capacity(1024)),
+        (
+            "on disk, zero item size",
+            Store::builder().path(&path).max_item_size(0),
+        ),
+    ];
+    for (what, builder) in cases {
+        match builder.open() {
+            Err(Error::InvalidConfig(message)) => assert!(!message.is_empty(), "{what}"),
+            other => panic!("{what}: expected InvalidConfig, got {other:?}"),
+        }
+    }
+    // The directory of the refused open is still free.
+    Store::open(&path).unwrap();
+}
+
+#[test]
+fn bad_queue_names_are_rejected() {
+    on_both_stores(|store| {
+        assert!(matches!(
+            store.queue::<u8>(""),
+            Err(Error::InvalidConfig(_))
+        ));
+        assert!(matches!(
+            store.queue::<u8>(&"x".repeat(1025)),
+            Err(Error::InvalidConfig(_))
+        ));
+        store.queue::<u8>(&"x".repeat(1024)).unwrap();
+        assert_eq!(store.queue_names(), ["x".repeat(1024)]);
+    });
+}
+
+// ---- damaged records on disk ----
+
+/// Offset of a record's fixed header, its header length field and its body (see the format
+/// at the top of `src/log/record.rs`).
+const FIXED: usize = 24;
+
+fn body_start(record: &[u8]) -> usize {
+    let header_len = u32::from_le_bytes(record[8..12].try_into().unwrap()) as usize;
+    FIXED + header_len
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+/// Opens the closed store's sled database directly.
+fn raw(path: &Path) -> (sled::Db, sled::Tree) {
+    let db = sled::open(path).expect("open the store's sled directory");
+    let log = db.open_tree("log").unwrap();
+    (db, log)
+}
+
+/// The one log record whose bytes contain `marker`: its sequence number and bytes.
+fn record_with(log: &sled::Tree, marker: &[u8]) -> (u64, Vec<u8>) {
+    let mut found: Vec<(u64, Vec<u8>)> = log
+        .iter()
+        .map(|kv| kv.unwrap())
+        .filter(|(_, v)| contains(v, marker))
+        .map(|(k, v)| {
+            (
+                u64::from_be_bytes(k.as_ref().try_into().unwrap()),
+                v.to_vec(),
+            )
+        })
+        .collect();
+    assert_eq!(found.len(), 1, "exactly one record holds the marker");
+    found.pop().unwrap()
+}
+
+/// Rewrites the record holding `marker` with `damage` applied; returns its sequence number
+/// and damaged bytes.
+fn damage_record(path: &Path, marker: &[u8], damage: impl FnOnce(&mut Vec<u8>)) -> (u64, Vec<u8>) {
+    let (db, log) = raw(path);
+    let (seq, mut bytes) = record_with(&log, marker);
+    damage(&mut bytes);
+    log.insert(seq.to_be_bytes(), bytes.clone()).unwrap();
+    db.flush().unwrap();
+    (seq, bytes)
+}
+
+fn strings(prefix: &str, n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("{prefix}-{i:03}")).collect()
+}
+
+/// Writes, in separate commits: intact "bad" items, "good" items, the "bad" items whose
+/// record will be damaged, more "good" items. Returns (good items, intact bad items).
+fn write_good_and_bad(path: &Path) -> (Vec<String>, Vec<String>) {
+    let store = Store::open(path).unwrap();
+    let good = store.queue::<String>("good").unwrap();
+    let bad = store.queue::<String>("bad").unwrap();
+    let commit = |queue: &reliable_queue::ReliableConcurrentQueue<String>, items: &[String]| {
+        let mut tx = store.begin();
+        for item in items {
+            queue.enqueue(&mut tx, item.clone()).unwrap();
+        }
+        tx.commit().unwrap();
+    };
+    let kept = strings("bad-kept", 5);
+    let good_items = strings("good", 20);
+    commit(&bad, &kept);
+    commit(&good, &good_items[..10]);
+    commit(&bad, &strings("bad-damaged", 5));
+    commit(&good, &good_items[10..]);
+    (good_items, kept)
+}
+
+fn assert_corrupted(store: &Store, name: &str, seq: u64) {
+    match store.queue::<String>(name) {
+        Err(Error::Corrupted {
+            queue,
+            record,
+            reason,
+        }) => {
+            assert_eq!(queue.as_deref(), Some(name));
+            assert_eq!(record, seq);
+            assert!(!reason.is_empty());
+        }
+        other => panic!("queue {name}: expected Corrupted, got {other:?}"),
+    }
+}
+
+/// Everything in any queue of the store, opened as strings: nothing damaged may show up.
+fn assert_nothing_damaged_is_returned(items: &[String]) {
+    assert!(
+        items.iter().all(|i| !i.starts_with("bad-damaged")),
+        "an item of the damaged record came back: {items:?}"
+    );
+}
+
+#[test]
+fn damaged_record_body_fences_its_queue_only() {
+    let (_guard, path) = temp_dir();
+    let (good_items, kept) = write_good_and_bad(&path);
+    let (seq, damaged) = damage_record(&path, b"bad-damaged-002", |bytes| {
+        let at = body_start(bytes) + 7;
+        bytes[at] ^= 0x5a;
+    });
+
+    {
+        let store = Store::open(&path).expect("open succeeds despite the damage");
+        let set_aside: Vec<SetAsideRecord> = store.set_aside_records();
+        assert_eq!(set_aside.len(), 1, "{set_aside:?}");
+        assert_eq!(set_aside[0].record, seq);
+        assert_eq!(set_aside[0].queues, Some(vec!["bad".to_owned()]));
+        assert!(!set_aside[0].reason.is_empty());
+
+        assert_corrupted(&store, "bad", seq);
+        let good = store.queue::<String>("good").unwrap();
+        assert_eq!(peek_all(&store, &good), good_items);
+        // New work on the healthy queue goes on.
+        let mut tx = store.begin();
+        good.enqueue(&mut tx, "after".into()).unwrap();
+        tx.commit().unwrap();
+    }
+
+    // The raw record is kept in quarantine and gone from the log; the fence persists.
+    {
+        let (db, log) = raw(&path);
+        let quarantine = db.open_tree("quarantine").unwrap();
+        let kept_raw = quarantine
+            .get(seq.to_be_bytes())
+            .unwrap()
+            .expect("quarantined");
+        assert_eq!(kept_raw.as_ref(), damaged.as_slice());
+        assert!(log.get(seq.to_be_bytes()).unwrap().is_none());
+    }
+    let store = Store::open(&path).unwrap();
+    assert_eq!(store.set_aside_records().len(), 1);
+    assert_corrupted(&store, "bad", seq);
+
+    store.unfence("bad").unwrap();
+    let bad = store.queue::<String>("bad").expect("unfenced");
+    let bad_items = drain(&store, &bad);
+    assert_eq!(bad_items, kept, "the intact items of the fenced queue");
+    assert_nothing_damaged_is_returned(&bad_items);
+    let good = store.queue::<String>("good").unwrap();
+    let mut expected = good_items.clone();
+    expected.push("after".into());
+    assert_eq!(drain(&store, &good), expected);
+    drop((bad, good, store));
+
+    // Unfencing is durable; the record stays listed as set aside.
+    let store = Store::open(&path).unwrap();
+    assert!(store.queue::<String>("bad").is_ok());
+    assert_eq!(store.set_aside_records()[0].record, seq);
+}
+
+#[test]
+fn damaged_record_header_fences_every_queue() {
+    // Each byte range of the fixed header: lengths, body checksum, header checksum.
+    for at in [9, 13, 17, 22] {
+        let (_guard, path) = temp_dir();
+        let (good_items, kept) = write_good_and_bad(&path);
+        let (seq, _) = damage_record(&path, b"bad-damaged-002", |bytes| bytes[at] ^= 0x01);
+
+        let store = Store::open(&path).expect("open succeeds despite the damage");
+        let set_aside = store.set_aside_records();
+        assert_eq!(set_aside.len(), 1, "byte {at}: {set_aside:?}");
+        assert_eq!(set_aside[0].record, seq);
+        assert_eq!(
+            set_aside[0].queues, None,
+            "byte {at}: the header is unreadable"
+        );
+        assert_corrupted(&store, "good", seq);
+        assert_corrupted(&store, "bad", seq);
+
+        store.unfence("good").unwrap();
+        store.unfence("bad").unwrap();
+        let good = drain(&store, &store.queue::<String>("good").unwrap());
+        let bad = drain(&store, &store.queue::<String>("bad").unwrap());
+        assert_eq!(good, good_items, "byte {at}");
+        assert_eq!(bad, kept, "byte {at}");
+        assert_nothing_damaged_is_returned(&bad);
+    }
+}
+
+#[test]
+fn truncated_record_is_set_aside() {
+    for keep in [0, 10, FIXED, 40] {
+        let (_guard, path) = temp_dir();
+        let (good_items, kept) = write_good_and_bad(&path);
+        let (seq, _) = damage_record(&path, b"bad-damaged-002", |bytes| {
+            let len = if keep == 40 { bytes.len() - 3 } else { keep };
+            bytes.truncate(len);
+        });
+
+        let store = Store::open(&path).expect("open succeeds despite the damage");
+        let set_aside = store.set_aside_records();
+        assert_eq!(set_aside.len(), 1, "kept {keep}: {set_aside:?}");
+        assert_eq!(set_aside[0].record, seq);
+        assert_corrupted(&store, "good", seq);
+        assert_corrupted(&store, "bad", seq);
+        store.unfence("good").unwrap();
+        store.unfence("bad").unwrap();
+        assert_eq!(
+            drain(&store, &store.queue::<String>("good").unwrap()),
+            good_items
+        );
+        let bad = drain(&store, &store.queue::<String>("bad").unwrap());
+        assert_eq!(bad, kept);
+        assert_nothing_damaged_is_returned(&bad);
+    }
+}
+
+#[test]
+fn damaged_acknowledgement_brings_the_dequeued_item_back_after_unfence() {
+    let (_guard, path) = temp_dir();
+    {
+        let store = Store::open(&path).unwrap();
+        let queue = store.queue::<String>("q").unwrap();
+        let mut tx = store.begin();
+        for item in strings("item", 3) {
+            queue.enqueue(&mut tx, item).unwrap();
+        }
+        tx.commit().unwrap();
+        // A commit made of one acknowledgement only.
+        let mut tx = store.begin();
+        assert_eq!(
+            queue.try_dequeue(&mut tx).unwrap().as_deref(),
+            Some("item-000")
+        );
+        tx.commit().unwrap();
+        let mut tx = store.begin();
+        queue.enqueue(&mut tx, "later".into()).unwrap();
+        tx.commit().unwrap();
+    }
+    let ack_seq = {
+        let (db, log) = raw(&path);
+        // The record without any item bytes is the acknowledgement.
+        let (seq, mut bytes) = log
+            .iter()
+            .map(|kv| kv.unwrap())
+            .map(|(k, v)| {
+                (
+                    u64::from_be_bytes(k.as_ref().try_into().unwrap()),
+                    v.to_vec(),
+                )
+            })
+            .find(|(_, v)| !contains(v, b"item-") && !contains(v, b"later"))
+            .expect("the acknowledgement record");
+        let last = bytes.len() - 1;
+        bytes[last] ^= 0xff;
+        log.insert(seq.to_be_bytes(), bytes).unwrap();
+        db.flush().unwrap();
+        seq
+    };
+    let store = Store::open(&path).unwrap();
+    assert_eq!(
+        store.set_aside_records()[0].queues,
+        Some(vec!["q".to_owned()])
+    );
+    assert_corrupted(&store, "q", ack_seq);
+    store.unfence("q").unwrap();
+    let queue = store.queue::<String>("q").unwrap();
+    assert_eq!(
+        drain(&store, &queue),
+        ["item-000", "item-001", "item-002", "later"],
+        "the lost acknowledgement gives the item back, documented by unfence"
+    );
+}
+
+#[test]
+fn a_healthy_store_sets_nothing_aside() {
+    let (_guard, path) = temp_dir();
+    let (good_items, _) = write_good_and_bad(&path);
+    let store = Store::open(&path).unwrap();
+    assert!(store.set_aside_records().is_empty());
+    assert_eq!(
+        drain(&store, &store.queue::<String>("good").unwrap()),
+        good_items
+    );
+}
+
+#[test]
+fn damaged_newest_record_does_not_disturb_later_commits() {
+    let (_guard, path) = temp_dir();
+    {
+        let store = Store::open(&path).unwrap();
+        let queue = store.queue::<String>("q").unwrap();
+        for batch in ["first", "newest"] {
+            let mut tx = store.begin();
+            for item in strings(batch, 3) {
+                queue.enqueue(&mut tx, item).unwrap();
+            }
+            tx.commit().unwrap();
+        }
+    }
+    let (seq, _) = damage_record(&path, b"newest-001", |bytes| {
+        let at = body_start(bytes) + 3;
+        bytes[at] ^= 0x10;
+    });
+    {
+        let store = Store::open(&path).unwrap();
+        assert_corrupted(&store, "q", seq);
+        store.unfence("q").unwrap();
+        let queue = store.queue::<String>("q").unwrap();
+        assert_eq!(peek_all(&store, &queue), strings("first", 3));
+        // New commits after the set-aside record: an enqueue, and a dequeue of an old item.
+        let mut tx = store.begin();
+        queue.enqueue(&mut tx, "fresh".into()).unwrap();
+        tx.commit().unwrap();
+        let mut tx = store.begin();
+        assert_eq!(
+            queue.try_dequeue(&mut tx).unwrap().as_deref(),
+            Some("first-000")
+        );
+        tx.commit().unwrap();
+    }
+    let store = Store::open(&path).unwrap();
+    let set_aside = store.set_aside_records();
+    assert_eq!(set_aside.len(), 1);
+    assert_eq!(set_aside[0].record, seq);
+    let queue = store.queue::<String>("q").expect("the fence stays lifted");
+    assert_eq!(
+        drain(&store, &queue),
+        ["first-001", "first-002", "fresh"],
+        "the new commits replay; the set-aside record stays out"
+    );
+}
