@@ -1,0 +1,277 @@
+//! Compaction keeps the log proportional to the live backlog, not to history, and what it
+//! rewrites survives restarts exactly once and in order.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use common::{drain, peek_all, temp_dir};
+use reliable_queue::{ReliableConcurrentQueue, Store, Transaction};
+use serde::{Deserialize, Serialize};
+
+/// The log size below which compaction leaves live items where they are.
+const FLOOR: u64 = 64 * 1024;
+/// Items waiting in the churned queue at any time.
+const BACKLOG: u64 = 100;
+/// Items moved through the churned queue.
+const CHURN: u64 = 50_000;
+/// Items per churn transaction (dequeued and enqueued).
+const PER_TX: u64 = 5;
+/// Padding per item, so that item bytes dominate the records.
+const PAD: usize = 100;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Item {
+    seq: u64,
+    pad: Vec<u8>,
+}
+
+impl Item {
+    fn new(seq: u64) -> Self {
+        Item {
+            seq,
+            pad: vec![(seq % 251) as u8; PAD],
+        }
+    }
+
+    /// Upper bound on the bytes one item takes in a record: its enqueue op (envelope,
+    /// postcard varints, padding) and later its acknowledgement, each op at most 50 bytes of
+    /// fields around the item (see the record format in `src/log/record.rs`).
+    fn log_bytes_max() -> u64 {
+        PAD as u64 + 10 + 50 + 50
+    }
+}
+
+fn open(path: &Path) -> Store {
+    Store::builder()
+        .path(path)
+        .compaction_floor(FLOOR)
+        .open()
+        .expect("open the store")
+}
+
+/// The log tree of a closed store: its keys and the total of its value bytes.
+fn raw_log(path: &Path) -> (Vec<u64>, u64, sled::Db) {
+    let db = sled::open(path).expect("open the store's sled directory");
+    let log = db.open_tree("log").unwrap();
+    let mut keys = Vec::new();
+    let mut bytes = 0;
+    for kv in log.iter() {
+        let (k, v) = kv.unwrap();
+        keys.push(u64::from_be_bytes(k.as_ref().try_into().unwrap()));
+        bytes += v.len() as u64;
+    }
+    (keys, bytes, db)
+}
+
+/// The largest log compaction may leave for `live` items: under the floor, or within twice
+/// the live bytes, plus the newest group (never compacted) and a group being filled.
+fn log_bound(live: u64) -> u64 {
+    let group = 32 + PER_TX * Item::log_bytes_max();
+    FLOOR + 2 * live * Item::log_bytes_max() + 2 * group
+}
+
+fn enqueue_seqs(store: &Store, queue: &ReliableConcurrentQueue<Item>, seqs: std::ops::Range<u64>) {
+    let mut tx = store.begin();
+    for seq in seqs {
+        queue.enqueue(&mut tx, Item::new(seq)).unwrap();
+    }
+    tx.commit().unwrap();
+}
+
+/// Moves `rounds` transactions' worth of items through `queue`: each transaction dequeues
+/// `PER_TX` items and enqueues `PER_TX` new ones, so the backlog stays the same. Records the
+/// dequeued sequence numbers in `consumed`.
+fn churn(
+    store: &Store,
+    queue: &ReliableConcurrentQueue<Item>,
+    next: &mut u64,
+    rounds: u64,
+    consumed: &mut Vec<u64>,
+) {
+    for _ in 0..rounds {
+        let mut tx = store.begin();
+        let mut taken = Vec::new();
+        for _ in 0..PER_TX {
+            let item = queue.try_dequeue(&mut tx).unwrap().expect("the backlog");
+            assert_eq!(item, Item::new(item.seq), "item intact");
+            taken.push(item.seq);
+        }
+        for _ in 0..PER_TX {
+            queue.enqueue(&mut tx, Item::new(*next)).unwrap();
+            *next += 1;
+        }
+        tx.commit().unwrap();
+        consumed.extend(taken);
+    }
+}
+
+/// Checks that every sequence number below `next` is consumed or remaining, exactly once,
+/// and that the remaining ones are in commit (sequence) order.
+fn assert_exactly_once(next: u64, consumed: &[u64], remaining: &[u64]) {
+    let consumed_set: BTreeSet<u64> = consumed.iter().copied().collect();
+    assert_eq!(
+        consumed_set.len(),
+        consumed.len(),
+        "an item was consumed twice"
+    );
+    let expected: Vec<u64> = (0..next).filter(|s| !consumed_set.contains(s)).collect();
+    assert_eq!(remaining, expected, "remaining items, in order");
+}
+
+fn seqs(items: Vec<Item>) -> Vec<u64> {
+    items
+        .into_iter()
+        .map(|item| {
+            assert_eq!(item, Item::new(item.seq), "item intact");
+            item.seq
+        })
+        .collect()
+}
+
+#[test]
+fn log_stays_proportional_to_the_backlog() {
+    let (_guard, path) = temp_dir();
+    let mut consumed = Vec::new();
+    let mut next;
+    {
+        let store = open(&path);
+        let queue = store.queue::<Item>("churn").unwrap();
+        enqueue_seqs(&store, &queue, 0..BACKLOG);
+        next = BACKLOG;
+        churn(&store, &queue, &mut next, CHURN / PER_TX, &mut consumed);
+        assert_eq!(queue.count(), BACKLOG);
+    }
+    let (_, log_bytes, db) = raw_log(&path);
+    drop(db);
+    let written = CHURN * PAD as u64;
+    let bound = log_bound(BACKLOG + PER_TX);
+    assert!(
+        bound * 10 < written,
+        "the bound is meaningful: {bound} vs {written}"
+    );
+    assert!(
+        log_bytes <= bound,
+        "log holds {log_bytes} bytes for a backlog of {BACKLOG} (bound {bound})"
+    );
+
+    let store = open(&path);
+    let queue = store.queue::<Item>("churn").unwrap();
+    assert_exactly_once(next, &consumed, &seqs(drain(&store, &queue)));
+}
+
+#[test]
+fn long_lived_items_are_rewritten_and_survive_restart_once() {
+    const KEPT: u64 = 3;
+    const HELD: u64 = 2;
+    let (_guard, path) = temp_dir();
+    let mut consumed = Vec::new();
+    let mut next;
+    let setup_groups;
+    {
+        let store = open(&path);
+        // Items nobody dequeues, in a queue of their own...
+        let keep = store.queue::<String>("keep").unwrap();
+        let mut tx = store.begin();
+        for i in 0..KEPT {
+            keep.enqueue(&mut tx, format!("kept-{i}")).unwrap();
+        }
+        tx.commit().unwrap();
+        // ...and items held by a transaction open for the whole churn.
+        let queue = store.queue::<Item>("churn").unwrap();
+        enqueue_seqs(&store, &queue, 0..BACKLOG + HELD);
+        setup_groups = 2;
+        next = BACKLOG + HELD;
+        let mut holder: Transaction = store.begin();
+        let held: Vec<u64> = (0..HELD)
+            .map(|_| queue.try_dequeue(&mut holder).unwrap().unwrap().seq)
+            .collect();
+
+        churn(&store, &queue, &mut next, CHURN / PER_TX, &mut consumed);
+        assert_eq!(queue.count(), BACKLOG);
+        holder.abort();
+        assert_eq!(queue.count(), BACKLOG + HELD);
+        let visible = seqs(peek_all(&store, &queue));
+        assert_eq!(
+            &visible[..HELD as usize],
+            &held[..],
+            "given back at the head"
+        );
+    }
+
+    let (keys, log_bytes, db) = raw_log(&path);
+    let bound = log_bound(BACKLOG + HELD + KEPT + PER_TX);
+    assert!(
+        log_bytes <= bound,
+        "log holds {log_bytes} bytes for {} live items (bound {bound})",
+        BACKLOG + HELD + KEPT
+    );
+    // The groups that first held the long-lived items are gone: they were rewritten.
+    assert!(
+        keys.iter().all(|&k| k >= setup_groups),
+        "the setup groups are still in the log: {:?}",
+        &keys[..keys.len().min(5)]
+    );
+    let log = db.open_tree("log").unwrap();
+    let holding_kept = log
+        .iter()
+        .filter(|kv| {
+            let (_, v) = kv.as_ref().unwrap();
+            v.windows(6).any(|w| w == b"kept-0")
+        })
+        .count();
+    assert_eq!(holding_kept, 1, "one record holds the rewritten item");
+    drop((log, db));
+
+    for _ in 0..2 {
+        let store = open(&path);
+        let keep = store.queue::<String>("keep").unwrap();
+        let queue = store.queue::<Item>("churn").unwrap();
+        assert_eq!(peek_all(&store, &keep), ["kept-0", "kept-1", "kept-2"]);
+        assert_exactly_once(next, &consumed, &seqs(peek_all(&store, &queue)));
+    }
+}
+
+#[test]
+fn compacted_log_recovers_across_repeated_restarts() {
+    const KEPT: u64 = 4;
+    let (_guard, path) = temp_dir();
+    let mut consumed = Vec::new();
+    let mut next;
+    {
+        let store = open(&path);
+        let keep = store.queue::<String>("keep").unwrap();
+        let mut tx = store.begin();
+        for i in 0..KEPT {
+            keep.enqueue(&mut tx, format!("kept-{i}")).unwrap();
+        }
+        tx.commit().unwrap();
+        let queue = store.queue::<Item>("churn").unwrap();
+        enqueue_seqs(&store, &queue, 0..BACKLOG);
+        next = BACKLOG;
+    }
+    // Each leg churns past the floor, so every restart replays rewritten groups.
+    for leg in 0..4 {
+        let store = open(&path);
+        let keep = store.queue::<String>("keep").unwrap();
+        assert_eq!(keep.count(), KEPT, "leg {leg}");
+        let queue = store.queue::<Item>("churn").unwrap();
+        assert_eq!(queue.count(), BACKLOG, "leg {leg}");
+        churn(&store, &queue, &mut next, CHURN / PER_TX / 4, &mut consumed);
+        assert_exactly_once(next, &consumed, &seqs(peek_all(&store, &queue)));
+        drop((keep, queue, store));
+        let (_, log_bytes, db) = raw_log(&path);
+        drop(db);
+        let bound = log_bound(BACKLOG + KEPT + PER_TX);
+        assert!(log_bytes <= bound, "leg {leg}: {log_bytes} > {bound}");
+    }
+    let store = open(&path);
+    let keep = store.queue::<String>("keep").unwrap();
+    assert_eq!(
+        drain(&store, &keep),
+        (0..KEPT).map(|i| format!("kept-{i}")).collect::<Vec<_>>()
+    );
+    let queue = store.queue::<Item>("churn").unwrap();
+    assert_exactly_once(next, &consumed, &seqs(drain(&store, &queue)));
+}
