@@ -1,0 +1,421 @@
+//! Crash safety under `kill -9` (S3, S7, S8, S9), for `Durability::Sync` and `Buffered`.
+//!
+//! Each test is a parent that runs many cycles over one store directory. In a cycle it starts
+//! this test binary again as a child (the same test, selected with `--exact`, told by
+//! `RQ_CRASH_ROLE` to play the child). The child opens the store and runs producers,
+//! consumers and movers on it (`crash/child.rs`), reporting on stdout every transaction just
+//! before it calls `commit` (intent) and just after `commit` returned `Ok` (acknowledgement).
+//! The parent reads the reports as they come and kills the child with SIGKILL at a random
+//! moment: a random delay after the store opened, or, in about a third of the cycles, a
+//! random delay after the child began to open it, scaled to how long opening takes, so that
+//! the kill lands in recovery. Then, in most cycles, the parent reopens the store, looks at
+//! everything in it, and checks it against what it knew before and what the children
+//! reported (`crash/check.rs` states the exact invariants); in the other cycles the next child
+//! recovers a store that was just killed, possibly in the middle of its own recovery. After
+//! the last cycle the parent drains the store with committed transactions, reopens it and
+//! expects it empty.
+//!
+//! `RQ_CRASH_CYCLES` sets the number of cycles (default 30), `RQ_CRASH_SEED` the seed of the
+//! parent's choices. Run with `--nocapture` to see the figures.
+
+#[path = "crash/check.rs"]
+mod check;
+#[path = "crash/child.rs"]
+mod child;
+#[path = "crash/report.rs"]
+mod report;
+#[path = "crash/twosat.rs"]
+mod twosat;
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdout, Command, ExitStatus, Stdio};
+use std::sync::mpsc::{self, RecvTimeoutError, Sender};
+use std::time::{Duration, Instant};
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use reliable_queue::{Durability, Store};
+
+use check::{Figures, Found, Model, Violation};
+use report::{CycleLog, Queue};
+
+/// Set in the child's environment; its presence selects the child role.
+const ROLE_VAR: &str = "RQ_CRASH_ROLE";
+const DIR_VAR: &str = "RQ_CRASH_DIR";
+const FIRST_ID_VAR: &str = "RQ_CRASH_FIRST_ID";
+const CHILD_SEED_VAR: &str = "RQ_CRASH_CHILD_SEED";
+
+const CYCLES_VAR: &str = "RQ_CRASH_CYCLES";
+const SEED_VAR: &str = "RQ_CRASH_SEED";
+const DEFAULT_CYCLES: usize = 30;
+
+/// Flush interval of the Buffered store.
+const FLUSH_INTERVAL: Duration = Duration::from_millis(25);
+/// Share of the cycles whose kill aims at the open.
+const KILL_IN_OPEN: f64 = 0.3;
+/// Share of the cycles after which the parent reopens and checks the store.
+const LOOK: f64 = 0.7;
+/// Range of the kill delay after the store opened, in milliseconds.
+const KILL_AFTER_OPEN_MS: std::ops::Range<u64> = 5..250;
+/// How long the parent waits for a child to open the store before giving up on it.
+const PATIENCE: Duration = Duration::from_secs(60);
+
+/// Opens the store as the child and the parent both do.
+fn open_store(path: &Path, durability: Durability) -> reliable_queue::Result<Store> {
+    Store::builder()
+        .path(path)
+        .durability(durability)
+        .flush_interval(FLUSH_INTERVAL)
+        .open()
+}
+
+#[test]
+fn sync_store_keeps_every_acknowledged_commit_across_kill_9() {
+    crash_test(
+        "sync_store_keeps_every_acknowledged_commit_across_kill_9",
+        Durability::Sync,
+    );
+}
+
+#[test]
+fn buffered_store_loses_only_whole_recent_commits_across_kill_9() {
+    crash_test(
+        "buffered_store_loses_only_whole_recent_commits_across_kill_9",
+        Durability::Buffered,
+    );
+}
+
+fn crash_test(test_name: &str, durability: Durability) {
+    if std::env::var_os(ROLE_VAR).is_some() {
+        let var = |name: &str| std::env::var(name).unwrap_or_default();
+        let config = child::ChildConfig {
+            path: PathBuf::from(var(DIR_VAR)),
+            first_id: var(FIRST_ID_VAR).parse().expect("the child's first id"),
+            seed: var(CHILD_SEED_VAR).parse().expect("the child's seed"),
+        };
+        return child::run(durability, config);
+    }
+    let cycles = match std::env::var(CYCLES_VAR) {
+        Ok(n) => n.parse().expect("RQ_CRASH_CYCLES must be a number"),
+        Err(_) => DEFAULT_CYCLES,
+    };
+    let seed = match std::env::var(SEED_VAR) {
+        Ok(s) => s.parse().expect("RQ_CRASH_SEED must be a number"),
+        Err(_) => rand::random(),
+    };
+    Parent {
+        test_name,
+        durability,
+        rng: StdRng::seed_from_u64(seed),
+        open_time: Duration::from_millis(5),
+    }
+    .run(cycles, seed);
+}
+
+/// Kills the child when dropped, so a failing parent leaves no process behind.
+struct Killer(Child);
+
+impl Killer {
+    fn kill(mut self) -> ExitStatus {
+        // An error here means the child already exited; `wait` tells how.
+        let _ = self.0.kill();
+        self.0.wait().expect("wait for the child")
+    }
+}
+
+impl Drop for Killer {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[cfg(unix)]
+fn killed_by_sigkill(status: ExitStatus) -> bool {
+    use std::os::unix::process::ExitStatusExt;
+    status.signal() == Some(9)
+}
+
+#[cfg(not(unix))]
+fn killed_by_sigkill(status: ExitStatus) -> bool {
+    !status.success()
+}
+
+/// Forwards the child's report lines, with the time each was read, until its stdout closes.
+fn read_reports(stdout: ChildStdout, sender: Sender<(Instant, String)>) {
+    let mut reader = BufReader::new(stdout);
+    let mut line = String::new();
+    loop {
+        line.clear();
+        match reader.read_line(&mut line) {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+        let at = Instant::now();
+        if !line.ends_with('\n') {
+            return; // cut short by the kill
+        }
+        if let Some(start) = line.find("RQ|") {
+            if sender
+                .send((at, line[start..].trim_end().to_owned()))
+                .is_err()
+            {
+                return;
+            }
+        }
+    }
+}
+
+/// What a run covered.
+#[derive(Debug, Default)]
+struct Totals {
+    cycles: usize,
+    kills_in_open: usize,
+    looks: usize,
+    figures: Figures,
+    violations: Vec<Violation>,
+}
+
+struct Parent<'a> {
+    test_name: &'a str,
+    durability: Durability,
+    rng: StdRng,
+    /// Running estimate of how long a child takes to open the store.
+    open_time: Duration,
+}
+
+impl Parent<'_> {
+    fn run(mut self, cycles: usize, seed: u64) {
+        let started = Instant::now();
+        let dir = tempfile::tempdir().expect("create a temporary directory");
+        let path = dir.path().join("store");
+        let mut model = Model::default();
+        let mut pending: Vec<CycleLog> = Vec::new();
+        let mut totals = Totals::default();
+        for cycle in 0..cycles {
+            let log = self.cycle(&path, cycle);
+            if let (Some(opening), Some(opened)) = (log.opening, log.opened) {
+                self.open_time = (self.open_time * 3 + (opened - opening)) / 4;
+            }
+            totals.cycles += 1;
+            totals.kills_in_open += usize::from(log.killed_during_open());
+            pending.push(log);
+            if cycle + 1 < cycles && !self.rng.gen_bool(LOOK) {
+                continue;
+            }
+            totals.looks += 1;
+            match inspect(&path, self.durability) {
+                Ok(found) => {
+                    let (violations, figures) = model.check(self.durability, &pending, &found);
+                    totals.violations.extend(violations);
+                    totals.figures.add(&figures);
+                }
+                Err(e) => {
+                    totals.violations.push(Violation {
+                        kind: "reopen",
+                        detail: format!("after cycle {cycle}: {e}"),
+                    });
+                    break;
+                }
+            }
+            pending.clear();
+        }
+        if totals.violations.is_empty() {
+            totals
+                .violations
+                .extend(drain_and_reopen(&path, self.durability, model.items()));
+        }
+        self.summarize(&totals, seed, started.elapsed(), model.present());
+    }
+
+    /// Runs one child and kills it; returns what it reported.
+    fn cycle(&mut self, path: &Path, cycle: usize) -> CycleLog {
+        let kill_in_open = self.rng.gen_bool(KILL_IN_OPEN);
+        let first_id = (cycle as u64 + 1) << 32;
+        let exe = std::env::current_exe().expect("the test binary's path");
+        let mut child = Killer(
+            Command::new(exe)
+                .args([self.test_name, "--exact", "--nocapture", "--test-threads=1"])
+                .env(ROLE_VAR, "child")
+                .env(DIR_VAR, path)
+                .env(FIRST_ID_VAR, first_id.to_string())
+                .env(CHILD_SEED_VAR, self.rng.gen::<u64>().to_string())
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::inherit())
+                .spawn()
+                .expect("start the child"),
+        );
+        let stdout = child.0.stdout.take().expect("the child's stdout");
+        let (sender, reports) = mpsc::channel();
+        let reader = std::thread::spawn(move || read_reports(stdout, sender));
+
+        let mut lines = Vec::new();
+        let mut errors = Vec::new();
+        let give_up = Instant::now() + PATIENCE;
+        let kill_at = loop {
+            match reports.recv_timeout(give_up.saturating_duration_since(Instant::now())) {
+                Ok((at, line)) => {
+                    let kill_at = match line.as_str() {
+                        "RQ|o" if kill_in_open => {
+                            let max = self.open_time.as_micros() as u64;
+                            Some(at + Duration::from_micros(self.rng.gen_range(0..=max)))
+                        }
+                        "RQ|O" => {
+                            Some(at + Duration::from_millis(self.rng.gen_range(KILL_AFTER_OPEN_MS)))
+                        }
+                        l if l.starts_with("RQ|e|") => Some(at),
+                        _ => None,
+                    };
+                    lines.push((at, line));
+                    if let Some(kill_at) = kill_at {
+                        break kill_at;
+                    }
+                }
+                Err(RecvTimeoutError::Timeout) => {
+                    errors.push(format!("the child did not open the store in {PATIENCE:?}"));
+                    break Instant::now();
+                }
+                Err(RecvTimeoutError::Disconnected) => break Instant::now(),
+            }
+        };
+        // The random delay before the kill is the test's point; the reports keep arriving.
+        while let Some(left) = kill_at.checked_duration_since(Instant::now()) {
+            match reports.recv_timeout(left) {
+                Ok(report) => lines.push(report),
+                Err(_) => break,
+            }
+        }
+        let killed_at = Instant::now();
+        let status = child.kill();
+        reader.join().expect("the report reader panicked");
+        lines.extend(reports.try_iter());
+        let mut log = CycleLog::parse(cycle, &lines, killed_at);
+        if !killed_by_sigkill(status) {
+            errors.push(format!("the child ended on its own: {status}"));
+        }
+        log.errors.extend(errors);
+        log
+    }
+
+    fn summarize(&self, totals: &Totals, seed: u64, elapsed: Duration, backlog: usize) {
+        let f = &totals.figures;
+        println!(
+            "crash test, {:?}: {} cycles in {:.1} s (seed {seed}), {} kills during open, \
+             {} checks, {} acknowledged operations checked ({} acknowledged transactions, \
+             {} of unknown outcome), backlog at the end {backlog}, {} violations",
+            self.durability,
+            totals.cycles,
+            elapsed.as_secs_f64(),
+            totals.kills_in_open,
+            totals.looks,
+            f.acked_ops,
+            f.acked_txs,
+            f.unknown_txs,
+            totals.violations.len(),
+        );
+        if self.durability == Durability::Buffered {
+            println!(
+                "crash test, Buffered: {} acknowledged transactions shown lost, the oldest \
+                 acknowledged {:.1} ms before its kill (flush interval {} ms)",
+                f.lost_acked_txs,
+                f.max_lost_age.as_secs_f64() * 1e3,
+                FLUSH_INTERVAL.as_millis(),
+            );
+        }
+        for v in totals.violations.iter().take(40) {
+            eprintln!("violation ({}): {}", v.kind, v.detail);
+        }
+        assert!(
+            totals.violations.is_empty(),
+            "{} violations (seed {seed}; RQ_CRASH_SEED={seed} repeats the parent's choices)",
+            totals.violations.len()
+        );
+    }
+}
+
+/// Reopens the store and looks at everything in it: one transaction dequeues every item of
+/// both queues, then aborts, so the store is left as it was.
+fn inspect(path: &Path, durability: Durability) -> Result<Found, String> {
+    let store = open_store(path, durability).map_err(|e| format!("reopening failed: {e}"))?;
+    let a = store.queue::<u64>("a").map_err(|e| e.to_string())?;
+    let b = store.queue::<u64>("b").map_err(|e| e.to_string())?;
+    let mut found = Found {
+        count_a: a.count(),
+        count_b: b.count(),
+        set_aside: store.set_aside_records().len(),
+        ..Found::default()
+    };
+    let mut tx = store.begin();
+    while let Some(id) = a.try_dequeue(&mut tx).map_err(|e| e.to_string())? {
+        found.a.push(id);
+    }
+    while let Some(id) = b.try_dequeue(&mut tx).map_err(|e| e.to_string())? {
+        found.b.push(id);
+    }
+    tx.abort();
+    found.count_after_abort = (a.count(), b.count());
+    Ok(found)
+}
+
+/// Drains both queues with committed transactions, expecting exactly `items`; then reopens
+/// the store and expects it empty.
+fn drain_and_reopen(
+    path: &Path,
+    durability: Durability,
+    items: &HashMap<u64, Queue>,
+) -> Vec<Violation> {
+    let mut violations = Vec::new();
+    let mut fail = |detail: String| {
+        violations.push(Violation {
+            kind: "final drain",
+            detail,
+        })
+    };
+    let drained = (|| -> reliable_queue::Result<HashMap<u64, Queue>> {
+        let store = open_store(path, durability)?;
+        let mut drained = HashMap::new();
+        for queue in [Queue::A, Queue::B] {
+            let q = store.queue::<u64>(queue.name())?;
+            loop {
+                let mut tx = store.begin();
+                let mut n = 0;
+                while n < 100 {
+                    let Some(id) = q.try_dequeue(&mut tx)? else {
+                        break;
+                    };
+                    drained.insert(id, queue);
+                    n += 1;
+                }
+                tx.commit()?;
+                if n == 0 {
+                    break;
+                }
+            }
+        }
+        Ok(drained)
+    })();
+    match drained {
+        Ok(drained) if &drained == items => {}
+        Ok(drained) => fail(format!(
+            "drained {} items, the last check found {}",
+            drained.len(),
+            items.len()
+        )),
+        Err(e) => fail(format!("draining failed: {e}")),
+    }
+    match open_store(path, durability).and_then(|store| {
+        let a = store.queue::<u64>("a")?;
+        let b = store.queue::<u64>("b")?;
+        Ok((a.count(), b.count()))
+    }) {
+        Ok((0, 0)) => {}
+        Ok(counts) => fail(format!(
+            "after the drain and a reopen, counts are {counts:?}"
+        )),
+        Err(e) => fail(format!("reopening after the drain failed: {e}")),
+    }
+    violations
+}
