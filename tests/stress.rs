@@ -1,0 +1,313 @@
+//! Concurrent producers and consumers with random aborts on both sides, checked in the manner
+//! of Jepsen's total-queue: nothing acknowledged is lost, nothing is delivered twice, nothing
+//! appears that was not enqueued, and nothing aborted is ever delivered.
+//!
+//! Seeds are fixed and printed; set `RQ_STRESS_SEED` to run with another base seed.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::{drain, temp_dir, TotalQueue};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use reliable_queue::{ReliableConcurrentQueue, Store};
+
+const PRODUCERS: u64 = 4;
+const CONSUMERS: u64 = 4;
+/// Probability that a producer or consumer transaction is aborted instead of committed.
+const ABORT: f64 = 0.15;
+
+fn base_seed() -> u64 {
+    std::env::var("RQ_STRESS_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0x5EED_2026)
+}
+
+/// What the producers and consumers of a run recorded.
+#[derive(Debug, Default)]
+struct History {
+    attempted: BTreeSet<u64>,
+    acknowledged: BTreeSet<u64>,
+    consumed: Vec<u64>,
+    producer_aborts: usize,
+    consumer_aborts: usize,
+}
+
+impl History {
+    /// Checks the run against what is left in the queue.
+    fn check(&self, remaining: &[u64]) {
+        let verdict = TotalQueue::check(
+            &self.attempted,
+            &self.acknowledged,
+            &self.consumed,
+            remaining,
+        );
+        assert!(
+            verdict.is_valid(),
+            "lost {:?}, duplicated {:?}, unexpected {:?}",
+            verdict.lost,
+            verdict.duplicated,
+            verdict.unexpected
+        );
+        assert_eq!(verdict.ok, self.acknowledged.len());
+        let phantoms: Vec<u64> = self
+            .consumed
+            .iter()
+            .chain(remaining)
+            .filter(|id| !self.acknowledged.contains(id))
+            .copied()
+            .collect();
+        assert!(
+            phantoms.is_empty(),
+            "items of aborted enqueues were delivered: {phantoms:?}"
+        );
+        assert!(
+            !self.consumed.is_empty(),
+            "the consumers consumed something"
+        );
+        assert!(
+            self.producer_aborts > 0 && self.consumer_aborts > 0,
+            "both sides aborted"
+        );
+    }
+}
+
+/// When the consumers of a round stop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stop {
+    /// Once the producers are done and nothing is visible.
+    WhenEmpty,
+    /// As soon as the producers are done, leaving a backlog.
+    WithProducers,
+}
+
+/// One round of producers and consumers on `queue`. Ids are `round << 48 | producer << 32 |
+/// n`, unique across rounds.
+fn run_round(
+    store: &Store,
+    queue: &ReliableConcurrentQueue<u64>,
+    round: u64,
+    items_per_producer: u64,
+    stop: Stop,
+    history: &mut History,
+) {
+    let seed = base_seed().wrapping_add(round * 1000);
+    eprintln!("stress round {round}: base seed {seed} (thread seeds seed + index)");
+    let producers_done = Arc::new(AtomicUsize::new(0));
+
+    let producers: Vec<_> = (0..PRODUCERS)
+        .map(|p| {
+            let (store, queue) = (store.clone(), queue.clone());
+            let done = producers_done.clone();
+            thread::spawn(move || {
+                let mut rng = StdRng::seed_from_u64(seed + p);
+                let mut attempted: Vec<u64> = Vec::new();
+                let mut acknowledged: Vec<u64> = Vec::new();
+                let mut aborts = 0;
+                let mut n = 0;
+                while n < items_per_producer {
+                    let batch = rng.gen_range(1..=4).min(items_per_producer - n);
+                    let mut tx = store.begin();
+                    let ids: Vec<u64> = (n..n + batch).map(|i| round << 48 | p << 32 | i).collect();
+                    n += batch;
+                    for &id in &ids {
+                        queue.enqueue(&mut tx, id).unwrap();
+                    }
+                    attempted.extend(&ids);
+                    if rng.gen_bool(ABORT) {
+                        aborts += 1;
+                        tx.abort();
+                    } else if tx.commit().is_ok() {
+                        acknowledged.extend(ids);
+                    }
+                }
+                done.fetch_add(1, Ordering::Release);
+                (attempted, acknowledged, aborts)
+            })
+        })
+        .collect();
+
+    let consumers: Vec<_> = (0..CONSUMERS)
+        .map(|c| {
+            let (store, queue) = (store.clone(), queue.clone());
+            let done = producers_done.clone();
+            thread::spawn(move || {
+                let mut rng = StdRng::seed_from_u64(seed + PRODUCERS + c);
+                let mut consumed = Vec::new();
+                let mut aborts = 0;
+                loop {
+                    let finished = done.load(Ordering::Acquire) == PRODUCERS as usize;
+                    if finished && stop == Stop::WithProducers {
+                        break;
+                    }
+                    let mut tx = store.begin();
+                    // Wait (parked, not spinning) for the first item, then take what is there.
+                    let Some(first) = queue
+                        .blocking_dequeue_timeout(&mut tx, Duration::from_millis(20))
+                        .unwrap()
+                    else {
+                        if finished {
+                            break;
+                        }
+                        continue;
+                    };
+                    let mut taken = vec![first];
+                    let want = rng.gen_range(1..=8);
+                    while taken.len() < want {
+                        match queue.try_dequeue(&mut tx).unwrap() {
+                            Some(id) => taken.push(id),
+                            None => break,
+                        }
+                    }
+                    if rng.gen_bool(ABORT) {
+                        aborts += 1;
+                        if rng.gen_bool(0.5) {
+                            tx.abort();
+                        } else {
+                            drop(tx);
+                        }
+                    } else if tx.commit().is_ok() {
+                        consumed.extend(taken);
+                    }
+                }
+                (consumed, aborts)
+            })
+        })
+        .collect();
+
+    for producer in producers {
+        let (attempted, acknowledged, aborts) = producer.join().expect("producer");
+        history.attempted.extend(attempted);
+        history.acknowledged.extend(acknowledged);
+        history.producer_aborts += aborts;
+    }
+    for consumer in consumers {
+        let (consumed, aborts) = consumer.join().expect("consumer");
+        history.consumed.extend(consumed);
+        history.consumer_aborts += aborts;
+    }
+}
+
+/// Checks that the idle queue's count is exact, drains it, and checks the history.
+fn finish(store: &Store, queue: &ReliableConcurrentQueue<u64>, history: &History) {
+    let idle_count = queue.count();
+    let remaining = drain(store, queue);
+    assert_eq!(
+        idle_count,
+        remaining.len() as u64,
+        "count() of an idle queue"
+    );
+    assert_eq!(queue.count(), 0, "count() after the drain");
+    history.check(&remaining);
+}
+
+fn stress(store: &Store, items_per_producer: u64) {
+    let start = Instant::now();
+    let queue = store.queue::<u64>("stress").unwrap();
+    let mut history = History::default();
+    run_round(
+        store,
+        &queue,
+        0,
+        items_per_producer,
+        Stop::WhenEmpty,
+        &mut history,
+    );
+    finish(store, &queue, &history);
+    eprintln!(
+        "{} acknowledged, {} consumed in {:?}",
+        history.acknowledged.len(),
+        history.consumed.len(),
+        start.elapsed()
+    );
+}
+
+#[test]
+fn concurrent_producers_and_consumers_on_disk() {
+    let (_guard, path) = temp_dir();
+    let store = Store::open(&path).unwrap();
+    stress(&store, 10_000);
+}
+
+#[test]
+fn concurrent_producers_and_consumers_in_memory() {
+    let store = Store::in_memory().unwrap();
+    stress(&store, 100_000);
+}
+
+/// Runs rounds with a close and reopen between them; what was left in the queue at each
+/// close is there after the reopen.
+fn stress_with_restarts(path: &Path, open: impl Fn(&Path) -> Store, items_per_producer: u64) {
+    let start = Instant::now();
+    let mut history = History::default();
+    let mut left_at_close = None;
+    for round in 0..3 {
+        let store = open(path);
+        let queue = store.queue::<u64>("stress").unwrap();
+        if let Some(left) = left_at_close {
+            assert_eq!(queue.count(), left, "round {round}: items after reopen");
+        }
+        run_round(
+            &store,
+            &queue,
+            round,
+            items_per_producer,
+            Stop::WithProducers,
+            &mut history,
+        );
+        // A tail of items nobody consumes in this round makes sure a backlog crosses the
+        // restart.
+        let mut tx = store.begin();
+        let tail: Vec<u64> = (0..50).map(|i| round << 48 | PRODUCERS << 32 | i).collect();
+        for &id in &tail {
+            queue.enqueue(&mut tx, id).unwrap();
+        }
+        history.attempted.extend(&tail);
+        tx.commit().unwrap();
+        history.acknowledged.extend(tail);
+        let left = queue.count();
+        assert!(
+            left >= 50,
+            "round {round} leaves a backlog across the restart"
+        );
+        left_at_close = Some(left);
+    }
+    let store = open(path);
+    let queue = store.queue::<u64>("stress").unwrap();
+    assert_eq!(Some(queue.count()), left_at_close);
+    finish(&store, &queue, &history);
+    eprintln!(
+        "{} acknowledged, {} consumed in {:?} with restarts",
+        history.acknowledged.len(),
+        history.consumed.len(),
+        start.elapsed()
+    );
+}
+
+#[test]
+fn concurrent_producers_and_consumers_across_restarts() {
+    let (_guard, path) = temp_dir();
+    stress_with_restarts(&path, |path| Store::open(path).unwrap(), 4000);
+}
+
+#[test]
+fn concurrent_producers_and_consumers_across_restarts_with_compaction() {
+    // A small floor makes compaction rewrite live items during the rounds.
+    let (_guard, path) = temp_dir();
+    let open = |path: &Path| {
+        Store::builder()
+            .path(path)
+            .compaction_floor(4 * 1024)
+            .durability(reliable_queue::Durability::Buffered)
+            .open()
+            .unwrap()
+    };
+    stress_with_restarts(&path, open, 5000);
+}
