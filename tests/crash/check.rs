@@ -634,3 +634,224 @@ fn item_histories(
     }
     segments
 }
+
+/// The checker must be able to fail: histories that break the contract, and some that keep it.
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use super::*;
+
+    fn cycle(cycle: usize, lines: &[&str]) -> CycleLog {
+        let now = Instant::now();
+        let lines: Vec<(Instant, String)> =
+            lines.iter().map(|l| (now, format!("RQ|{l}"))).collect();
+        CycleLog::parse(cycle, &lines, now)
+    }
+
+    fn found(a: &[u64], b: &[u64]) -> Found {
+        let (na, nb) = (a.len() as u64, b.len() as u64);
+        Found {
+            a: a.to_vec(),
+            b: b.to_vec(),
+            count_a: na,
+            count_b: nb,
+            count_after_abort: (na, nb),
+            set_aside: 0,
+        }
+    }
+
+    fn kinds(
+        model: &mut Model,
+        durability: Durability,
+        cycles: &[CycleLog],
+        store: &Found,
+    ) -> Vec<&'static str> {
+        let (violations, _) = model.check(durability, cycles, store);
+        let mut kinds: Vec<_> = violations.iter().map(|v| v.kind).collect();
+        kinds.dedup();
+        kinds
+    }
+
+    const BOTH: [Durability; 2] = [Durability::Sync, Durability::Buffered];
+
+    #[test]
+    fn sync_rejects_a_lost_acknowledged_enqueue() {
+        let c = [cycle(0, &["O", "i|0|+a1,+a2", "a|0"])];
+        let k = kinds(
+            &mut Model::default(),
+            Durability::Sync,
+            &c,
+            &found(&[1], &[]),
+        );
+        assert_eq!(k, ["lost"]);
+    }
+
+    #[test]
+    fn sync_rejects_a_lost_commit_that_a_later_transaction_saw() {
+        // Never acknowledged, but the move saw its item: it had committed.
+        let c = [cycle(0, &["O", "i|0|+a1", "i|1|-a1,+b1"])];
+        let k = kinds(
+            &mut Model::default(),
+            Durability::Sync,
+            &c,
+            &found(&[], &[]),
+        );
+        assert_eq!(k, ["lost"]);
+        let mut model = Model::default();
+        assert!(kinds(&mut model, Durability::Sync, &c, &found(&[1], &[])).is_empty());
+    }
+
+    #[test]
+    fn consumed_items_must_not_come_back() {
+        for durability in BOTH {
+            let mut model = Model::default();
+            let first = [cycle(0, &["O", "i|0|+a5", "a|0", "fs|0", "fd|0"])];
+            assert!(kinds(&mut model, durability, &first, &found(&[5], &[])).is_empty());
+            let second = [cycle(1, &["O", "i|0|-a5", "a|0", "fs|0", "fd|0"])];
+            let k = kinds(&mut model, durability, &second, &found(&[5], &[]));
+            assert_eq!(k, ["came back"], "{durability:?}");
+            // Later, a child takes it again: it came back in between.
+            let third = [cycle(2, &["O", "i|0|-a5", "a|0"])];
+            let mut model = Model::default();
+            model.check(durability, &first, &found(&[5], &[]));
+            model.check(durability, &second, &found(&[], &[]));
+            let k = kinds(&mut model, durability, &third, &found(&[], &[]));
+            assert_eq!(k, ["came back"], "{durability:?}");
+        }
+    }
+
+    #[test]
+    fn a_moved_item_is_in_exactly_one_queue() {
+        for durability in BOTH {
+            let mut model = Model::default();
+            let first = [cycle(0, &["O", "i|0|+a1", "a|0", "fs|0", "fd|0"])];
+            model.check(durability, &first, &found(&[1], &[]));
+            let mv = [cycle(1, &["O", "i|0|-a1,+b1", "a|0", "fs|0", "fd|0"])];
+            let mut other = Model::default();
+            let k = kinds(&mut other, durability, &first, &found(&[1], &[1]));
+            assert!(k.contains(&"both queues"), "{durability:?}: {k:?}");
+            let k = kinds(&mut model, durability, &mv, &found(&[1], &[]));
+            assert_eq!(k, ["wrong queue"], "{durability:?}");
+        }
+    }
+
+    #[test]
+    fn nothing_appears_that_was_never_enqueued() {
+        for durability in BOTH {
+            // An aborted transaction is never reported; its items must not show up.
+            let c = [cycle(0, &["O", "i|0|+a1", "a|0"])];
+            let k = kinds(&mut Model::default(), durability, &c, &found(&[1, 99], &[]));
+            assert_eq!(k, ["unexpected"], "{durability:?}");
+            let k = kinds(&mut Model::default(), durability, &c, &found(&[1, 1], &[]));
+            assert_eq!(k, ["duplicate"], "{durability:?}");
+        }
+    }
+
+    #[test]
+    fn counts_must_match_what_a_transaction_finds() {
+        let mut store = found(&[1], &[]);
+        store.count_a = 2;
+        let c = [cycle(0, &["O", "i|0|+a1", "a|0"])];
+        let k = kinds(&mut Model::default(), Durability::Sync, &c, &store);
+        assert_eq!(k, ["count"]);
+    }
+
+    #[test]
+    fn buffered_may_lose_the_tail_but_only_whole_transactions() {
+        let lines = ["O", "i|0|+a1,+a2", "a|0", "i|1|-a1,+b1,-a2,+b2", "a|1"];
+        let c = [cycle(0, &lines)];
+        let d = Durability::Buffered;
+        // The move was lost, or both were: fine.
+        let (v, figures) = Model::default().check(d, &c, &found(&[1, 2], &[]));
+        assert!(v.is_empty(), "{v:?}");
+        assert_eq!(figures.lost_acked_txs, 1);
+        let (v, figures) = Model::default().check(d, &c, &found(&[], &[]));
+        assert!(v.is_empty(), "{v:?}");
+        assert_eq!(figures.lost_acked_txs, 2);
+        // Half a move: never.
+        let k = kinds(&mut Model::default(), d, &c, &found(&[2], &[1]));
+        assert_eq!(k, ["partial"]);
+        // Half an enqueue: never.
+        let k = kinds(&mut Model::default(), d, &c, &found(&[1], &[]));
+        assert_eq!(k, ["partial"]);
+    }
+
+    #[test]
+    fn buffered_survivors_are_a_prefix_of_the_commit_order() {
+        let c = [cycle(0, &["O", "i|0|+a1", "a|0", "i|1|+a2", "a|1"])];
+        let k = kinds(
+            &mut Model::default(),
+            Durability::Buffered,
+            &c,
+            &found(&[2], &[]),
+        );
+        assert_eq!(k, ["not a prefix"]);
+        // Concurrent commits (neither acknowledged before the other began) may go either way.
+        let c = [cycle(0, &["O", "i|0|+a1", "i|1|+a2", "a|0", "a|1"])];
+        let k = kinds(
+            &mut Model::default(),
+            Durability::Buffered,
+            &c,
+            &found(&[2], &[]),
+        );
+        assert!(k.is_empty(), "{k:?}");
+    }
+
+    #[test]
+    fn buffered_keeps_what_an_explicit_flush_covered() {
+        let c = [cycle(
+            0,
+            &["O", "i|0|+a1", "a|0", "fs|0", "fd|0", "i|1|+a2", "a|1"],
+        )];
+        let d = Durability::Buffered;
+        assert!(kinds(&mut Model::default(), d, &c, &found(&[1], &[])).is_empty());
+        let k = kinds(&mut Model::default(), d, &c, &found(&[], &[]));
+        assert_eq!(k, ["lost"]);
+        // A flush that never returned promises nothing.
+        let c = [cycle(0, &["O", "i|0|+a1", "a|0", "fs|0"])];
+        assert!(kinds(&mut Model::default(), d, &c, &found(&[], &[])).is_empty());
+    }
+
+    #[test]
+    fn only_the_whole_history_can_rule_out_some_crashes() {
+        // Item 1 is gone: its enqueue and its consumption both survived, or neither did.
+        // Item 2 is still in a: the consuming transaction was lost, so the enqueue of 1 was
+        // lost too, yet the enqueue of 2 survived though it began after that of 1 was
+        // acknowledged. No single item shows it; only the 2-SAT verdict does.
+        let lines = ["O", "i|0|+a1", "a|0", "i|1|+a2", "a|1", "i|2|-a1,-a2"];
+        let c = [cycle(0, &lines)];
+        let k = kinds(
+            &mut Model::default(),
+            Durability::Buffered,
+            &c,
+            &found(&[2], &[]),
+        );
+        assert_eq!(k, ["no explanation"]);
+        let k = kinds(
+            &mut Model::default(),
+            Durability::Buffered,
+            &c,
+            &found(&[1, 2], &[]),
+        );
+        assert!(k.is_empty(), "{k:?}");
+    }
+
+    #[test]
+    fn ids_are_never_reused_and_reports_are_well_formed() {
+        let mut model = Model::default();
+        let first = [cycle(0, &["O", "i|0|+a1", "a|0"])];
+        model.check(Durability::Sync, &first, &found(&[1], &[]));
+        let again = [cycle(1, &["O", "i|0|+a1", "a|0"])];
+        let k = kinds(&mut model, Durability::Sync, &again, &found(&[1], &[]));
+        assert_eq!(k, ["reused id"]);
+        let bad = [cycle(2, &["O", "i|zero|+a1", "e|commit failed"])];
+        let k = kinds(
+            &mut Model::default(),
+            Durability::Sync,
+            &bad,
+            &found(&[], &[]),
+        );
+        assert_eq!(k, ["workload"]);
+    }
+}
