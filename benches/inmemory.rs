@@ -1,0 +1,60 @@
+//! In memory: the cost of the queue itself, with no storage behind it.
+//!
+//! Workloads (100-byte items; one iteration = one round trip of `batch` items):
+//! - `inmemory/1-item-tx/{1,4}-threads`: each thread loops over enqueue one item + commit,
+//!   then dequeue one item + commit.
+//! - `inmemory/64-item-tx/{1,4}-threads`: each thread loops over 64 enqueues + commit, then
+//!   64 dequeues + commit.
+//!
+//! Peers: `reliable-queue` (`Store::in_memory()`), crossbeam's `SegQueue`, a
+//! `parking_lot::Mutex<VecDeque>`, `persistent-queue` over its `MemStore`. How each maps
+//! "transaction" onto its API is documented in `common/mod.rs`. A fresh queue per sample.
+
+use std::path::Path;
+use std::time::Duration;
+
+use criterion::measurement::WallTime;
+use criterion::{BenchmarkGroup, Criterion, Throughput};
+
+#[path = "common/mod.rs"]
+mod common;
+
+use common::{round_trips, MutexDequePeer, Ours, Peer, Pq, Queue, SegQueuePeer};
+
+fn run<P: Peer>(group: &mut BenchmarkGroup<'_, WallTime>, peer: &P, threads: usize, batch: usize) {
+    group.bench_function(peer.name(), |b| {
+        b.iter_custom(|rounds| {
+            let queue = peer.open(Path::new("in-memory"));
+            let elapsed = round_trips(&queue, threads, batch, rounds);
+            assert_eq!(queue.len(), 0, "{}: every item came back out", peer.name());
+            elapsed
+        })
+    });
+}
+
+fn inmemory(c: &mut Criterion) {
+    for batch in [1, 64] {
+        for threads in [1, 4] {
+            let mut group =
+                c.benchmark_group(format!("inmemory/{batch}-item-tx/{threads}-threads"));
+            group.throughput(Throughput::Elements(batch as u64));
+            run(&mut group, &Ours::MEMORY, threads, batch);
+            run(&mut group, &SegQueuePeer, threads, batch);
+            run(&mut group, &MutexDequePeer, threads, batch);
+            run(&mut group, &Pq::MEMORY, threads, batch);
+            group.finish();
+        }
+    }
+}
+
+fn main() {
+    // Settings here are defaults: command-line options (`--sample-size`, `--measurement-time`,
+    // `--warm-up-time`, `--quick`) override them.
+    let mut criterion = Criterion::default()
+        .sample_size(10)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2))
+        .configure_from_args();
+    inmemory(&mut criterion);
+    criterion.final_summary();
+}
