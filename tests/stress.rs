@@ -299,15 +299,116 @@ fn concurrent_producers_and_consumers_across_restarts() {
 
 #[test]
 fn concurrent_producers_and_consumers_across_restarts_with_compaction() {
-    // A small floor makes compaction rewrite live items during the rounds.
+    // A small floor makes compaction rewrite live items during the rounds; a small group
+    // size splits concurrent commits over several records.
     let (_guard, path) = temp_dir();
     let open = |path: &Path| {
         Store::builder()
             .path(path)
             .compaction_floor(4 * 1024)
+            .group_size(512)
             .durability(reliable_queue::Durability::Buffered)
             .open()
             .unwrap()
     };
     stress_with_restarts(&path, open, 5000);
+}
+
+#[test]
+fn concurrent_moves_between_queues_are_atomic() {
+    let (_guard, path) = temp_dir();
+    let store = Store::open(&path).unwrap();
+    let inbox = store.queue::<u64>("in").unwrap();
+    let outbox = store.queue::<u64>("out").unwrap();
+    let seed = base_seed().wrapping_add(7_000);
+    eprintln!("moves: base seed {seed} (thread seeds seed + index)");
+    const ITEMS: u64 = 5000;
+    let producers_done = Arc::new(AtomicUsize::new(0));
+
+    // Two producers into "in"; two movers from "in" to "out", each move one transaction.
+    let producers: Vec<_> = (0..2u64)
+        .map(|p| {
+            let (store, inbox, done) = (store.clone(), inbox.clone(), producers_done.clone());
+            thread::spawn(move || {
+                let mut rng = StdRng::seed_from_u64(seed + p);
+                let (mut attempted, mut acknowledged) = (Vec::new(), Vec::new());
+                for n in (0..ITEMS).step_by(2) {
+                    let ids = [p << 32 | n, p << 32 | (n + 1)];
+                    let mut tx = store.begin();
+                    for id in ids {
+                        inbox.enqueue(&mut tx, id).unwrap();
+                    }
+                    attempted.extend(ids);
+                    if rng.gen_bool(ABORT) {
+                        tx.abort();
+                    } else if tx.commit().is_ok() {
+                        acknowledged.extend(ids);
+                    }
+                }
+                done.fetch_add(1, Ordering::Release);
+                (attempted, acknowledged)
+            })
+        })
+        .collect();
+    let movers: Vec<_> = (0..2u64)
+        .map(|m| {
+            let (store, inbox, outbox) = (store.clone(), inbox.clone(), outbox.clone());
+            let done = producers_done.clone();
+            thread::spawn(move || {
+                let mut rng = StdRng::seed_from_u64(seed + 2 + m);
+                let mut moved = 0;
+                loop {
+                    let finished = done.load(Ordering::Acquire) == 2;
+                    let mut tx = store.begin();
+                    let wait = Duration::from_millis(20);
+                    let Some(first) = inbox.blocking_dequeue_timeout(&mut tx, wait).unwrap() else {
+                        if finished {
+                            return moved;
+                        }
+                        continue;
+                    };
+                    let mut batch = vec![first];
+                    let want = rng.gen_range(1..=6);
+                    while batch.len() < want {
+                        match inbox.try_dequeue(&mut tx).unwrap() {
+                            Some(id) => batch.push(id),
+                            None => break,
+                        }
+                    }
+                    for &id in &batch {
+                        outbox.enqueue(&mut tx, id).unwrap();
+                    }
+                    if rng.gen_bool(ABORT) {
+                        tx.abort();
+                    } else if tx.commit().is_ok() {
+                        moved += batch.len();
+                    }
+                }
+            })
+        })
+        .collect();
+
+    let mut history = History::default();
+    for producer in producers {
+        let (attempted, acknowledged) = producer.join().unwrap();
+        history.attempted.extend(attempted);
+        history.acknowledged.extend(acknowledged);
+    }
+    let moved: usize = movers.into_iter().map(|m| m.join().unwrap()).sum();
+    assert!(moved > 0, "the movers moved something");
+    drop((store, inbox, outbox));
+
+    // Everything acknowledged is in exactly one of the two queues, after a restart too.
+    let store = Store::open(&path).unwrap();
+    let inbox = store.queue::<u64>("in").unwrap();
+    let outbox = store.queue::<u64>("out").unwrap();
+    let out_count = outbox.count();
+    let in_remaining = drain(&store, &inbox);
+    let out_remaining = drain(&store, &outbox);
+    assert_eq!(out_remaining.len(), moved, "every committed move, once");
+    assert_eq!(out_count, moved as u64);
+    let remaining: Vec<u64> = in_remaining.into_iter().chain(out_remaining).collect();
+    let verdict = TotalQueue::check(&history.attempted, &history.acknowledged, &[], &remaining);
+    assert!(verdict.is_valid(), "{verdict:?}");
+    assert_eq!(remaining.len(), history.acknowledged.len());
 }
