@@ -1,0 +1,60 @@
+//! Aborts giving items back while others dequeue: the items come back, nobody gets a
+//! duplicate, and a waiting consumer is handed what comes back.
+#![cfg(reliable_queue_loom)]
+
+use loom::thread;
+use loom_tests::{assert_exactly_once, check, store_with, take, take_all};
+
+/// One transaction takes what it can and aborts, another takes what it can and commits.
+/// Whatever the first held comes back: each item is committed by the second or left in the
+/// queue, exactly once.
+#[test]
+fn abort_races_try_dequeue() {
+    check(|| {
+        let (store, q) = store_with(&[1, 2]);
+        let aborter = {
+            let (store, q) = (store.clone(), q.clone());
+            thread::spawn(move || {
+                let mut tx = store.begin();
+                let held = [q.try_dequeue(&mut tx), q.try_dequeue(&mut tx)];
+                tx.abort();
+                held.into_iter().flat_map(|r| r.unwrap()).count()
+            })
+        };
+        let committer = {
+            let (store, q) = (store.clone(), q.clone());
+            thread::spawn(move || take(&store, &q, 2))
+        };
+        aborter.join().unwrap();
+        let got = committer.join().unwrap();
+        let left = q.count();
+        let rest = take_all(&store, &q);
+        assert_eq!(left, rest.len() as u64, "count() is what is left");
+        assert_exactly_once(&[1, 2], got.into_iter().chain(rest));
+    });
+}
+
+/// An abort racing a consumer that waits in `dequeue`: the returned item is handed to the
+/// waiter (or found by it), and the waiter is woken.
+#[test]
+fn abort_hands_returned_item_to_waiter() {
+    check(|| {
+        let (store, q) = store_with(&[1]);
+        let mut held = store.begin();
+        assert_eq!(q.try_dequeue(&mut held).unwrap(), Some(1));
+        let aborter = thread::spawn(move || held.abort());
+        let waiter = {
+            let (store, q) = (store.clone(), q.clone());
+            thread::spawn(move || {
+                let mut tx = store.begin();
+                let item = loom::future::block_on(q.dequeue(&mut tx)).unwrap();
+                tx.commit().unwrap();
+                item
+            })
+        };
+        aborter.join().unwrap();
+        assert_eq!(waiter.join().unwrap(), 1);
+        assert_eq!((q.count(), q.waiters()), (0, 0));
+        assert!(take_all(&store, &q).is_empty());
+    });
+}
