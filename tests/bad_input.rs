@@ -592,3 +592,107 @@ fn damaged_newest_record_does_not_disturb_later_commits() {
         "the new commits replay; the set-aside record stays out"
     );
 }
+
+#[test]
+fn damaged_move_between_queues_is_undone_as_a_whole() {
+    let (_guard, path) = temp_dir();
+    {
+        let store = Store::open(&path).unwrap();
+        let from = store.queue::<String>("from").unwrap();
+        let to = store.queue::<String>("to").unwrap();
+        let mut tx = store.begin();
+        for item in strings("job", 3) {
+            from.enqueue(&mut tx, item).unwrap();
+        }
+        tx.commit().unwrap();
+        let mut tx = store.begin();
+        let job = from.try_dequeue(&mut tx).unwrap().unwrap();
+        to.enqueue(&mut tx, format!("moved {job}")).unwrap();
+        tx.commit().unwrap();
+    }
+    let (seq, _) = damage_record(&path, b"moved job-000", |bytes| {
+        let last = bytes.len() - 1;
+        bytes[last] ^= 0x01;
+    });
+    let store = Store::open(&path).unwrap();
+    let set_aside = store.set_aside_records();
+    assert_eq!(set_aside.len(), 1);
+    let mut named = set_aside[0].queues.clone().expect("the header is intact");
+    named.sort();
+    assert_eq!(named, ["from", "to"], "the record names both queues");
+    assert_corrupted(&store, "from", seq);
+    assert_corrupted(&store, "to", seq);
+    store.unfence("from").unwrap();
+    store.unfence("to").unwrap();
+    // Neither half of the move applies: the job is back where it was, nothing is doubled.
+    assert_eq!(
+        drain(&store, &store.queue::<String>("from").unwrap()),
+        strings("job", 3)
+    );
+    assert!(drain(&store, &store.queue::<String>("to").unwrap()).is_empty());
+}
+
+#[test]
+fn log_entry_under_a_foreign_key_is_set_aside_and_sequence_numbers_stay_unique() {
+    let (_guard, path) = temp_dir();
+    {
+        let store = Store::open(&path).unwrap();
+        let queue = store.queue::<String>("q").unwrap();
+        for batch in ["first", "newest"] {
+            let mut tx = store.begin();
+            for item in strings(batch, 2) {
+                queue.enqueue(&mut tx, item).unwrap();
+            }
+            tx.commit().unwrap();
+        }
+    }
+    // The newest record is damaged, and an entry whose key is no sequence number appears.
+    let (seq, damaged) = damage_record(&path, b"newest-001", |bytes| {
+        let last = bytes.len() - 1;
+        bytes[last] ^= 0x01;
+    });
+    {
+        let (db, log) = raw(&path);
+        log.insert([0xff; 9], &b"junk"[..]).unwrap();
+        db.flush().unwrap();
+    }
+    {
+        let store = Store::open(&path).unwrap();
+        let set_aside = store.set_aside_records();
+        assert_eq!(set_aside.len(), 2, "{set_aside:?}");
+        assert!(set_aside.iter().any(|r| r.record == seq));
+        assert!(matches!(
+            store.queue::<String>("q"),
+            Err(Error::Corrupted { .. })
+        ));
+        store.unfence("q").unwrap();
+    }
+    // Two more opens, each with a commit: new records must not take the set-aside record's
+    // sequence number.
+    for round in 0..2 {
+        let store = Store::open(&path).unwrap();
+        let queue = store.queue::<String>("q").unwrap();
+        let mut tx = store.begin();
+        queue.enqueue(&mut tx, format!("fresh-{round}")).unwrap();
+        tx.commit().unwrap();
+    }
+    let (db, log) = raw(&path);
+    let quarantine = db.open_tree("quarantine").unwrap();
+    assert_eq!(
+        quarantine.get(seq.to_be_bytes()).unwrap().as_deref(),
+        Some(damaged.as_slice()),
+        "the set-aside record is kept as it was"
+    );
+    assert!(
+        log.get(seq.to_be_bytes()).unwrap().is_none(),
+        "a new record reused the sequence number {seq} of a set-aside record"
+    );
+    drop((quarantine, log, db));
+    let store = Store::open(&path).unwrap();
+    store.unfence("q").unwrap();
+    let queue = store.queue::<String>("q").unwrap();
+    assert_eq!(
+        drain(&store, &queue),
+        ["first-000", "first-001", "fresh-0", "fresh-1"]
+    );
+}

@@ -164,10 +164,12 @@ pub(crate) fn recover(trees: &Trees) -> Result<Recovered> {
         })
         .collect();
 
-    let last_quarantined = match trees.quarantine.last()? {
-        Some((k, _)) => seq_of(&k),
-        None => None,
-    };
+    // The highest sequence number ever set aside. Not simply the last key: a key that is not
+    // a sequence number (set aside as such) may sort after every real one.
+    let mut last_quarantined = None;
+    for key in trees.quarantine.iter().keys() {
+        last_quarantined = last_quarantined.max(seq_of(&key?));
+    }
     let next_seq = last_seq.max(last_quarantined).map_or(0, |s| s + 1);
     let mut all_bad = Vec::new();
     for kv in trees.quarantine.iter() {
