@@ -388,3 +388,66 @@ fn a_store_with_many_queues_of_different_types_round_trips() {
         assert_eq!(got, expected, "queue {name}");
     }
 }
+
+/// Copies the directory of an open store as it is on disk now: what a crash at this moment
+/// would leave behind.
+fn snapshot(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            snapshot(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), target).unwrap();
+        }
+    }
+}
+
+#[test]
+fn sync_commit_is_on_disk_when_it_returns() {
+    let (guard, path) = temp_dir();
+    let store = Store::open(&path).unwrap();
+    let queue = store.queue::<u32>("q").unwrap();
+    let mut tx = store.begin();
+    for i in 0..10 {
+        queue.enqueue(&mut tx, i).unwrap();
+    }
+    tx.commit().unwrap();
+    let mut tx = store.begin();
+    assert_eq!(queue.try_dequeue(&mut tx).unwrap(), Some(0));
+    tx.commit().unwrap();
+
+    // No flush, no close: the store is still open when its files are copied.
+    let copy = guard.path().join("copy");
+    snapshot(&path, &copy);
+    let recovered = Store::open(&copy).unwrap();
+    let queue = recovered.queue::<u32>("q").unwrap();
+    assert_eq!(drain(&recovered, &queue), (1..10).collect::<Vec<_>>());
+    drop(store);
+}
+
+#[test]
+fn buffered_commit_is_on_disk_after_flush() {
+    let (guard, path) = temp_dir();
+    let store = Store::builder()
+        .path(&path)
+        .durability(Durability::Buffered)
+        .flush_interval(Duration::from_secs(3600))
+        .open()
+        .unwrap();
+    let queue = store.queue::<u32>("q").unwrap();
+    let mut tx = store.begin();
+    for i in 0..10 {
+        queue.enqueue(&mut tx, i).unwrap();
+    }
+    tx.commit().unwrap();
+    store.flush().unwrap();
+
+    let copy = guard.path().join("copy");
+    snapshot(&path, &copy);
+    let recovered = Store::open(&copy).unwrap();
+    let queue = recovered.queue::<u32>("q").unwrap();
+    assert_eq!(drain(&recovered, &queue), (0..10).collect::<Vec<_>>());
+    drop(store);
+}
