@@ -696,3 +696,53 @@ fn log_entry_under_a_foreign_key_is_set_aside_and_sequence_numbers_stay_unique()
         ["first-000", "first-001", "fresh-0", "fresh-1"]
     );
 }
+
+#[test]
+fn store_of_another_format_version_is_refused_and_released() {
+    let (_guard, path) = temp_dir();
+    {
+        let store = Store::open(&path).unwrap();
+        let queue = store.queue::<u8>("q").unwrap();
+        let mut tx = store.begin();
+        queue.enqueue(&mut tx, 1).unwrap();
+        tx.commit().unwrap();
+    }
+    let set_format = |version: u32| {
+        let db = sled::open(&path).unwrap();
+        let meta = db.open_tree("meta").unwrap();
+        let old = meta.insert("format", &version.to_le_bytes()).unwrap();
+        db.flush().unwrap();
+        old.map(|v| u32::from_le_bytes(v.as_ref().try_into().unwrap()))
+    };
+    let current = set_format(u32::MAX).expect("the store records its format");
+    match Store::open(&path) {
+        Err(Error::UnsupportedFormat { found, supported }) => {
+            assert_eq!((found, supported), (u32::MAX, current));
+        }
+        other => panic!("expected UnsupportedFormat, got {other:?}"),
+    }
+    // The refused open let go of the directory, and changed nothing.
+    assert_eq!(set_format(current), Some(u32::MAX));
+    let store = Store::open(&path).unwrap();
+    assert_eq!(drain(&store, &store.queue::<u8>("q").unwrap()), [1]);
+}
+
+#[test]
+fn database_that_is_not_a_store_is_refused() {
+    let (_guard, path) = temp_dir();
+    {
+        let db = sled::open(&path).unwrap();
+        db.open_tree("log")
+            .unwrap()
+            .insert(0u64.to_be_bytes(), &b"somebody else's data"[..])
+            .unwrap();
+        db.flush().unwrap();
+    }
+    assert!(matches!(
+        Store::open(&path),
+        Err(Error::UnsupportedFormat { found: 0, .. })
+    ));
+    let db = sled::open(&path).unwrap();
+    let log = db.open_tree("log").unwrap();
+    assert_eq!(log.len(), 1, "the foreign data is untouched");
+}
