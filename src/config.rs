@@ -157,7 +157,7 @@ impl Builder {
     /// # Examples
     ///
     /// ```
-    /// let store = reliable_queue::Store::builder().max_transaction_size(1 << 20).open()?;
+    /// let store = reliable_queue::Store::builder().max_transaction_size(16 << 20).open()?;
     /// # Ok::<(), reliable_queue::Error>(())
     /// ```
     pub fn max_transaction_size(mut self, bytes: usize) -> Self {
