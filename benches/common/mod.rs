@@ -92,6 +92,9 @@ pub trait Queue: Send + Sync + 'static {
     fn engine_size_on_disk(&self) -> Option<u64> {
         None
     }
+    /// Makes everything committed so far durable, for peers that were opened without
+    /// per-commit durability (building stores for the recovery bench).
+    fn sync(&self) {}
 }
 
 /// The producing side of a queue, used by one thread.
@@ -228,6 +231,9 @@ impl Queue for OursQueue {
     }
     fn len(&self) -> u64 {
         self.queue.count()
+    }
+    fn sync(&self) {
+        self.store.flush().expect("flush store");
     }
 }
 
@@ -593,6 +599,11 @@ impl Queue for PqAny {
             PqAny::Sled(q) => q.db.as_ref().and_then(|db| db.size_on_disk().ok()),
         }
     }
+    fn sync(&self) {
+        if let PqAny::Sled(PqQueue { db: Some(db), .. }) = self {
+            db.flush().expect("flush sled");
+        }
+    }
 }
 
 fn pq_send<S: persistent_queue::Store>(producer: &persistent_queue::Producer<S>, item: &[u8]) {
@@ -777,6 +788,9 @@ impl Queue for RawSledQueue {
     }
     fn engine_size_on_disk(&self) -> Option<u64> {
         self.0.db.size_on_disk().ok()
+    }
+    fn sync(&self) {
+        self.0.db.flush().expect("flush sled");
     }
 }
 
@@ -1005,4 +1019,53 @@ pub fn async_round_trips<Q: AsyncQueue>(
         }
         began.elapsed()
     })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Measurements other than time
+
+/// Resident set size of this process, in bytes: `/proc/self/statm`'s second field times the
+/// page size (`getconf PAGESIZE`, 4096 if that fails). `None` where there is no `/proc`.
+pub fn rss_bytes() -> Option<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    Some(pages * page_size())
+}
+
+fn page_size() -> u64 {
+    std::process::Command::new("getconf")
+        .arg("PAGESIZE")
+        .output()
+        .ok()
+        .and_then(|out| String::from_utf8(out.stdout).ok())
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(4096)
+}
+
+/// Bytes used by the files under `dir`: `(apparent, allocated)`, where apparent is the sum of
+/// file lengths and allocated the blocks the file system reserved for them (what `du` shows).
+/// Files that vanish during the walk are skipped.
+pub fn dir_size(dir: &Path) -> (u64, u64) {
+    use std::os::unix::fs::MetadataExt;
+    let (mut apparent, mut allocated) = (0, 0);
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return (0, 0);
+    };
+    for entry in entries.flatten() {
+        let Ok(meta) = entry.metadata() else { continue };
+        if meta.is_dir() {
+            let (a, b) = dir_size(&entry.path());
+            apparent += a;
+            allocated += b;
+        } else {
+            apparent += meta.len();
+            allocated += meta.blocks() * 512;
+        }
+    }
+    (apparent, allocated)
+}
+
+/// `bytes` in MiB, for printing.
+pub fn mib(bytes: u64) -> f64 {
+    bytes as f64 / (1024.0 * 1024.0)
 }
