@@ -5,6 +5,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::Sender;
 use serde::de::DeserializeOwned;
@@ -154,15 +155,93 @@ fn create_dir(path: &Path) -> std::io::Result<()> {
     builder.create(path)
 }
 
+/// How long `open` waits for sled's lock on the directory when it is taken.
+///
+/// Dropping a `sled::Db` does not release its lock at once: sled's background threads (log
+/// buffer writes, file truncation and its fsync) keep the file open until they finish. So a
+/// store closed a moment ago, by this process or another, can look locked for a few
+/// milliseconds, longer under I/O load. A directory that stays locked this long is in use.
+const LOCK_PATIENCE: Duration = Duration::from_secs(2);
+
+/// Pause between two attempts to take sled's lock.
+const LOCK_RETRY: Duration = Duration::from_millis(2);
+
+/// Opens sled in `path`, waiting up to [`LOCK_PATIENCE`] for its lock.
+fn open_sled(path: &Path, config: &Config, flush_every: Option<u64>) -> Result<sled::Db> {
+    let give_up = Instant::now() + LOCK_PATIENCE;
+    loop {
+        let opened = sled::Config::new()
+            .path(path)
+            .cache_capacity(config.cache_capacity)
+            .flush_every_ms(flush_every)
+            .open();
+        match opened {
+            Ok(db) => return Ok(db),
+            Err(sled::Error::Io(io)) if io.to_string().contains("could not acquire lock") => {
+                if Instant::now() >= give_up {
+                    return Err(Error::AlreadyOpen {
+                        path: path.to_path_buf(),
+                    });
+                }
+                std::thread::sleep(LOCK_RETRY);
+            }
+            Err(other) => return Err(Error::from(other)),
+        }
+    }
+}
+
+/// Finishes sled's `conf` file if a crash cut its first write short.
+///
+/// The first open of a directory writes sled's settings to `conf` in two writes, the text and
+/// then its CRC-32, before sled creates its data file. A process killed between the two
+/// leaves the text alone, and sled 0.34 then reads the end of the text as the checksum and
+/// reports the directory corrupt at every later open. When `conf` holds exactly sled's three
+/// settings lines and the data file is absent or empty (so nothing was ever stored), this
+/// appends the missing checksum: the write sled did not get to make. Anything else is left
+/// to sled.
+fn complete_torn_sled_config(path: &Path) -> Result<()> {
+    let conf = path.join("conf");
+    let text = match std::fs::read(&conf) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e.into()),
+    };
+    let keys: Option<Vec<&str>> = std::str::from_utf8(&text).ok().map(|t| {
+        t.lines()
+            .map(|line| line.split(": ").next().unwrap_or_default())
+            .collect()
+    });
+    let settings_only = text.ends_with(b"\n")
+        && keys.as_deref() == Some(&["segment_size", "use_compression", "version"][..]);
+    let stored_nothing = match std::fs::metadata(path.join("db")) {
+        Ok(meta) => meta.len() == 0,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => true,
+        Err(e) => return Err(e.into()),
+    };
+    if !settings_only || !stored_nothing {
+        return Ok(());
+    }
+    tracing::warn!(
+        ?path,
+        "completing sled's configuration file, cut short by a crash"
+    );
+    let mut file = std::fs::OpenOptions::new().append(true).open(&conf)?;
+    std::io::Write::write_all(&mut file, &crc32fast::hash(&text).to_le_bytes())?;
+    file.sync_all()?;
+    Ok(())
+}
+
 impl Store {
     /// Opens (or creates) the store in directory `path` with the default settings:
     /// [`Durability::Sync`], 4 MiB items.
     ///
     /// # Errors
     ///
-    /// [`Error::AlreadyOpen`] if the directory is in use, [`Error::UnsupportedFormat`] for a
-    /// store this build cannot read, [`Error::Storage`] if the directory cannot be created or
-    /// read. Records that fail their checksum do not fail the open: see
+    /// [`Error::AlreadyOpen`] if the directory is in use (by another process, this is reported
+    /// after waiting up to 2 s, the time a store closed a moment ago may take to release the
+    /// directory), [`Error::UnsupportedFormat`] for a store this build cannot read,
+    /// [`Error::Storage`] if the directory cannot be created or read. Records that fail their
+    /// checksum do not fail the open: see
     /// [`set_aside_records`](Store::set_aside_records).
     ///
     /// # Examples
@@ -231,17 +310,8 @@ impl Store {
             Durability::Sync => None,
             Durability::Buffered => Some((config.flush_interval.as_millis() as u64).max(1)),
         };
-        let db = sled::Config::new()
-            .path(&path)
-            .cache_capacity(config.cache_capacity)
-            .flush_every_ms(flush_every)
-            .open()
-            .map_err(|e| match e {
-                sled::Error::Io(io) if io.to_string().contains("could not acquire lock") => {
-                    Error::AlreadyOpen { path: path.clone() }
-                }
-                other => Error::from(other),
-            })?;
+        complete_torn_sled_config(&path)?;
+        let db = open_sled(&path, &config, flush_every)?;
         let trees = Trees::open(db)?;
         let mut recovered = recover(&trees)?;
         let mut queues = HashMap::new();

@@ -87,15 +87,78 @@ fn buffered_store_loses_only_whole_recent_commits_across_kill_9() {
     );
 }
 
+/// Closing a store releases its directory at once: opening it again right away, in this
+/// process or in a child, never finds it locked. sled's background threads hold its lock file
+/// for a moment after the database is dropped (longest when a recovery left them work), and
+/// `Store::open` waits that moment out.
+#[test]
+fn a_recovered_store_reopens_at_once_after_close() {
+    let test_name = "a_recovered_store_reopens_at_once_after_close";
+    if run_child_if_asked(Durability::Sync) {
+        return;
+    }
+    let mut parent = Parent {
+        test_name,
+        durability: Durability::Sync,
+        rng: StdRng::seed_from_u64(rand::random()),
+        open_time: Duration::from_millis(5),
+    };
+    let dir = tempfile::tempdir().expect("create a temporary directory");
+    let path = dir.path().join("store");
+    let mut failures = Vec::new();
+    for cycle in 0..10 {
+        let log = parent.cycle(&path, cycle);
+        failures.extend(log.errors.iter().map(|e| format!("cycle {cycle}: {e}")));
+        for _ in 0..3 {
+            let reopened = open_store(&path, Durability::Sync)
+                .and_then(|store| store.queue::<u64>("a").map(drop));
+            if let Err(e) = reopened {
+                failures.push(format!("cycle {cycle}: reopening failed: {e}"));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// A kill during the very first open of a directory, between sled's two writes of its
+/// settings file (the text, then its checksum), leaves a directory that opens. The crash cycles
+/// below find this now and then; here it is made on purpose.
+#[test]
+fn a_store_killed_in_its_first_open_opens() {
+    let dir = tempfile::tempdir().expect("create a temporary directory");
+    let path = dir.path().join("store");
+    std::fs::create_dir_all(&path).expect("create the store directory");
+    // What sled 0.34.7 had written when the kill came: its settings, without their checksum.
+    let settings = "segment_size: 524288\nuse_compression: false\nversion: 0.34\n";
+    std::fs::write(path.join("conf"), settings).expect("write the settings");
+    for round in 0..2 {
+        let store = open_store(&path, Durability::Sync).expect("open after the killed open");
+        let a = store.queue::<u64>("a").expect("open queue a");
+        assert_eq!(a.count(), round, "the item committed before the reopen");
+        let mut tx = store.begin();
+        a.enqueue(&mut tx, round).expect("enqueue");
+        tx.commit().expect("commit");
+    }
+}
+
+/// Runs the child's workload if this process is a child; returns whether it was.
+fn run_child_if_asked(durability: Durability) -> bool {
+    if std::env::var_os(ROLE_VAR).is_none() {
+        return false;
+    }
+    let var = |name: &str| std::env::var(name).unwrap_or_default();
+    let config = child::ChildConfig {
+        path: PathBuf::from(var(DIR_VAR)),
+        first_id: var(FIRST_ID_VAR).parse().expect("the child's first id"),
+        seed: var(CHILD_SEED_VAR).parse().expect("the child's seed"),
+    };
+    child::run(durability, config);
+    true
+}
+
 fn crash_test(test_name: &str, durability: Durability) {
-    if std::env::var_os(ROLE_VAR).is_some() {
-        let var = |name: &str| std::env::var(name).unwrap_or_default();
-        let config = child::ChildConfig {
-            path: PathBuf::from(var(DIR_VAR)),
-            first_id: var(FIRST_ID_VAR).parse().expect("the child's first id"),
-            seed: var(CHILD_SEED_VAR).parse().expect("the child's seed"),
-        };
-        return child::run(durability, config);
+    if run_child_if_asked(durability) {
+        return;
     }
     let cycles = match std::env::var(CYCLES_VAR) {
         Ok(n) => n.parse().expect("RQ_CRASH_CYCLES must be a number"),
@@ -303,13 +366,14 @@ impl Parent<'_> {
     fn summarize(&self, totals: &Totals, seed: u64, elapsed: Duration, backlog: usize) {
         let f = &totals.figures;
         println!(
-            "crash test, {:?}: {} cycles in {:.1} s (seed {seed}), {} kills during open, \
-             {} checks, {} acknowledged operations checked ({} acknowledged transactions, \
+            "crash test, {:?}: {} cycles in {:.1} s (seed {seed}), {} kills during open \
+             (opening takes about {:.1} ms), {} checks, {} acknowledged operations checked ({} acknowledged transactions, \
              {} of unknown outcome), backlog at the end {backlog}, {} violations",
             self.durability,
             totals.cycles,
             elapsed.as_secs_f64(),
             totals.kills_in_open,
+            self.open_time.as_secs_f64() * 1e3,
             totals.looks,
             f.acked_ops,
             f.acked_txs,
@@ -325,6 +389,16 @@ impl Parent<'_> {
                 FLUSH_INTERVAL.as_millis(),
             );
         }
+        let mut kinds: Vec<(&str, usize)> = Vec::new();
+        for v in &totals.violations {
+            match kinds.iter_mut().find(|(k, _)| *k == v.kind) {
+                Some((_, n)) => *n += 1,
+                None => kinds.push((v.kind, 1)),
+            }
+        }
+        if !kinds.is_empty() {
+            eprintln!("violations by kind: {kinds:?}");
+        }
         for v in totals.violations.iter().take(40) {
             eprintln!("violation ({}): {}", v.kind, v.detail);
         }
@@ -339,7 +413,7 @@ impl Parent<'_> {
 /// Reopens the store and looks at everything in it: one transaction dequeues every item of
 /// both queues, then aborts, so the store is left as it was.
 fn inspect(path: &Path, durability: Durability) -> Result<Found, String> {
-    let store = open_store(path, durability).map_err(|e| format!("reopening failed: {e}"))?;
+    let store = open_store(path, durability).map_err(|e| format!("reopening failed: {e:?}"))?;
     let a = store.queue::<u64>("a").map_err(|e| e.to_string())?;
     let b = store.queue::<u64>("b").map_err(|e| e.to_string())?;
     let mut found = Found {

@@ -221,7 +221,7 @@ pub(crate) fn run(durability: Durability, config: ChildConfig) {
     });
     let (store, a, b) = match opened {
         Ok(opened) => opened,
-        Err(e) => return report(&format!("e|opening the store failed: {e}")),
+        Err(e) => return report(&format!("e|opening the store failed: {e:?}")),
     };
     report("O");
     let workload = Workload {
