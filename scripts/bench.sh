@@ -107,17 +107,20 @@ summarize() {
         function human_time(t) {
             if (t >= 1) return sprintf("%.2f s", t)
             if (t >= 1e-3) return sprintf("%.1f ms", t * 1e3)
-            return sprintf("%.1f µs", t * 1e6)
+            if (t >= 1e-6) return sprintf("%.1f µs", t * 1e6)
+            return sprintf("%.1f ns", t * 1e9)
         }
         /^Benchmarking/ { next }
         /^[^ ]/ && NF == 1 { last = $1; next }
         /time:/ {
             id = ($1 == "time:") ? last : $1
             sub(/^.*time: *\[/, ""); split($0, f, " ")
+            if (f[2] !~ /^(ps|ns|µs|us|ms|s)$/) next # a "change:" line
             n++; ids[n] = id; secs[id] = seconds(f[3], f[4]); next
         }
         /thrpt:/ {
             sub(/^.*thrpt: *\[/, ""); split($0, f, " ")
+            if (f[4] !~ /\/s$/) next # a "change:" line
             rate[ids[n]] = per_second(f[3], f[4]); next
         }
         END {
