@@ -15,7 +15,7 @@ use crate::config::{Builder, Config, Durability};
 use crate::core::{QueueCore, QueueId};
 use crate::error::{Error, Result};
 use crate::log::catalog::{self, Fence};
-use crate::log::{recover, BadRecord, CommitRequest, Committer, Message, Reply, Trees};
+use crate::log::{recover, BadRecord, CommitRequest, Committer, Failure, Message, Reply, Trees};
 use crate::queue::ReliableConcurrentQueue;
 use crate::sync::process::{AtomicU64, Mutex, Ordering};
 use crate::transaction::Transaction;
@@ -27,7 +27,10 @@ const MAX_NAME_LEN: usize = 1024;
 ///
 /// Cheap to clone: clones share one store. Dropping the last handle (stores, queues and
 /// transactions all count) closes it: the log is flushed and the directory released, so it
-/// can be opened again, by this process or another.
+/// can be opened again, by this process or another. After a storage failure ([`Error::Storage`]
+/// from a commit), closing waits at most 5 s for the storage engine to let go; if it is stuck
+/// (sled 0.34 can be, after a disk filled up), the directory stays locked until the process
+/// exits.
 ///
 /// # Examples
 ///
@@ -92,10 +95,15 @@ pub(crate) enum Backend {
 }
 
 pub(crate) struct Durable {
-    trees: Trees,
+    /// `None` once closing has begun.
+    trees: Option<Trees>,
     sender: Option<Sender<Message>>,
     committer: Option<JoinHandle<()>>,
+    failure: Arc<Failure>,
 }
+
+/// How long closing a store waits for sled after a storage failure.
+const CLOSE_PATIENCE: Duration = Duration::from_secs(5);
 
 impl Durable {
     /// Hands a commit to the committer; if it is gone, fails the commit with
@@ -110,6 +118,15 @@ impl Durable {
             }
         }
     }
+
+    /// The sled trees, unless the committer stopped on a storage failure: then sled is not
+    /// touched again (see [`Failure`]) and this returns that failure.
+    fn trees(&self) -> Result<&Trees> {
+        if let Some(e) = self.failure.get() {
+            return Err(e);
+        }
+        self.trees.as_ref().ok_or(Error::Closed)
+    }
 }
 
 impl Drop for Durable {
@@ -122,6 +139,38 @@ impl Drop for Durable {
                 tracing::error!("the committer thread panicked");
             }
         }
+        let Some(trees) = self.trees.take() else {
+            return;
+        };
+        if self.failure.get().is_some() {
+            close_after_failure(trees);
+        }
+    }
+}
+
+/// Drops sled's handles after a storage failure without risking a hang.
+///
+/// sled flushes when its last handle is dropped, and after some failures that flush never
+/// returns (see [`Failure`]). The handles are dropped on a thread of their own, waited for
+/// [`CLOSE_PATIENCE`]; past that the thread is left to it and the directory stays locked
+/// until the process exits.
+fn close_after_failure(trees: Trees) {
+    let (done, closed) = crossbeam_channel::bounded::<()>(1);
+    let closer = std::thread::Builder::new()
+        .name("reliable-queue-close".into())
+        .spawn(move || {
+            drop(trees);
+            drop(done);
+        });
+    if let Err(e) = closer {
+        tracing::error!(error = %e, "cannot start a thread to close the store; closing in place");
+        return;
+    }
+    if let Err(crossbeam_channel::RecvTimeoutError::Timeout) = closed.recv_timeout(CLOSE_PATIENCE) {
+        tracing::error!(
+            "the storage engine did not close within {CLOSE_PATIENCE:?} after a storage failure; \
+             the directory stays locked until the process exits"
+        );
     }
 }
 
@@ -169,6 +218,7 @@ const LOCK_RETRY: Duration = Duration::from_millis(2);
 /// Opens sled in `path`, waiting up to [`LOCK_PATIENCE`] for its lock.
 fn open_sled(path: &Path, config: &Config, flush_every: Option<u64>) -> Result<sled::Db> {
     let give_up = Instant::now() + LOCK_PATIENCE;
+    let mut snapshots_checked = false;
     loop {
         let opened = sled::Config::new()
             .path(path)
@@ -185,9 +235,46 @@ fn open_sled(path: &Path, config: &Config, flush_every: Option<u64>) -> Result<s
                 }
                 std::thread::sleep(LOCK_RETRY);
             }
+            Err(sled::Error::Corruption { .. })
+                if !snapshots_checked && discard_torn_sled_snapshots(path)? =>
+            {
+                snapshots_checked = true;
+            }
             Err(other) => return Err(Error::from(other)),
         }
     }
+}
+
+/// Removes snapshot files sled did not finish writing; true if there were any.
+///
+/// sled's snapshot is an index of its log, rebuilt from the log at every open. sled 0.34
+/// writes it to `snap.<position>.generating` and renames the file once it is complete, but
+/// when it looks for the newest snapshot it does not skip `.generating` files: a write cut
+/// short (a crash or an I/O error during an open) leaves one that sorts after every complete
+/// snapshot, and sled then reports the directory corrupt at every open. Such a file holds
+/// nothing the log does not; without it sled starts from the previous snapshot (or none) and
+/// replays the log from there.
+///
+/// Called only after sled refused the directory as corrupt, so no process held it then. A
+/// process opening the same directory in that instant could see its own snapshot removed:
+/// its open then fails with an error and can be retried; nothing is lost.
+fn discard_torn_sled_snapshots(path: &Path) -> Result<bool> {
+    let mut removed = false;
+    for entry in std::fs::read_dir(path)? {
+        let entry = entry?;
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with("snap.") && name.ends_with(".generating") {
+            tracing::warn!(
+                ?path,
+                file = %name,
+                "removing a snapshot file whose writing was cut short"
+            );
+            std::fs::remove_file(entry.path())?;
+            removed = true;
+        }
+    }
+    Ok(removed)
 }
 
 /// Finishes sled's `conf` file if a crash cut its first write short.
@@ -327,6 +414,7 @@ impl Store {
             .max()
             .unwrap_or(0);
         let (sender, receiver) = crossbeam_channel::unbounded();
+        let failure = Arc::new(Failure::default());
         let committer = Committer::new(
             trees.clone(),
             &config,
@@ -334,6 +422,7 @@ impl Store {
             recovered.liveness,
             recovered.next_id,
             recovered.next_seq,
+            failure.clone(),
         );
         let committer = std::thread::Builder::new()
             .name("reliable-queue-committer".into())
@@ -347,9 +436,10 @@ impl Store {
                 set_aside: recovered.set_aside,
             }),
             backend: Backend::Durable(Durable {
-                trees,
+                trees: Some(trees),
                 sender: Some(sender),
                 committer: Some(committer),
+                failure,
             }),
             _dir: Some(dir),
         };
@@ -402,9 +492,9 @@ impl Store {
         }
         let id = catalog.next_id;
         if let Backend::Durable(durable) = &self.inner.backend {
-            catalog::create_queue(&durable.trees.meta, name, id)?;
+            catalog::create_queue(&durable.trees()?.meta, name, id)?;
             if self.inner.config.durability == Durability::Sync {
-                durable.trees.db.flush()?;
+                durable.trees()?.db.flush()?;
             }
         }
         let core = Arc::new(QueueCore::new(id, Arc::from(name), VecDeque::new()));
@@ -541,8 +631,8 @@ impl Store {
             return Ok(());
         };
         if let Backend::Durable(durable) = &self.inner.backend {
-            catalog::remove_fences(&durable.trees.meta, id)?;
-            durable.trees.db.flush()?;
+            catalog::remove_fences(&durable.trees()?.meta, id)?;
+            durable.trees()?.db.flush()?;
         }
         catalog.fences.retain(|f| f.queue != id);
         Ok(())

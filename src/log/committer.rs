@@ -16,6 +16,7 @@ use super::recovery::Trees;
 use crate::config::{Config, Durability};
 use crate::core::{publish_all, restore_all, Entry, QueueCore};
 use crate::error::{Error, Result};
+use crate::sync::process::Mutex;
 
 /// The most live bytes one compaction round moves, so no commit waits long behind it.
 const REWRITE_BUDGET: u64 = 4 << 20;
@@ -63,6 +64,26 @@ impl Reply {
     }
 }
 
+/// The committer's first storage failure, shared with the store's handles.
+///
+/// Once it is set nothing may touch sled again: after some failures sled 0.34 cannot make
+/// anything stable any more (a failed blob write leaves a log buffer no flush can complete),
+/// so a flush, including the one sled makes when its last handle is dropped, would wait
+/// forever.
+#[derive(Debug, Default)]
+pub(crate) struct Failure(Mutex<Option<Error>>);
+
+impl Failure {
+    /// The failure, if the committer stopped on one.
+    pub(crate) fn get(&self) -> Option<Error> {
+        self.0.lock().clone()
+    }
+
+    fn set(&self, e: &Error) {
+        self.0.lock().get_or_insert_with(|| e.clone());
+    }
+}
+
 /// What the committer is asked to do.
 #[derive(Debug)]
 pub(crate) enum Message {
@@ -85,6 +106,8 @@ pub(crate) struct Committer {
     /// Set by the first storage failure: sled stops accepting writes after one, so every
     /// later commit fails with the same error until the store is reopened.
     failed: Option<Error>,
+    /// `failed`, as the store's handles see it.
+    failure: Arc<Failure>,
     /// Set when compaction met a record it could not read; it then stops for this run.
     compaction_stopped: bool,
 }
@@ -97,6 +120,7 @@ impl Committer {
         liveness: Liveness,
         next_id: u64,
         next_seq: u64,
+        failure: Arc<Failure>,
     ) -> Self {
         Committer {
             trees,
@@ -109,6 +133,7 @@ impl Committer {
             next_seq,
             builder: RecordBuilder::default(),
             failed: None,
+            failure,
             compaction_stopped: false,
         }
     }
@@ -153,6 +178,12 @@ impl Committer {
         Ok(())
     }
 
+    /// Stops committing after a storage failure.
+    fn stop(&mut self, e: &Error) {
+        self.failure.set(e);
+        self.failed = Some(e.clone());
+    }
+
     fn commit_group(&mut self, group: Vec<CommitRequest>) {
         if let Some(e) = &self.failed {
             group.into_iter().for_each(|req| req.fail(e.clone()));
@@ -182,7 +213,7 @@ impl Committer {
         if let Err(e) = written {
             let e = Error::from(e);
             tracing::error!(error = %e, seq, "writing a commit group failed; the store stops committing");
-            self.failed = Some(e.clone());
+            self.stop(&e);
             group.into_iter().for_each(|req| req.fail(e.clone()));
             return;
         }
@@ -266,7 +297,7 @@ impl Committer {
             if let Err(e) = self.trees.log.apply_batch(batch) {
                 let e = Error::from(e);
                 tracing::error!(error = %e, "compaction failed; the store stops committing");
-                self.failed = Some(e);
+                self.stop(&e);
             }
         }
     }

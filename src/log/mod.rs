@@ -10,5 +10,5 @@ pub(crate) mod liveness;
 pub(crate) mod record;
 pub(crate) mod recovery;
 
-pub(crate) use committer::{CommitRequest, Committer, Message, Reply};
+pub(crate) use committer::{CommitRequest, Committer, Failure, Message, Reply};
 pub(crate) use recovery::{recover, BadRecord, Trees};
