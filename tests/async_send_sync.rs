@@ -1,0 +1,93 @@
+//! Compile-time checks of the auto traits of the public handles and futures.
+//!
+//! These tests pass by compiling: each `require_*` call fails the build if a type loses an
+//! auto trait it promises. The one runtime test builds real values so the checks also cover
+//! the futures returned by `dequeue` and `commit_async` as the compiler infers them.
+
+use std::future::Future;
+
+use reliable_queue::{
+    Builder, Dequeue, Durability, Error, ReliableConcurrentQueue, SetAsideRecord, Store,
+    Transaction,
+};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+fn require_send<T: Send>(_: &T) {}
+fn require_sync<T: Sync>(_: &T) {}
+fn require_unpin<T: Unpin>(_: &T) {}
+fn require_static<T: 'static>(_: &T) {}
+fn require_send_future<F: Future + Send>(_: &F) {}
+
+/// The same checks on types alone, for every item type the queue accepts.
+#[allow(dead_code)]
+fn handles_of_any_item_type<T>()
+where
+    T: Serialize + DeserializeOwned + Send + 'static,
+{
+    fn send_sync<X: Send + Sync + 'static>() {}
+    fn send<X: Send + 'static>() {}
+    fn send_unpin<X: Send + Unpin>() {}
+
+    send_sync::<Store>();
+    send_sync::<ReliableConcurrentQueue<T>>();
+    send_sync::<Builder>();
+    send_sync::<Error>();
+    send_sync::<Durability>();
+    send_sync::<SetAsideRecord>();
+    send::<Transaction>();
+    send_unpin::<Dequeue<'static, T>>();
+}
+
+/// `Error` can travel in `Box<dyn Error + Send + Sync>` (anyhow, `?` in spawned tasks).
+#[allow(dead_code)]
+fn error_is_boxable(e: Error) -> Box<dyn std::error::Error + Send + Sync + 'static> {
+    Box::new(e)
+}
+
+/// The futures are `Send` for any item type, so they can be awaited in `tokio::spawn`.
+#[allow(dead_code)]
+fn futures_of_any_item_type<T>(queue: &ReliableConcurrentQueue<T>, store: &Store)
+where
+    T: Serialize + DeserializeOwned + Send + 'static,
+{
+    let mut tx = store.begin();
+    let dequeue = queue.dequeue(&mut tx);
+    require_send_future(&dequeue);
+    require_unpin(&dequeue);
+    drop(dequeue);
+    require_send_future(&tx.commit_async());
+}
+
+#[test]
+fn handles_and_futures_are_send() {
+    let store = Store::in_memory().expect("in-memory store");
+    let queue = store.queue::<String>("q").expect("open the queue");
+    let builder = Store::builder();
+    let error = Error::Closed;
+
+    require_send(&store);
+    require_sync(&store);
+    require_static(&store);
+    require_send(&queue);
+    require_sync(&queue);
+    require_static(&queue);
+    require_send(&builder);
+    require_sync(&builder);
+    require_send(&error);
+    require_sync(&error);
+    require_static(&error);
+
+    let mut tx = store.begin();
+    require_send(&tx);
+    require_sync(&tx);
+    {
+        let dequeue = queue.dequeue(&mut tx);
+        require_send_future(&dequeue);
+        require_unpin(&dequeue);
+    }
+    let commit = tx.commit_async();
+    require_send_future(&commit);
+    // Never polled: dropping it aborts the (empty) transaction.
+    drop(commit);
+}

@@ -1,0 +1,516 @@
+//! Waiting consumers: `dequeue`, `blocking_dequeue` and `blocking_dequeue_timeout` under
+//! commits, timeouts and cancellation, on an in-memory and an on-disk store.
+//!
+//! Registration is awaited through `waiters()`, never through sleeps.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::future::Future;
+use std::path::PathBuf;
+use std::pin::pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+use common::{drain, temp_dir, TotalQueue};
+use rand::Rng;
+use reliable_queue::{ReliableConcurrentQueue, Store};
+
+type Queue = ReliableConcurrentQueue<u64>;
+
+/// How long any single scenario may take before it counts as hung.
+const SCENARIO_LIMIT: Duration = Duration::from_secs(120);
+/// How long to wait for consumers to register before counting it as a failure.
+const REGISTRATION_LIMIT: Duration = Duration::from_secs(30);
+
+/// Where a scenario's store lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Memory,
+    Disk,
+}
+
+/// A store with one queue, and the directory behind it when on disk.
+struct Fixture {
+    store: Store,
+    q: Queue,
+    path: Option<PathBuf>,
+    _dir: Option<tempfile::TempDir>,
+}
+
+impl Fixture {
+    fn new(kind: Kind) -> Fixture {
+        let (dir, path, store) = match kind {
+            Kind::Memory => (None, None, Store::in_memory().expect("in-memory store")),
+            Kind::Disk => {
+                let (dir, path) = temp_dir();
+                let store = Store::open(&path).expect("open the store");
+                (Some(dir), Some(path), store)
+            }
+        };
+        let q = store.queue::<u64>("jobs").expect("open the queue");
+        Fixture {
+            store,
+            q,
+            path,
+            _dir: dir,
+        }
+    }
+
+    fn commit(&self, items: &[u64]) {
+        let mut tx = self.store.begin();
+        for &item in items {
+            self.q.enqueue(&mut tx, item).expect("enqueue");
+        }
+        tx.commit().expect("commit");
+    }
+
+    async fn commit_async(&self, items: &[u64]) {
+        let mut tx = self.store.begin();
+        for &item in items {
+            self.q.enqueue(&mut tx, item).expect("enqueue");
+        }
+        tx.commit_async().await.expect("commit");
+    }
+}
+
+/// Runs an async scenario on a two-worker runtime, once per store kind.
+macro_rules! on_both_stores_async {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn in_memory() {
+                tokio::time::timeout(super::SCENARIO_LIMIT, super::$name(super::Kind::Memory))
+                    .await
+                    .expect("the scenario did not finish in time");
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn on_disk() {
+                tokio::time::timeout(super::SCENARIO_LIMIT, super::$name(super::Kind::Disk))
+                    .await
+                    .expect("the scenario did not finish in time");
+            }
+        }
+    )*};
+}
+
+/// Runs a blocking scenario on the test thread, once per store kind.
+macro_rules! on_both_stores {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[test]
+            fn in_memory() {
+                super::$name(super::Kind::Memory);
+            }
+
+            #[test]
+            fn on_disk() {
+                super::$name(super::Kind::Disk);
+            }
+        }
+    )*};
+}
+
+on_both_stores_async!(
+    waiter_is_woken_by_commit,
+    each_of_64_waiters_is_served_once,
+    waiters_are_served_first_come_first_served,
+    consumers_timing_out_lose_nothing,
+    dropping_a_served_future_puts_the_item_back,
+    try_dequeue_does_not_jump_the_line,
+);
+
+on_both_stores!(
+    blocking_dequeue_is_woken_by_commit,
+    blocking_dequeue_timeout_gives_up,
+    blocking_dequeue_timeout_is_woken_by_commit,
+);
+
+/// Waits, yielding, until `n` consumers are registered on `q`.
+async fn until_waiters(q: &Queue, n: usize) {
+    let start = Instant::now();
+    while q.waiters() < n {
+        assert!(
+            start.elapsed() < REGISTRATION_LIMIT,
+            "{} of {n} consumers registered",
+            q.waiters()
+        );
+        tokio::task::yield_now().await;
+    }
+}
+
+/// Blocking version of [`until_waiters`], for consumers on threads.
+fn until_waiters_blocking(q: &Queue, n: usize) {
+    let start = Instant::now();
+    while q.waiters() < n {
+        assert!(
+            start.elapsed() < REGISTRATION_LIMIT,
+            "{} of {n} consumers registered",
+            q.waiters()
+        );
+        std::thread::yield_now();
+    }
+}
+
+/// Spawns a consumer task that waits in `dequeue` and commits what it gets.
+fn spawn_waiter(f: &Fixture) -> tokio::task::JoinHandle<u64> {
+    let (store, q) = (f.store.clone(), f.q.clone());
+    tokio::spawn(async move {
+        let mut tx = store.begin();
+        let item = q.dequeue(&mut tx).await.expect("dequeue");
+        tx.commit_async().await.expect("commit the dequeue");
+        item
+    })
+}
+
+async fn waiter_is_woken_by_commit(kind: Kind) {
+    let f = Fixture::new(kind);
+    let waiter = spawn_waiter(&f);
+    until_waiters(&f.q, 1).await;
+    assert_eq!(f.q.count(), 0);
+    f.commit_async(&[7]).await;
+    assert_eq!(waiter.await.expect("waiter task"), 7);
+    assert_eq!((f.q.count(), f.q.waiters()), (0, 0));
+
+    // With an item visible, `dequeue` does not wait at all.
+    f.commit_async(&[8]).await;
+    let mut tx = f.store.begin();
+    let first = poll_once(pin!(f.q.dequeue(&mut tx)));
+    assert!(matches!(first, Poll::Ready(Ok(8))), "{first:?}");
+    tx.commit_async().await.expect("commit");
+    assert_eq!(f.q.waiters(), 0);
+}
+
+async fn each_of_64_waiters_is_served_once(kind: Kind) {
+    const N: u64 = 64;
+    let f = Arc::new(Fixture::new(kind));
+    let waiters: Vec<_> = (0..N).map(|_| spawn_waiter(&f)).collect();
+    until_waiters(&f.q, N as usize).await;
+    let producers: Vec<_> = (0..N)
+        .map(|item| {
+            let f = f.clone();
+            tokio::spawn(async move { f.commit_async(&[item]).await })
+        })
+        .collect();
+    for producer in producers {
+        producer.await.expect("producer task");
+    }
+    let mut served = Vec::new();
+    for waiter in waiters {
+        served.push(waiter.await.expect("waiter task"));
+    }
+    served.sort_unstable();
+    assert_eq!(
+        served,
+        (0..N).collect::<Vec<_>>(),
+        "each item to exactly one waiter"
+    );
+    assert_eq!((f.q.count(), f.q.waiters()), (0, 0));
+    assert!(drain(&f.store, &f.q).is_empty());
+}
+
+/// Registered waiters are handed items in the order they registered: the queue documents
+/// first come, first served among waiters.
+async fn waiters_are_served_first_come_first_served(kind: Kind) {
+    const N: u64 = 16;
+    let f = Fixture::new(kind);
+    let (served_tx, mut served) = tokio::sync::mpsc::unbounded_channel();
+    let mut waiters = Vec::new();
+    for place in 0..N {
+        let (store, q, served_tx) = (f.store.clone(), f.q.clone(), served_tx.clone());
+        waiters.push(tokio::spawn(async move {
+            let mut tx = store.begin();
+            let item = q.dequeue(&mut tx).await.expect("dequeue");
+            tx.commit_async().await.expect("commit the dequeue");
+            served_tx.send((place, item)).expect("report");
+        }));
+        until_waiters(&f.q, place as usize + 1).await;
+    }
+    for item in 0..N {
+        f.commit_async(&[100 + item]).await;
+        let (place, got) = served.recv().await.expect("a waiter was served");
+        assert_eq!(
+            (place, got),
+            (item, 100 + item),
+            "item {item} went to the waiter in place {place}"
+        );
+    }
+    for waiter in waiters {
+        waiter.await.expect("waiter task");
+    }
+    assert_eq!((f.q.count(), f.q.waiters()), (0, 0));
+}
+
+/// Consumers that give up at random moments (a timeout around `dequeue`), and sometimes
+/// abort what they got, while producers commit: a total-queue check finds nothing lost,
+/// duplicated or unexpected, and the queue ends idle with its count exact.
+async fn consumers_timing_out_lose_nothing(kind: Kind) {
+    const PRODUCERS: u64 = 4;
+    const PER_PRODUCER: u64 = 100;
+    const CONSUMERS: usize = 8;
+    let f = Arc::new(Fixture::new(kind));
+    let attempted: BTreeSet<u64> = (0..PRODUCERS)
+        .flat_map(|p| (0..PER_PRODUCER).map(move |i| p * 1_000 + i))
+        .collect();
+    let acknowledged = Arc::new(Mutex::new(BTreeSet::new()));
+    let consumed = Arc::new(Mutex::new(Vec::new()));
+    let done = Arc::new(AtomicBool::new(false));
+
+    let consumers: Vec<_> = (0..CONSUMERS)
+        .map(|_| {
+            let (f, consumed, done) = (f.clone(), consumed.clone(), done.clone());
+            tokio::spawn(async move {
+                let (mut timeouts, mut aborts) = (0_u32, 0_u32);
+                while !done.load(Ordering::Acquire) {
+                    // A quarter of the consumers give up at once if nothing is visible
+                    // (registered, then withdrawn); the rest wait up to 3 ms.
+                    let (patience, abort) = {
+                        let mut rng = rand::thread_rng();
+                        let patience = if rng.gen_ratio(1, 4) {
+                            0
+                        } else {
+                            rng.gen_range(0..3_000)
+                        };
+                        (patience, rng.gen_ratio(1, 4))
+                    };
+                    let mut tx = f.store.begin();
+                    let dequeue = f.q.dequeue(&mut tx);
+                    match tokio::time::timeout(Duration::from_micros(patience), dequeue).await {
+                        Err(_elapsed) => timeouts += 1,
+                        Ok(item) if abort => {
+                            item.expect("dequeue");
+                            aborts += 1;
+                            tx.abort();
+                        }
+                        Ok(item) => {
+                            let item = item.expect("dequeue");
+                            tx.commit_async().await.expect("commit the dequeue");
+                            consumed.lock().unwrap().push(item);
+                        }
+                    }
+                }
+                (timeouts, aborts)
+            })
+        })
+        .collect();
+
+    let producers: Vec<_> = (0..PRODUCERS)
+        .map(|p| {
+            let (f, acknowledged) = (f.clone(), acknowledged.clone());
+            tokio::spawn(async move {
+                for i in 0..PER_PRODUCER {
+                    let item = p * 1_000 + i;
+                    f.commit_async(&[item]).await;
+                    acknowledged.lock().unwrap().insert(item);
+                    // Let the consumers run between commits, so that they wait and give up.
+                    tokio::task::yield_now().await;
+                }
+            })
+        })
+        .collect();
+    for producer in producers {
+        producer.await.expect("producer task");
+    }
+    done.store(true, Ordering::Release);
+    let (mut timeouts, mut aborts) = (0, 0);
+    for consumer in consumers {
+        let (t, a) = consumer.await.expect("consumer task");
+        timeouts += t;
+        aborts += a;
+    }
+    assert!(
+        timeouts > 0,
+        "no consumer ever timed out; the scenario proves nothing"
+    );
+
+    assert_eq!(
+        f.q.waiters(),
+        0,
+        "a consumer that gave up is still registered"
+    );
+    let count = f.q.count();
+    let remaining = drain(&f.store, &f.q);
+    assert_eq!(count, remaining.len() as u64, "count() is what is left");
+    let acknowledged = acknowledged.lock().unwrap();
+    let consumed = consumed.lock().unwrap();
+    let verdict = TotalQueue::check(&attempted, &acknowledged, &consumed, &remaining);
+    assert!(
+        verdict.is_valid(),
+        "{verdict:?} ({timeouts} timeouts, {aborts} aborts)"
+    );
+    assert_eq!(verdict.ok, attempted.len());
+}
+
+/// A dequeue future that was handed an item but is dropped before it is polled again gives
+/// the item back: visible, and found by the next `try_dequeue`.
+async fn dropping_a_served_future_puts_the_item_back(kind: Kind) {
+    let f = Fixture::new(kind);
+    let mut tx = f.store.begin();
+    {
+        let mut dequeue = pin!(f.q.dequeue(&mut tx));
+        assert!(poll_once(dequeue.as_mut()).is_pending());
+        assert_eq!(f.q.waiters(), 1);
+        f.commit_async(&[42]).await;
+        // Handed to the registered request: neither visible nor waiting.
+        assert_eq!((f.q.count(), f.q.waiters()), (0, 0));
+    }
+    assert_eq!(
+        tx.dequeued(),
+        0,
+        "the dropped future left the transaction untouched"
+    );
+    assert_eq!((f.q.count(), f.q.waiters()), (1, 0));
+    let mut other = f.store.begin();
+    assert_eq!(f.q.try_dequeue(&mut other).expect("try_dequeue"), Some(42));
+    other.commit_async().await.expect("commit");
+    tx.commit_async()
+        .await
+        .expect("commit the empty transaction");
+    assert_eq!(f.q.count(), 0);
+}
+
+/// While a consumer waits, a committed item goes to it, not to a `try_dequeue` that comes
+/// later.
+async fn try_dequeue_does_not_jump_the_line(kind: Kind) {
+    let f = Fixture::new(kind);
+    let waiter = spawn_waiter(&f);
+    until_waiters(&f.q, 1).await;
+    f.commit_async(&[5]).await;
+    let mut tx = f.store.begin();
+    assert_eq!(f.q.try_dequeue(&mut tx).expect("try_dequeue"), None);
+    tx.abort();
+    assert_eq!(waiter.await.expect("waiter task"), 5);
+    // With nobody waiting, `try_dequeue` takes the next item at once.
+    f.commit_async(&[6]).await;
+    let mut tx = f.store.begin();
+    assert_eq!(f.q.try_dequeue(&mut tx).expect("try_dequeue"), Some(6));
+    tx.commit_async().await.expect("commit");
+    assert_eq!((f.q.count(), f.q.waiters()), (0, 0));
+}
+
+fn blocking_dequeue_is_woken_by_commit(kind: Kind) {
+    const THREADS: u64 = 4;
+    let f = Fixture::new(kind);
+    let (served_tx, served_rx) = std::sync::mpsc::channel();
+    for _ in 0..THREADS {
+        let (store, q, served_tx) = (f.store.clone(), f.q.clone(), served_tx.clone());
+        std::thread::spawn(move || {
+            let mut tx = store.begin();
+            let item = q.blocking_dequeue(&mut tx).expect("blocking_dequeue");
+            tx.commit().expect("commit the dequeue");
+            served_tx.send(item).expect("report");
+        });
+    }
+    until_waiters_blocking(&f.q, THREADS as usize);
+    for item in 0..THREADS {
+        f.commit(&[item]);
+    }
+    let mut served: Vec<u64> = (0..THREADS)
+        .map(|_| {
+            served_rx
+                .recv_timeout(SCENARIO_LIMIT)
+                .expect("a blocked consumer was never woken")
+        })
+        .collect();
+    served.sort_unstable();
+    assert_eq!(served, (0..THREADS).collect::<Vec<_>>());
+    assert_eq!((f.q.count(), f.q.waiters()), (0, 0));
+}
+
+fn blocking_dequeue_timeout_gives_up(kind: Kind) {
+    let f = Fixture::new(kind);
+    let patience = Duration::from_millis(50);
+    let mut tx = f.store.begin();
+    let start = Instant::now();
+    let got =
+        f.q.blocking_dequeue_timeout(&mut tx, patience)
+            .expect("blocking_dequeue_timeout");
+    assert_eq!(got, None);
+    assert!(
+        start.elapsed() >= patience,
+        "gave up after {:?}",
+        start.elapsed()
+    );
+    assert_eq!((f.q.waiters(), tx.dequeued()), (0, 0));
+    tx.abort();
+
+    // An item committed afterwards is visible to everyone, not held for the one that left.
+    f.commit(&[3]);
+    assert_eq!(f.q.count(), 1);
+}
+
+fn blocking_dequeue_timeout_is_woken_by_commit(kind: Kind) {
+    let f = Fixture::new(kind);
+    let patience = Duration::from_secs(60);
+    let (result_tx, result_rx) = std::sync::mpsc::channel();
+    {
+        let (store, q) = (f.store.clone(), f.q.clone());
+        std::thread::spawn(move || {
+            let mut tx = store.begin();
+            let start = Instant::now();
+            let got = q
+                .blocking_dequeue_timeout(&mut tx, patience)
+                .expect("blocking_dequeue_timeout");
+            let waited = start.elapsed();
+            tx.commit().expect("commit the dequeue");
+            result_tx.send((got, waited)).expect("report");
+        });
+    }
+    until_waiters_blocking(&f.q, 1);
+    f.commit(&[11]);
+    let (got, waited) = result_rx
+        .recv_timeout(patience + Duration::from_secs(10))
+        .expect("the consumer never returned");
+    assert_eq!(got, Some(11));
+    assert!(waited < patience, "woken by the commit, not by the timeout");
+    assert_eq!((f.q.count(), f.q.waiters()), (0, 0));
+}
+
+/// Many tasks committing with `commit_async` on a multi-thread runtime: every commit is
+/// durable, and all of them are there after the store is reopened.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commit_async_from_many_tasks_is_durable() {
+    const TASKS: u64 = 64;
+    const COMMITS: u64 = 8;
+    let f = Fixture::new(Kind::Disk);
+    let path = f.path.clone().expect("an on-disk store");
+    let tasks: Vec<_> = (0..TASKS)
+        .map(|t| {
+            let (store, q) = (f.store.clone(), f.q.clone());
+            tokio::spawn(async move {
+                for c in 0..COMMITS {
+                    let mut tx = store.begin();
+                    q.enqueue(&mut tx, t * 100 + c).expect("enqueue");
+                    tx.commit_async().await.expect("commit_async");
+                }
+            })
+        })
+        .collect();
+    tokio::time::timeout(SCENARIO_LIMIT, async {
+        for task in tasks {
+            task.await.expect("producer task");
+        }
+    })
+    .await
+    .expect("the commits did not finish in time");
+    assert_eq!(f.q.count(), TASKS * COMMITS);
+    let Fixture { store, q, _dir, .. } = f;
+    drop((store, q));
+
+    let store = Store::open(&path).expect("reopen the store");
+    let q = store.queue::<u64>("jobs").expect("open the queue");
+    let mut found = drain(&store, &q);
+    found.sort_unstable();
+    let expected: Vec<u64> = (0..TASKS)
+        .flat_map(|t| (0..COMMITS).map(move |c| t * 100 + c))
+        .collect();
+    assert_eq!(found, expected);
+}
+
+/// Polls `future` once with a waker that does nothing.
+fn poll_once<F: Future>(future: std::pin::Pin<&mut F>) -> Poll<F::Output> {
+    future.poll(&mut Context::from_waker(Waker::noop()))
+}
