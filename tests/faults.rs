@@ -518,7 +518,7 @@ fn prepare_open(
 
 /// Writes a garbage record after the last one of the closed store at `path`.
 fn plant_bad_record(path: &Path, seed: u64) -> u64 {
-    let db = sled::open(path).expect("open the store with sled");
+    let db = common::open_raw_sled(path);
     let log = db.open_tree("log").expect("log tree");
     let next = match log.last().expect("last record") {
         Some((k, _)) => u64::from_be_bytes(k.as_ref().try_into().expect("8-byte key")) + 1,
@@ -533,7 +533,7 @@ fn plant_bad_record(path: &Path, seed: u64) -> u64 {
 }
 
 fn log_keys(path: &Path) -> Vec<u64> {
-    let db = sled::open(path).expect("open the store with sled");
+    let db = common::open_raw_sled(path);
     let log = db.open_tree("log").expect("log tree");
     log.iter()
         .keys()

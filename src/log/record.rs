@@ -314,3 +314,305 @@ mod tests {
         }
     }
 }
+
+/// Decoder fuzzing, stable Rust only: a seeded loop over valid records, mutations of them,
+/// uniformly random bytes and random bytes sealed with correct checksums.
+#[cfg(test)]
+mod fuzz {
+    use std::panic::{catch_unwind, AssertUnwindSafe};
+
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+
+    use super::*;
+
+    /// Inputs fed to `decode` by default; `RELIABLE_QUEUE_FUZZ_INPUTS` sets another count.
+    const DEFAULT_INPUTS: u64 = 1_000_000;
+
+    /// One op of a generated record, owning its item bytes.
+    #[derive(Debug, Clone)]
+    enum OwnedOp {
+        Enqueue {
+            queue: QueueId,
+            id: u64,
+            attempts: u32,
+            not_before: u64,
+            bytes: Vec<u8>,
+        },
+        Ack {
+            queue: QueueId,
+            id: u64,
+        },
+    }
+
+    impl OwnedOp {
+        fn as_op(&self) -> Op<'_> {
+            match self {
+                OwnedOp::Enqueue {
+                    queue,
+                    id,
+                    attempts,
+                    not_before,
+                    bytes,
+                } => Op::Enqueue {
+                    queue: *queue,
+                    id: *id,
+                    attempts: *attempts,
+                    not_before: *not_before,
+                    bytes: Bytes(bytes),
+                },
+                OwnedOp::Ack { queue, id } => Op::Ack {
+                    queue: *queue,
+                    id: *id,
+                },
+            }
+        }
+    }
+
+    /// Picks from small values (the common case) and the whole range (the varint extremes).
+    fn number<R: Rng>(rng: &mut R, small: u64) -> u64 {
+        match rng.gen_range(0..8) {
+            0 => rng.gen(),
+            1 => u64::MAX - rng.gen_range(0..4),
+            _ => rng.gen_range(0..small),
+        }
+    }
+
+    fn random_ops(rng: &mut StdRng) -> Vec<OwnedOp> {
+        let n = if rng.gen_ratio(1, 20) {
+            0
+        } else {
+            rng.gen_range(1..12)
+        };
+        (0..n)
+            .map(|_| {
+                let queue = number(rng, 6) as QueueId;
+                let id = number(rng, 10_000);
+                if rng.gen_bool(0.6) {
+                    let len = if rng.gen_ratio(1, 50) {
+                        rng.gen_range(0..3000)
+                    } else {
+                        rng.gen_range(0..40)
+                    };
+                    OwnedOp::Enqueue {
+                        queue,
+                        id,
+                        attempts: number(rng, 4) as u32,
+                        not_before: number(rng, 2),
+                        bytes: (0..len).map(|_| rng.gen()).collect(),
+                    }
+                } else {
+                    OwnedOp::Ack { queue, id }
+                }
+            })
+            .collect()
+    }
+
+    fn build(builder: &mut RecordBuilder, ops: &[OwnedOp]) -> Vec<u8> {
+        for op in ops {
+            builder.push(&op.as_op()).expect("push a generated op");
+        }
+        builder.finish().expect("finish a generated record")
+    }
+
+    /// `decode` under `catch_unwind`, so a panic names its input.
+    fn decode_or_report(bytes: &[u8]) -> Result<Vec<Op<'_>>, RecordError> {
+        match catch_unwind(AssertUnwindSafe(|| decode(bytes))) {
+            Ok(result) => {
+                if let Ok(rec) = &result {
+                    for op in &rec.ops {
+                        assert!(
+                            rec.queues.contains(&op.queue()),
+                            "decoded an op of a queue its header does not name: {bytes:02x?}"
+                        );
+                    }
+                }
+                result.map(|rec| rec.ops)
+            }
+            Err(_) => panic!("decode panicked on {} bytes: {bytes:02x?}", bytes.len()),
+        }
+    }
+
+    /// The ways a stored record gets damaged.
+    fn mutate(rng: &mut StdRng, good: &[u8], other: &[u8]) -> (&'static str, Vec<u8>) {
+        let mut bad = good.to_vec();
+        let len = bad.len();
+        let kind = match rng.gen_range(0..9) {
+            0 => {
+                let bit = rng.gen_range(0..len * 8);
+                bad[bit / 8] ^= 1 << (bit % 8);
+                "bit flip"
+            }
+            1 => {
+                for _ in 0..rng.gen_range(2..9) {
+                    let bit = rng.gen_range(0..len * 8);
+                    bad[bit / 8] ^= 1 << (bit % 8);
+                }
+                "bit flips"
+            }
+            2 => {
+                for _ in 0..rng.gen_range(1..5) {
+                    let at = rng.gen_range(0..len);
+                    bad[at] = rng.gen();
+                }
+                "byte overwrite"
+            }
+            3 => {
+                bad.truncate(rng.gen_range(0..len));
+                "truncation"
+            }
+            4 => {
+                let extra = rng.gen_range(1..16);
+                bad.extend((0..extra).map(|_| rng.gen::<u8>()));
+                "extension"
+            }
+            5 => {
+                let cut = rng.gen_range(0..=len);
+                let from = rng.gen_range(0..=other.len());
+                bad.truncate(cut);
+                bad.extend_from_slice(&other[from..]);
+                "splice"
+            }
+            6 => {
+                // A length field rewritten: random, off by one, or moved between the two.
+                let field = if rng.gen_bool(0.5) { 8 } else { 12 };
+                let value = read_u32(&bad, field);
+                let new = match rng.gen_range(0..4) {
+                    0 => rng.gen(),
+                    1 => value.wrapping_add(1),
+                    2 => value.wrapping_sub(1),
+                    _ => {
+                        let other_field = 20 - field;
+                        let moved = read_u32(&bad, other_field).wrapping_add(1);
+                        bad[other_field..other_field + 4].copy_from_slice(&moved.to_le_bytes());
+                        value.wrapping_sub(1)
+                    }
+                };
+                bad[field..field + 4].copy_from_slice(&new.to_le_bytes());
+                "length edit"
+            }
+            7 => {
+                let at = rng.gen_range(0..=len);
+                bad.insert(at, rng.gen());
+                "byte inserted"
+            }
+            _ => {
+                bad.remove(rng.gen_range(0..len));
+                "byte removed"
+            }
+        };
+        (kind, bad)
+    }
+
+    /// Random header and body bytes behind a fixed header whose lengths and checksums are
+    /// right: the postcard decoding of garbage is reached.
+    fn sealed_garbage(rng: &mut StdRng, good: &[u8]) -> Vec<u8> {
+        let (header, body): (Vec<u8>, Vec<u8>) = if rng.gen_bool(0.5) {
+            let h = rng.gen_range(0..24);
+            let b = rng.gen_range(0..200);
+            (
+                (0..h).map(|_| rng.gen()).collect(),
+                (0..b).map(|_| rng.gen()).collect(),
+            )
+        } else {
+            // A real record's parts with a few bytes changed: mostly well-formed postcard.
+            let h = read_u32(good, 8) as usize;
+            let mut header = good[FIXED..FIXED + h].to_vec();
+            let mut body = good[FIXED + h..].to_vec();
+            for _ in 0..rng.gen_range(1..4) {
+                let part = if body.is_empty() || rng.gen_bool(0.3) {
+                    &mut header
+                } else {
+                    &mut body
+                };
+                if !part.is_empty() {
+                    let at = rng.gen_range(0..part.len());
+                    part[at] = rng.gen();
+                }
+            }
+            (header, body)
+        };
+        let mut out = Vec::with_capacity(FIXED + header.len() + body.len());
+        out.extend_from_slice(&MAGIC);
+        out.extend_from_slice(&[RECORD_VERSION, 0, 0, 0]);
+        out.extend_from_slice(&len_u32(header.len()).to_le_bytes());
+        out.extend_from_slice(&len_u32(body.len()).to_le_bytes());
+        out.extend_from_slice(&crc32fast::hash(&body).to_le_bytes());
+        let mut hasher = crc32fast::Hasher::new();
+        hasher.update(&out[4..20]);
+        hasher.update(&header);
+        out.extend_from_slice(&hasher.finalize().to_le_bytes());
+        out.extend_from_slice(&header);
+        out.extend_from_slice(&body);
+        out
+    }
+
+    #[test]
+    fn decode_never_panics_and_rejects_every_damaged_record() {
+        let inputs: u64 = std::env::var("RELIABLE_QUEUE_FUZZ_INPUTS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(DEFAULT_INPUTS);
+        let started = std::time::Instant::now();
+        let mut rng = StdRng::seed_from_u64(0x005E_EDDE_C0DE);
+        let mut builder = RecordBuilder::default();
+        let mut previous = build(&mut builder, &random_ops(&mut rng));
+        let (mut tried, mut valid, mut damaged, mut no_ops, mut random, mut sealed) =
+            (0u64, 0u64, 0u64, 0u64, 0u64, 0u64);
+        let mut sealed_ok = 0u64;
+        while tried < inputs {
+            // A valid record decodes to exactly its ops.
+            let ops = random_ops(&mut rng);
+            let good = build(&mut builder, &ops);
+            let decoded = decode_or_report(&good).expect("a valid record decodes");
+            assert_eq!(decoded.len(), ops.len());
+            for (got, want) in decoded.iter().zip(&ops) {
+                assert_eq!(*got, want.as_op());
+            }
+            valid += 1;
+
+            // Damaged copies of it never decode, unless the damage left a valid record.
+            for _ in 0..6 {
+                let (kind, bad) = mutate(&mut rng, &good, &previous);
+                if bad == good || bad == previous {
+                    no_ops += 1;
+                } else {
+                    assert!(
+                        decode_or_report(&bad).is_err(),
+                        "{kind} went unnoticed: {good:02x?} became {bad:02x?}"
+                    );
+                    damaged += 1;
+                }
+            }
+
+            // Uniformly random bytes, sometimes behind the right magic and version.
+            let len = rng.gen_range(0..64);
+            let mut noise: Vec<u8> = (0..len).map(|_| rng.gen()).collect();
+            if len >= 8 && rng.gen_bool(0.5) {
+                noise[..4].copy_from_slice(&MAGIC);
+                noise[4] = RECORD_VERSION;
+            }
+            assert!(
+                decode_or_report(&noise).is_err(),
+                "noise decoded: {noise:02x?}"
+            );
+            random += 1;
+
+            // Garbage with correct checksums: may decode or not, never panics.
+            let garbage = sealed_garbage(&mut rng, &good);
+            if decode_or_report(&garbage).is_ok() {
+                sealed_ok += 1;
+            }
+            sealed += 1;
+
+            tried += 1 + 6 + 1 + 1;
+            previous = good;
+        }
+        println!(
+            "decoder fuzz: {tried} inputs in {:.1?}: {valid} valid records, {damaged} damaged \
+             (all rejected), {no_ops} mutations that changed nothing, {random} random, \
+             {sealed} sealed garbage ({sealed_ok} decoded); 0 panics",
+            started.elapsed()
+        );
+    }
+}
