@@ -276,9 +276,12 @@ impl Parent<'_> {
                     totals.figures.add(&figures);
                 }
                 Err(e) => {
+                    let cycles: Vec<String> = pending.iter().map(CycleLog::summary).collect();
                     totals.violations.push(Violation {
                         kind: "reopen",
-                        detail: format!("after cycle {cycle}: {e}"),
+                        detail: format!(
+                            "after cycle {cycle}: {e}; since the last check: {cycles:#?}"
+                        ),
                     });
                     break;
                 }
@@ -289,6 +292,10 @@ impl Parent<'_> {
             totals
                 .violations
                 .extend(drain_and_reopen(&path, self.durability, model.items()));
+        }
+        if !totals.violations.is_empty() {
+            let kept = dir.keep();
+            eprintln!("the store is kept for inspection in {}", kept.display());
         }
         self.summarize(&totals, seed, started.elapsed(), model.present());
     }

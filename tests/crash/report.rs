@@ -204,6 +204,24 @@ impl CycleLog {
         log
     }
 
+    /// One line on how the cycle went, for violation reports.
+    pub(crate) fn summary(&self) -> String {
+        let since = |t: Option<Instant>| {
+            t.map_or("-".to_owned(), |t| {
+                format!("{:.1} ms", (self.killed_at - t).as_secs_f64() * 1e3)
+            })
+        };
+        format!(
+            "cycle {}: killed {} after it began opening, {} after the open returned; \
+             {} transactions, {} acknowledged",
+            self.cycle,
+            since(self.opening),
+            since(self.opened),
+            self.txs.len(),
+            self.txs.iter().filter(|t| t.ack.is_some()).count()
+        )
+    }
+
     /// Was the child killed after it started opening the store and before the open returned?
     pub(crate) fn killed_during_open(&self) -> bool {
         self.opening.is_some() && self.opened.is_none()
