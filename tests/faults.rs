@@ -156,17 +156,26 @@ enum Scenario {
     Commit,
     /// As `Commit` under `Durability::Buffered`: sled's background flusher hits the faults.
     CommitBuffered,
+    /// Armed while three threads commit at once: the failure hits a group of several
+    /// transactions, each of which must fail and roll back on its own thread.
+    CommitConcurrent,
+    /// A store whose 2.4 MB of 100 KiB items (inline in sled's log segments) were all
+    /// consumed; armed while commits go on, then while it is closed and reopened (sled's
+    /// segment cleanup and recovery).
+    Churn,
     /// Armed on a store whose log is mostly acknowledged, with a compaction floor of one
     /// byte, so every group is followed by deletes and rewrites (`apply_batch`).
     Compaction,
 }
 
-const SCENARIOS: [Scenario; 6] = [
+const SCENARIOS: [Scenario; 8] = [
     Scenario::Create,
     Scenario::Recovery,
     Scenario::RecoveryBadRecord,
     Scenario::Commit,
     Scenario::CommitBuffered,
+    Scenario::CommitConcurrent,
+    Scenario::Churn,
     Scenario::Compaction,
 ];
 
@@ -196,6 +205,8 @@ struct Mix {
     /// Queue dequeues come from; `None` for a random one each time.
     deq_from: Option<usize>,
     big_one_in: u32,
+    /// Length of the items that are not big.
+    small: usize,
 }
 
 const MIXED: Mix = Mix {
@@ -204,6 +215,7 @@ const MIXED: Mix = Mix {
     max_deq: 3,
     deq_from: None,
     big_one_in: 6,
+    small: SMALL,
 };
 
 const DRAIN_A: Mix = Mix {
@@ -212,6 +224,18 @@ const DRAIN_A: Mix = Mix {
     max_deq: 8,
     deq_from: Some(0),
     big_one_in: 0,
+    small: SMALL,
+};
+
+/// One item of 100 KiB per commit at most: a group stays under sled's blob threshold and is
+/// written inline in its 512 KiB log segments.
+const CHURN: Mix = Mix {
+    min_deq: 1,
+    max_enq: 1,
+    max_deq: 2,
+    deq_from: None,
+    big_one_in: 0,
+    small: 100 * 1024,
 };
 
 /// The workload's view of the store: what it did, what it expects to see.
@@ -320,7 +344,8 @@ impl Driver {
             let big = mix.big_one_in > 0 && self.rng.gen_ratio(1, mix.big_one_in);
             let id = self.next_id;
             self.next_id += 1;
-            if let Err(e) = queues[q].enqueue(&mut tx, Item::new(id, big)) {
+            let len = if big { BIG } else { mix.small };
+            if let Err(e) = queues[q].enqueue(&mut tx, Item::with_len(id, len)) {
                 self.violation(format!("enqueue failed: {e:?}"));
             }
             attempt.enq.push((q, id));
@@ -504,6 +529,42 @@ fn prepare_open(
             }
             driver.history.push(attempt);
         }
+    } else if scenario == Scenario::Churn {
+        // 2.4 MB of items in groups under sled's blob threshold fill several log segments;
+        // consuming them all leaves those segments garbage for sled to clean and free.
+        for _ in 0..24 {
+            let mut tx = store.begin();
+            let id = driver.next_id;
+            driver.next_id += 1;
+            queues[0]
+                .enqueue(&mut tx, Item::with_len(id, CHURN.small))
+                .expect("enqueue");
+            tx.commit().expect("commit during preparation");
+            driver.history.push(Attempt {
+                enq: vec![(0, id)],
+                deq: Vec::new(),
+                ok: true,
+            });
+        }
+        loop {
+            let mut tx = store.begin();
+            let mut deq = Vec::new();
+            while deq.len() < 4 {
+                match queues[0].try_dequeue(&mut tx).expect("dequeue") {
+                    Some(item) => deq.push((0, item.id)),
+                    None => break,
+                }
+            }
+            if deq.is_empty() {
+                break;
+            }
+            tx.commit().expect("commit during preparation");
+            driver.history.push(Attempt {
+                enq: Vec::new(),
+                deq,
+                ok: true,
+            });
+        }
     } else {
         for _ in 0..6 {
             driver.transaction(store, queues, MIXED);
@@ -544,18 +605,21 @@ fn log_keys(path: &Path) -> Vec<u64> {
 /// One run: prepare, arm `point` to fail on hit `hit` (none for a baseline), work, disarm,
 /// reopen, check.
 fn run(scenario: Scenario, point: Option<&'static str>, hit: u32, seed: u64) -> Outcome {
+    if scenario == Scenario::CommitConcurrent {
+        return run_concurrent(point, hit, seed);
+    }
     let (_guard, path) = temp_dir();
     let mut d = Driver::new(seed);
     let mut bad_record = None;
     let mut open = None;
     match scenario {
-        Scenario::Create => {}
+        Scenario::Create | Scenario::CommitConcurrent => {}
         Scenario::Recovery => prepare_history(scenario, &path, &mut d),
         Scenario::RecoveryBadRecord => {
             prepare_history(scenario, &path, &mut d);
             bad_record = Some(plant_bad_record(&path, seed));
         }
-        Scenario::Commit | Scenario::CommitBuffered | Scenario::Compaction => {
+        Scenario::Commit | Scenario::CommitBuffered | Scenario::Compaction | Scenario::Churn => {
             let store = scenario
                 .builder(&path)
                 .open()
@@ -691,24 +755,252 @@ fn armed_phase(
             (store, queues)
         }
     };
-    let mix = if scenario == Scenario::Compaction {
-        DRAIN_A
-    } else {
-        MIXED
+    let mix = match scenario {
+        Scenario::Compaction => DRAIN_A,
+        Scenario::Churn => CHURN,
+        _ => MIXED,
     };
+    work_while_armed(scenario, &store, &queues, mix, ARMED_TRANSACTIONS, d);
+    if scenario != Scenario::Churn || d.fired.is_some() {
+        drop(queues);
+        return Some(store);
+    }
+    // Still armed: close, reopen (sled recovers the churned segments) and work a little more.
+    drop((queues, store));
+    let store = match scenario.builder(path).open() {
+        Ok(store) => store,
+        Err(e) => {
+            d.storage_error("open", &e);
+            return None;
+        }
+    };
+    let queues = match open_queues(&store) {
+        Ok(queues) => queues,
+        Err(e) => {
+            d.storage_error("queue", &e);
+            return Some(store);
+        }
+    };
+    d.visible = replay(d.history.iter().filter(|a| a.ok));
+    d.check_counts(&queues, "after reopen");
+    work_while_armed(scenario, &store, &queues, mix, 4, d);
+    drop(queues);
+    Some(store)
+}
+
+/// Runs `n` transactions (two more after the first refused commit: they must fail too, and
+/// roll back), then flushes.
+fn work_while_armed(
+    scenario: Scenario,
+    store: &Store,
+    queues: &[ReliableConcurrentQueue<Item>],
+    mix: Mix,
+    n: usize,
+    d: &mut Driver,
+) {
     let mut refused = 0;
-    for _ in 0..ARMED_TRANSACTIONS {
-        if !d.transaction(&store, &queues, mix) {
+    for _ in 0..n {
+        if !d.transaction(store, queues, mix) {
             refused += 1;
-            // Two more after the first failure: they must fail too, and roll back.
             if refused == 3 {
                 break;
             }
         }
     }
-    d.flush(&store, scenario.buffered());
-    drop(queues);
-    Some(store)
+    d.flush(store, scenario.buffered());
+}
+
+/// Threads of the concurrent scenario, and transactions each runs while armed.
+const WORKERS: u64 = 3;
+const WORKER_TRANSACTIONS: usize = 8;
+
+/// What one worker of the concurrent scenario did.
+#[derive(Debug, Default)]
+struct WorkerLog {
+    attempts: Vec<Attempt>,
+    violations: Vec<String>,
+    fired: Option<&'static str>,
+}
+
+/// One worker: random transactions on the shared queues, its own ids, its own log.
+fn worker(store: &Store, queues: &[ReliableConcurrentQueue<Item>], w: u64, seed: u64) -> WorkerLog {
+    let mut rng = StdRng::seed_from_u64(seed ^ (w << 32));
+    let mut log = WorkerLog::default();
+    let mut next_id = (w + 1) << 40;
+    let mut failures = 0;
+    for _ in 0..WORKER_TRANSACTIONS {
+        let mut tx = store.begin();
+        let mut attempt = Attempt::default();
+        for _ in 0..rng.gen_range(0..=3) {
+            let q = rng.gen_range(0..2);
+            let item = Item::new(next_id, rng.gen_ratio(1, 8));
+            if let Err(e) = queues[q].enqueue(&mut tx, item) {
+                log.violations.push(format!("enqueue failed: {e:?}"));
+            }
+            attempt.enq.push((q, next_id));
+            next_id += 1;
+        }
+        for _ in 0..rng.gen_range(0..=3) {
+            let q = rng.gen_range(0..2);
+            match queues[q].try_dequeue(&mut tx) {
+                Ok(Some(item)) => {
+                    if !item.is_intact() {
+                        log.violations
+                            .push(format!("dequeued a damaged item {}", item.id));
+                    }
+                    attempt.deq.push((q, item.id));
+                }
+                Ok(None) => {}
+                Err(e) => log.violations.push(format!("try_dequeue failed: {e:?}")),
+            }
+        }
+        if attempt.enq.is_empty() && attempt.deq.is_empty() {
+            continue;
+        }
+        match tx.commit() {
+            Ok(()) => attempt.ok = true,
+            Err(Error::Storage { .. } | Error::Closed) => {
+                log.fired.get_or_insert("commit");
+                failures += 1;
+            }
+            Err(e) => log
+                .violations
+                .push(format!("commit: untyped failure {e:?}")),
+        }
+        log.attempts.push(attempt);
+        if failures == 2 {
+            break;
+        }
+    }
+    log
+}
+
+/// The concurrent scenario: commit order across threads is unknown, so instead of replaying
+/// a prefix it checks the total queue, with the dequeues of failed commits counted as
+/// consumed only when their items are gone, and that each failed commit is all or nothing
+/// as far as its enqueues show.
+fn run_concurrent(point: Option<&'static str>, hit: u32, seed: u64) -> Outcome {
+    let (_guard, path) = temp_dir();
+    let mut violations = Vec::new();
+    let store = Store::open(&path).expect("open for preparation");
+    let queues = open_queues(&store).expect("queues for preparation");
+    let mut prep = Attempt {
+        ok: true,
+        ..Attempt::default()
+    };
+    let mut tx = store.begin();
+    for id in 0..30 {
+        let q = (id % 2) as usize;
+        queues[q]
+            .enqueue(&mut tx, Item::new(id, false))
+            .expect("enqueue");
+        prep.enq.push((q, id));
+    }
+    tx.commit().expect("commit during preparation");
+
+    if let Some(point) = point {
+        sled::fail::set(point, 1 << hit);
+    }
+    let logs: Vec<WorkerLog> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..WORKERS)
+            .map(|w| {
+                let (store, queues) = (&store, &queues);
+                std::thread::Builder::new()
+                    .name("fault-workload".into())
+                    .spawn_scoped(scope, move || worker(store, queues, w, seed))
+                    .expect("spawn a worker")
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| match h.join() {
+                Ok(log) => log,
+                Err(_) => WorkerLog {
+                    violations: vec!["a worker panicked".into()],
+                    fired: Some("panic"),
+                    ..WorkerLog::default()
+                },
+            })
+            .collect()
+    });
+    let mut fired = logs.iter().find_map(|l| l.fired);
+    if let Err(e) = store.flush() {
+        match e {
+            Error::Storage { .. } | Error::Closed => {
+                fired.get_or_insert("flush");
+            }
+            other => violations.push(format!("flush: untyped failure {other:?}")),
+        }
+    }
+    sled::fail::reset();
+    drop((queues, store));
+
+    let store = match Store::open(&path) {
+        Ok(store) => store,
+        Err(e) => {
+            violations.push(format!("reopen after the fault failed: {e:?}"));
+            return Outcome {
+                fired,
+                violations,
+                ..Outcome::default()
+            };
+        }
+    };
+    let queues = open_queues(&store).expect("queues after reopen");
+    let mut remaining = BTreeSet::new();
+    for q in &queues {
+        for item in peek_all(&store, q) {
+            if !item.is_intact() || !remaining.insert(item.id) {
+                violations.push(format!("item {} damaged or twice after reopen", item.id));
+            }
+        }
+    }
+    let attempts: Vec<&Attempt> = std::iter::once(&prep)
+        .chain(logs.iter().flat_map(|l| &l.attempts))
+        .collect();
+    let enq_ids = |a: &Attempt| a.enq.iter().map(|&(_, id)| id).collect::<Vec<_>>();
+    let attempted: BTreeSet<u64> = attempts.iter().flat_map(|a| enq_ids(a)).collect();
+    let acknowledged: BTreeSet<u64> = attempts
+        .iter()
+        .filter(|a| a.ok)
+        .flat_map(|a| enq_ids(a))
+        .collect();
+    let mut consumed: Vec<u64> = attempts
+        .iter()
+        .filter(|a| a.ok)
+        .flat_map(|a| a.deq.iter().map(|&(_, id)| id))
+        .collect();
+    let acked_consumed: BTreeSet<u64> = consumed.iter().copied().collect();
+    let mut maybe_consumed = BTreeSet::new();
+    for a in attempts.iter().filter(|a| !a.ok) {
+        let present = a
+            .enq
+            .iter()
+            .filter(|(_, id)| remaining.contains(id))
+            .count();
+        if present != 0 && present != a.enq.len() {
+            violations.push(format!("a failed commit was applied in part: {a:?}"));
+        }
+        for &(_, id) in &a.deq {
+            if !remaining.contains(&id) && !acked_consumed.contains(&id) {
+                maybe_consumed.insert(id);
+            }
+        }
+    }
+    consumed.extend(maybe_consumed);
+    let remaining: Vec<u64> = remaining.into_iter().collect();
+    let verdict = TotalQueue::check(&attempted, &acknowledged, &consumed, &remaining);
+    if !verdict.is_valid() {
+        violations.push(format!("total-queue check after reopen: {verdict:?}"));
+    }
+    let commits = attempts.len();
+    violations.extend(logs.into_iter().flat_map(|l| l.violations));
+    Outcome {
+        fired,
+        violations,
+        commits,
+        log_keys_after: None,
+    }
 }
 
 /// Runs `run` on a thread of its own, so a panic or a hang is reported, not fatal.
