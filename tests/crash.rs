@@ -39,6 +39,7 @@ use rand::{Rng, SeedableRng};
 use reliable_queue::{Durability, Store};
 
 use check::{Figures, Found, Model, Violation};
+use child::Item;
 use report::{CycleLog, Queue};
 
 /// Set in the child's environment; its presence selects the child role.
@@ -237,6 +238,8 @@ struct Totals {
     cycles: usize,
     kills_in_open: usize,
     looks: usize,
+    /// Checks that found records in sled's blob files.
+    looks_with_blobs: usize,
     figures: Figures,
     violations: Vec<Violation>,
 }
@@ -271,6 +274,7 @@ impl Parent<'_> {
             totals.looks += 1;
             match inspect(&path, self.durability) {
                 Ok(found) => {
+                    totals.looks_with_blobs += usize::from(found.blob_files > 0);
                     let (violations, figures) = model.check(self.durability, &pending, &found);
                     totals.violations.extend(violations);
                     totals.figures.add(&figures);
@@ -374,7 +378,7 @@ impl Parent<'_> {
         let f = &totals.figures;
         println!(
             "crash test, {:?}: {} cycles in {:.1} s (seed {seed}), {} kills during open \
-             (opening takes about {:.1} ms), {} checks, {} acknowledged operations checked ({} acknowledged transactions, \
+             (opening takes about {:.1} ms), {} checks ({} with blob records), {} acknowledged operations checked ({} acknowledged transactions, \
              {} of unknown outcome), backlog at the end {backlog}, {} violations",
             self.durability,
             totals.cycles,
@@ -382,6 +386,7 @@ impl Parent<'_> {
             totals.kills_in_open,
             self.open_time.as_secs_f64() * 1e3,
             totals.looks,
+            totals.looks_with_blobs,
             f.acked_ops,
             f.acked_txs,
             f.unknown_txs,
@@ -421,8 +426,8 @@ impl Parent<'_> {
 /// both queues, then aborts, so the store is left as it was.
 fn inspect(path: &Path, durability: Durability) -> Result<Found, String> {
     let store = open_store(path, durability).map_err(|e| format!("reopening failed: {e:?}"))?;
-    let a = store.queue::<u64>("a").map_err(|e| e.to_string())?;
-    let b = store.queue::<u64>("b").map_err(|e| e.to_string())?;
+    let a = store.queue::<Item>("a").map_err(|e| e.to_string())?;
+    let b = store.queue::<Item>("b").map_err(|e| e.to_string())?;
     let mut found = Found {
         count_a: a.count(),
         count_b: b.count(),
@@ -430,13 +435,16 @@ fn inspect(path: &Path, durability: Durability) -> Result<Found, String> {
         ..Found::default()
     };
     let mut tx = store.begin();
-    while let Some(id) = a.try_dequeue(&mut tx).map_err(|e| e.to_string())? {
-        found.a.push(id);
-    }
-    while let Some(id) = b.try_dequeue(&mut tx).map_err(|e| e.to_string())? {
-        found.b.push(id);
+    for (queue, ids) in [(&a, &mut found.a), (&b, &mut found.b)] {
+        while let Some(item) = queue.try_dequeue(&mut tx).map_err(|e| e.to_string())? {
+            if !child::intact(&item) {
+                found.damaged.push(item.0);
+            }
+            ids.push(item.0);
+        }
     }
     tx.abort();
+    found.blob_files = std::fs::read_dir(path.join("blobs")).map_or(0, |d| d.count());
     found.count_after_abort = (a.count(), b.count());
     Ok(found)
 }
@@ -459,12 +467,12 @@ fn drain_and_reopen(
         let store = open_store(path, durability)?;
         let mut drained = HashMap::new();
         for queue in [Queue::A, Queue::B] {
-            let q = store.queue::<u64>(queue.name())?;
+            let q = store.queue::<Item>(queue.name())?;
             loop {
                 let mut tx = store.begin();
                 let mut n = 0;
                 while n < 100 {
-                    let Some(id) = q.try_dequeue(&mut tx)? else {
+                    let Some((id, _)) = q.try_dequeue(&mut tx)? else {
                         break;
                     };
                     drained.insert(id, queue);

@@ -93,6 +93,10 @@ pub(crate) struct Found {
     pub(crate) count_after_abort: (u64, u64),
     /// Records the store set aside at open.
     pub(crate) set_aside: usize,
+    /// Items whose payload is not the one their id calls for.
+    pub(crate) damaged: Vec<u64>,
+    /// Files in sled's blob directory (records too large for its log).
+    pub(crate) blob_files: usize,
 }
 
 /// A broken promise, with what it concerns.
@@ -530,6 +534,12 @@ impl Model {
                 ),
             );
         }
+        for id in &found.damaged {
+            verdict.add(
+                "damaged",
+                format!("item {id} has a payload it was not given"),
+            );
+        }
         if found.set_aside > 0 {
             verdict.add(
                 "set aside",
@@ -658,6 +668,8 @@ mod tests {
             count_b: nb,
             count_after_abort: (na, nb),
             set_aside: 0,
+            damaged: Vec::new(),
+            blob_files: 0,
         }
     }
 

@@ -20,6 +20,23 @@ use crate::report::{format_ops, Op, Queue};
 /// How long a child runs if nobody kills it (the parent counts that as a failure).
 const LIFETIME: Duration = Duration::from_secs(60);
 
+/// What the queues hold: an id and a payload, empty except one item in five hundred,
+/// whose 160 KiB take its commit group past sled's 128 KiB limit for a log message, into a
+/// blob file of its own (a different write and recovery path).
+pub(crate) type Item = (u64, Vec<u8>);
+
+const LARGE_PAYLOAD: usize = 160 << 10;
+
+/// The payload of item `id`: `len` copies of one byte that depends on the id.
+pub(crate) fn payload(id: u64, len: usize) -> Vec<u8> {
+    vec![(id % 251) as u8; len]
+}
+
+/// Does `item` carry a payload `payload` could have made for its id?
+pub(crate) fn intact(item: &Item) -> bool {
+    item.1.iter().all(|&b| u64::from(b) == item.0 % 251)
+}
+
 /// Above this many items, producers consume instead, so the store (and the time it takes to
 /// open) stays about the same size from cycle to cycle.
 const BACKLOG_LIMIT: u64 = 3000;
@@ -62,8 +79,8 @@ enum Role {
 
 struct Workload {
     store: Store,
-    a: ReliableConcurrentQueue<u64>,
-    b: ReliableConcurrentQueue<u64>,
+    a: ReliableConcurrentQueue<Item>,
+    b: ReliableConcurrentQueue<Item>,
     durability: Durability,
     next_id: AtomicU64,
     next_tx: AtomicU64,
@@ -74,7 +91,7 @@ struct Workload {
 type Step = Result<(), String>;
 
 impl Workload {
-    fn queue(&self, queue: Queue) -> &ReliableConcurrentQueue<u64> {
+    fn queue(&self, queue: Queue) -> &ReliableConcurrentQueue<Item> {
         match queue {
             Queue::A => &self.a,
             Queue::B => &self.b,
@@ -142,7 +159,13 @@ impl Workload {
         let mut ops = Vec::new();
         for _ in 0..rng.gen_range(1..=4) {
             let id = self.fresh_id();
-            self.a.enqueue(&mut tx, id).map_err(|e| e.to_string())?;
+            let len = if rng.gen_ratio(1, 500) {
+                LARGE_PAYLOAD
+            } else {
+                0
+            };
+            let item = (id, payload(id, len));
+            self.a.enqueue(&mut tx, item).map_err(|e| e.to_string())?;
             ops.push(Op::Enqueue(Queue::A, id));
         }
         self.finish(tx, &ops, rng)?;
@@ -167,7 +190,7 @@ impl Workload {
             .queue(first)
             .blocking_dequeue_timeout(&mut tx, WAIT)
             .map_err(|e| e.to_string())?;
-        let Some(id) = waited else {
+        let Some((id, _)) = waited else {
             return Ok(());
         };
         ops.push(Op::Dequeue(first, id));
@@ -178,13 +201,15 @@ impl Workload {
                 .try_dequeue(&mut tx)
                 .map_err(|e| e.to_string())?
             {
-                Some(id) => ops.push(Op::Dequeue(queue, id)),
+                Some((id, _)) => ops.push(Op::Dequeue(queue, id)),
                 None => break,
             }
         }
         if rng.gen_ratio(1, 4) {
             let id = self.fresh_id();
-            self.a.enqueue(&mut tx, id).map_err(|e| e.to_string())?;
+            self.a
+                .enqueue(&mut tx, (id, Vec::new()))
+                .map_err(|e| e.to_string())?;
             ops.push(Op::Enqueue(Queue::A, id));
         }
         self.finish(tx, &ops, rng)
@@ -193,25 +218,26 @@ impl Workload {
     /// Moves one to three items from `a` to `b` in one transaction.
     fn move_items(&self, rng: &mut StdRng) -> Step {
         let mut tx = self.store.begin();
-        let mut ids = Vec::new();
+        let mut items = Vec::new();
         let waited = self
             .a
             .blocking_dequeue_timeout(&mut tx, WAIT)
             .map_err(|e| e.to_string())?;
-        let Some(id) = waited else {
+        let Some(item) = waited else {
             return Ok(());
         };
-        ids.push(id);
+        items.push(item);
         let want = rng.gen_range(1..=3);
-        while ids.len() < want {
+        while items.len() < want {
             match self.a.try_dequeue(&mut tx).map_err(|e| e.to_string())? {
-                Some(id) => ids.push(id),
+                Some(item) => items.push(item),
                 None => break,
             }
         }
         let mut ops = Vec::new();
-        for id in ids {
-            self.b.enqueue(&mut tx, id).map_err(|e| e.to_string())?;
+        for item in items {
+            let id = item.0;
+            self.b.enqueue(&mut tx, item).map_err(|e| e.to_string())?;
             ops.push(Op::Dequeue(Queue::A, id));
             ops.push(Op::Enqueue(Queue::B, id));
         }
@@ -223,8 +249,8 @@ impl Workload {
 pub(crate) fn run(durability: Durability, config: ChildConfig) {
     report("o");
     let opened = crate::open_store(&config.path, durability).and_then(|store| {
-        let a = store.queue::<u64>("a")?;
-        let b = store.queue::<u64>("b")?;
+        let a = store.queue::<Item>("a")?;
+        let b = store.queue::<Item>("b")?;
         Ok((store, a, b))
     });
     let (store, a, b) = match opened {
