@@ -58,3 +58,38 @@ fn abort_hands_returned_item_to_waiter() {
         assert!(take_all(&store, &q).is_empty());
     });
 }
+
+/// An abort giving back two items while one consumer waits in `dequeue` and another calls
+/// `try_dequeue`: the waiter is served, the other item goes to the front of the queue or to
+/// the other consumer, and each item ends up in exactly one place.
+#[test]
+fn abort_splits_items_between_waiter_and_queue() {
+    check(|| {
+        let (store, q) = store_with(&[1, 2]);
+        let mut held = store.begin();
+        assert_eq!(q.try_dequeue(&mut held).unwrap(), Some(1));
+        assert_eq!(q.try_dequeue(&mut held).unwrap(), Some(2));
+        let aborter = thread::spawn(move || held.abort());
+        let waiter = {
+            let (store, q) = (store.clone(), q.clone());
+            thread::spawn(move || {
+                let mut tx = store.begin();
+                let item = loom::future::block_on(q.dequeue(&mut tx)).unwrap();
+                tx.commit().unwrap();
+                item
+            })
+        };
+        let taker = {
+            let (store, q) = (store.clone(), q.clone());
+            thread::spawn(move || take(&store, &q, 1))
+        };
+        aborter.join().unwrap();
+        let served = waiter.join().unwrap();
+        let taken = taker.join().unwrap();
+        assert_eq!(q.waiters(), 0);
+        let left = q.count();
+        let rest = take_all(&store, &q);
+        assert_eq!(left, rest.len() as u64, "count() is what is left");
+        assert_exactly_once(&[1, 2], [served].into_iter().chain(taken).chain(rest));
+    });
+}

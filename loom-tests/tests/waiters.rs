@@ -82,6 +82,32 @@ fn two_waiters_one_item() {
     });
 }
 
+/// A transaction that dequeues one item and enqueues another commits while a consumer waits:
+/// the waiter gets whichever item is visible or published, the committed dequeue is gone for
+/// good, and every item is accounted for exactly once.
+#[test]
+fn requeue_commit_serves_waiter() {
+    check(|| {
+        let (store, q) = store_with(&[1]);
+        let mover = {
+            let (store, q) = (store.clone(), q.clone());
+            thread::spawn(move || {
+                let mut tx = store.begin();
+                let taken = q.try_dequeue(&mut tx).unwrap();
+                q.enqueue(&mut tx, 2).unwrap();
+                tx.commit().unwrap();
+                taken
+            })
+        };
+        let waiter = spawn_waiter(&store, &q);
+        let taken = mover.join().unwrap();
+        let served = waiter.join().unwrap();
+        assert_eq!(q.waiters(), 0);
+        let rest = take_all(&store, &q);
+        assert_exactly_once(&[1, 2], taken.into_iter().chain([served]).chain(rest));
+    });
+}
+
 /// A registered request polled again with a different waker (the future moved to another
 /// task) while a producer commits: the new waker is the one woken.
 #[test]
