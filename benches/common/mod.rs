@@ -446,15 +446,19 @@ pub enum PqBackend {
 /// - `recv` is `n` × (`Consumer::reserve`, polling while it finds nothing, then
 ///   `Reserved::ack`); every ack is its own fsync under both `Sync` and `Group`
 ///   (`durable_acks` left at its default, `true`, so a dequeue is as durable as ours).
-/// - Its one `Consumer` (not `Clone`) is shared by every consumer thread through an `Arc`,
-///   which its types allow (`Consumer` is `Sync`; `reserve` takes the queue's lock) and which
-///   its own async facade does too. This gives it as many concurrent consumers as the other
-///   peers instead of the single consumer its documentation describes: it can only help it,
-///   since concurrent acks can overlap their fsyncs.
+/// - It is single-consumer (MPSC): its one `Consumer` is not `Clone`. The workload's consumer
+///   threads share it behind a `Mutex`, held for one `reserve` + `ack`, so exactly one
+///   reserve-or-ack is in progress at a time, as with a single consumer thread. (Calling
+///   `reserve` concurrently through an `Arc`, which its types allow since `Consumer` is
+///   `Sync`, is not safe: a `reserve` racing an `ack` can hand out the acknowledged item again
+///   and its item count then drifts until producers block for good.) This is its design, but
+///   it disfavours it wherever the workload has several consumers: its acks, one fsync each,
+///   are serialized.
 /// - The capacity is raised to 2^30 items so that `push` never waits for room (our queue is
 ///   unbounded).
-/// - Async: `open_async`, whose calls run the same code on tokio's blocking pool;
-///   `AsyncConsumer` shared through an `Arc` by all consumer tasks.
+/// - Async: `open_async`, whose calls run the same code on tokio's blocking pool; its one
+///   `AsyncConsumer` shared by all consumer tasks behind a `tokio::sync::Mutex`, held for
+///   one `reserve` + `ack`.
 #[derive(Debug, Clone, Copy)]
 pub struct Pq {
     /// Store backend.
@@ -504,7 +508,7 @@ pub enum PqStore {
 /// The ends of an open [`Pq`] queue over store `S`.
 pub struct PqQueue<S: persistent_queue::Store> {
     producer: persistent_queue::Producer<S>,
-    consumer: Arc<persistent_queue::Consumer<S>>,
+    consumer: Arc<Mutex<persistent_queue::Consumer<S>>>,
     db: Option<sled::Db>,
 }
 
@@ -536,7 +540,7 @@ impl Peer for Pq {
                     .expect("open persistent-queue");
                 PqAny::Memory(PqQueue {
                     producer,
-                    consumer: Arc::new(consumer),
+                    consumer: Arc::new(Mutex::new(consumer)),
                     db: None,
                 })
             }
@@ -547,7 +551,7 @@ impl Peer for Pq {
                     self.builder(store).open().expect("open persistent-queue");
                 PqAny::Sled(PqQueue {
                     producer,
-                    consumer: Arc::new(consumer),
+                    consumer: Arc::new(Mutex::new(consumer)),
                     db: Some(db),
                 })
             }
@@ -568,8 +572,8 @@ type PqProducerAny = PqHandle<
     persistent_queue::Producer<persistent_queue::SledStore>,
 >;
 type PqConsumerAny = PqHandle<
-    Arc<persistent_queue::Consumer<persistent_queue::MemStore>>,
-    Arc<persistent_queue::Consumer<persistent_queue::SledStore>>,
+    Arc<Mutex<persistent_queue::Consumer<persistent_queue::MemStore>>>,
+    Arc<Mutex<persistent_queue::Consumer<persistent_queue::SledStore>>>,
 >;
 
 impl Queue for PqAny {
@@ -610,10 +614,16 @@ fn pq_send<S: persistent_queue::Store>(producer: &persistent_queue::Producer<S>,
     producer.push(item).expect("push");
 }
 
-fn pq_recv<S: persistent_queue::Store>(consumer: &persistent_queue::Consumer<S>) {
-    let reserved = poll_until(|| consumer.reserve().expect("reserve"));
-    std::hint::black_box(&*reserved);
-    reserved.ack().expect("ack");
+/// One reserve + ack, with the consumer locked throughout (see [`Pq`]); polls while it finds
+/// nothing, unlocked between polls.
+fn pq_recv<S: persistent_queue::Store>(consumer: &Mutex<persistent_queue::Consumer<S>>) {
+    poll_until(|| {
+        let consumer = consumer.lock();
+        let reserved = consumer.reserve().expect("reserve")?;
+        std::hint::black_box(&*reserved);
+        reserved.ack().expect("ack");
+        Some(())
+    })
 }
 
 impl Producer for PqProducerAny {
@@ -641,7 +651,7 @@ impl Consumer for PqConsumerAny {
 /// The async ends of a [`Pq`] queue over sled.
 pub struct PqAsyncQueue {
     producer: persistent_queue::AsyncProducer<persistent_queue::SledStore>,
-    consumer: Arc<persistent_queue::AsyncConsumer<persistent_queue::SledStore>>,
+    consumer: Arc<tokio::sync::Mutex<persistent_queue::AsyncConsumer<persistent_queue::SledStore>>>,
 }
 
 impl AsyncPeer for Pq {
@@ -658,7 +668,7 @@ impl AsyncPeer for Pq {
             .expect("open persistent-queue");
         PqAsyncQueue {
             producer,
-            consumer: Arc::new(consumer),
+            consumer: Arc::new(tokio::sync::Mutex::new(consumer)),
         }
     }
 }
@@ -666,7 +676,9 @@ impl AsyncPeer for Pq {
 /// Producer handle of a [`PqAsyncQueue`].
 pub struct PqAsyncProducer(persistent_queue::AsyncProducer<persistent_queue::SledStore>);
 /// Consumer handle of a [`PqAsyncQueue`].
-pub struct PqAsyncConsumer(Arc<persistent_queue::AsyncConsumer<persistent_queue::SledStore>>);
+pub struct PqAsyncConsumer(
+    Arc<tokio::sync::Mutex<persistent_queue::AsyncConsumer<persistent_queue::SledStore>>>,
+);
 
 impl AsyncQueue for PqAsyncQueue {
     type Producer = PqAsyncProducer;
@@ -690,8 +702,8 @@ impl AsyncProducer for PqAsyncProducer {
 impl AsyncConsumer for PqAsyncConsumer {
     async fn recv(&mut self, n: usize) {
         for _ in 0..n {
-            let reserved = self
-                .0
+            let consumer = self.0.lock().await;
+            let reserved = consumer
                 .reserve()
                 .await
                 .expect("reserve")
