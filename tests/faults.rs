@@ -4,9 +4,10 @@
 //! Build with `--features failpoints`. Failpoints are process-global, so every run of the sweep
 //! happens in one test function, one after another, and the disk-full test takes the same lock.
 //!
-//! Each run of the sweep arms one failpoint to fail on its n-th hit (n = 1..=8), drives a
-//! single-threaded workload against the store and a model of it, then disarms the failpoint,
-//! drops the store and reopens it. It checks:
+//! Each run of the sweep arms one failpoint to fail on its n-th hit (n = 1..=8) in one of the
+//! scenarios of [`Scenario`], drives a workload against the store and a model of it (three
+//! threads in the concurrent scenario, one elsewhere), then disarms the failpoint, drops the
+//! store and reopens it. It checks:
 //!
 //! - every failure reaches the caller as `Error::Storage` or `Error::Closed`, nothing panics
 //!   (a panic hook counts panics in every thread, the committer's and sled's included) and
@@ -15,7 +16,8 @@
 //!   `count()` equals the model after every operation;
 //! - after the reopen the queues hold exactly the state reached by replaying a prefix of the
 //!   commit history that contains every acknowledged durable commit (S3, S7, S8), and the
-//!   total-queue check finds nothing lost, duplicated or unexpected.
+//!   total-queue check finds nothing lost, duplicated or unexpected (the concurrent scenario,
+//!   whose commit order is unknown, has the total-queue check only; see `run_concurrent`).
 //!
 //! A commit whose `commit()` returned an error may or may not have reached the disk: sled may
 //! have written its record before the flush failed. Its items count as *attempted*, not
