@@ -51,7 +51,7 @@ mod imp {
     }
 }
 
-pub(crate) use imp::{AtomicU64, Mutex, Ordering};
+pub(crate) use imp::{AtomicU64, Mutex, MutexGuard, Ordering};
 
 /// Primitives for the parts of the crate that loom does not model.
 pub(crate) mod process {

@@ -53,3 +53,34 @@ fn one_commit_is_visible_all_at_once() {
         assert_exactly_once(&[1, 2], got.into_iter().chain(rest));
     });
 }
+
+/// A commit that enqueues to two queues becomes visible on both at once: an observer that
+/// finds the item in the first queue finds the other item in the second, and a concurrent
+/// abort that gives items back to both queues is seen whole in the same way.
+#[test]
+fn commit_across_queues_is_visible_all_at_once() {
+    check(|| {
+        let store = reliable_queue::Store::in_memory().expect("open an in-memory store");
+        let a = store.queue::<u32>("a").expect("queue a");
+        let b = store.queue::<u32>("b").expect("queue b");
+        let observer = {
+            let (store, a, b) = (store.clone(), a.clone(), b.clone());
+            thread::spawn(move || {
+                let mut tx = store.begin();
+                let from_a = a.try_dequeue(&mut tx).expect("dequeue a");
+                let from_b = b.try_dequeue(&mut tx).expect("dequeue b");
+                tx.abort();
+                (from_a, from_b)
+            })
+        };
+        let mut tx = store.begin();
+        a.enqueue(&mut tx, 1).expect("enqueue a");
+        b.enqueue(&mut tx, 2).expect("enqueue b");
+        tx.commit().expect("commit");
+        let (from_a, from_b) = observer.join().unwrap();
+        if from_a.is_some() {
+            assert_eq!(from_b, Some(2), "saw the commit on a but not on b");
+        }
+        assert_eq!((a.count(), b.count()), (1, 1), "the abort gave both back");
+    });
+}

@@ -12,35 +12,70 @@ pub(crate) use entry::{Entry, QueueId};
 pub(crate) use queue::{QueueCore, Request};
 
 use std::sync::Arc;
+use std::task::Waker;
 
-/// Groups items by queue, keeping their order within each queue.
-pub(crate) fn by_queue(
-    items: impl IntoIterator<Item = (Arc<QueueCore>, Entry)>,
-) -> Vec<(Arc<QueueCore>, Vec<Entry>)> {
-    let mut groups: Vec<(Arc<QueueCore>, Vec<Entry>)> = Vec::new();
-    for (queue, entry) in items {
+/// Groups items by queue, keeping their order within each queue; groups come in increasing
+/// queue id order, the order in which several queues may be locked together.
+pub(crate) fn by_queue<T>(
+    items: impl IntoIterator<Item = (Arc<QueueCore>, T)>,
+) -> Vec<(Arc<QueueCore>, Vec<T>)> {
+    let mut groups: Vec<(Arc<QueueCore>, Vec<T>)> = Vec::new();
+    for (queue, item) in items {
         match groups.iter_mut().find(|(q, _)| Arc::ptr_eq(q, &queue)) {
-            Some((_, entries)) => entries.push(entry),
-            None => groups.push((queue, vec![entry])),
+            Some((_, group)) => group.push(item),
+            None => groups.push((queue, vec![item])),
         }
     }
+    groups.sort_by_key(|(q, _)| q.id());
     groups
 }
 
-/// Makes freshly committed items visible: the `n`-th enqueue gets id `first + n`.
+/// The queue every item belongs to, if they all belong to one.
+fn single_queue<T>(items: &[(Arc<QueueCore>, T)]) -> Option<Arc<QueueCore>> {
+    let (first, _) = items.first()?;
+    items
+        .iter()
+        .all(|(q, _)| Arc::ptr_eq(q, first))
+        .then(|| first.clone())
+}
+
+/// Makes freshly committed items visible: the `n`-th enqueue gets id `first + n`. Items for
+/// several queues become visible at once: every queue is locked (in id order) before any
+/// changes.
 pub(crate) fn publish_all(enqueues: Vec<(Arc<QueueCore>, Box<[u8]>)>, first: u64) {
+    if let Some(queue) = single_queue(&enqueues) {
+        let entries = enqueues.into_iter().zip(first..);
+        queue.publish(entries.map(|((_, bytes), id)| Entry::new(id, bytes)));
+        return;
+    }
     let entries = enqueues
         .into_iter()
         .zip(first..)
         .map(|((queue, bytes), id)| (queue, Entry::new(id, bytes)));
-    for (queue, entries) in by_queue(entries) {
-        queue.publish(entries);
+    let groups = by_queue(entries);
+    let (queues, entries): (Vec<_>, Vec<_>) = groups.into_iter().unzip();
+    let mut wake = Vec::new();
+    let mut locked: Vec<_> = queues.iter().map(|q| q.lock()).collect();
+    for (lock, entries) in locked.iter_mut().zip(entries) {
+        lock.publish(entries.into_iter(), &mut wake);
     }
+    drop(locked);
+    wake.into_iter().for_each(Waker::wake);
 }
 
-/// Gives dequeued items back to the front of their queues, in their order.
+/// Gives dequeued items back to the front of their queues, in their order, all queues at once.
 pub(crate) fn restore_all(items: Vec<(Arc<QueueCore>, Entry)>) {
-    for (queue, entries) in by_queue(items) {
-        queue.restore(entries.into_iter());
+    if let Some(queue) = single_queue(&items) {
+        queue.restore(items.into_iter().map(|(_, entry)| entry));
+        return;
     }
+    let groups = by_queue(items);
+    let (queues, entries): (Vec<_>, Vec<_>) = groups.into_iter().unzip();
+    let mut wake = Vec::new();
+    let mut locked: Vec<_> = queues.iter().map(|q| q.lock()).collect();
+    for (lock, entries) in locked.iter_mut().zip(entries) {
+        lock.restore(entries.into_iter(), &mut wake);
+    }
+    drop(locked);
+    wake.into_iter().for_each(Waker::wake);
 }

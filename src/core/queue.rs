@@ -13,7 +13,7 @@ use std::task::{Poll, Waker};
 
 use super::entry::{Entry, QueueId};
 use super::staging::{Staging, Ticket, Withdrawn};
-use crate::sync::{AtomicU64, Mutex, Ordering};
+use crate::sync::{AtomicU64, Mutex, MutexGuard, Ordering};
 
 #[derive(Debug, Default)]
 struct State {
@@ -93,44 +93,25 @@ impl QueueCore {
     /// are served first.
     pub(crate) fn publish(&self, entries: impl IntoIterator<Item = Entry>) {
         let mut wake = Vec::new();
-        {
-            let mut state = self.state.lock();
-            let state = &mut *state;
-            for entry in entries {
-                match state.staging.fulfil(entry) {
-                    Ok(waker) => wake.push(waker),
-                    Err(entry) => state.ready.push_back(entry),
-                }
-            }
-            self.visible
-                .store(state.ready.len() as u64, Ordering::Release);
-        }
+        self.lock().publish(entries, &mut wake);
         wake.into_iter().for_each(Waker::wake);
     }
 
     /// Puts entries given back (abort, failed commit, cancelled waiter) at the front, so that
-    /// `entries[0]` comes out first; waiters are served first.
+    /// the first entry comes out first; waiters are served first.
     pub(crate) fn restore(&self, entries: impl DoubleEndedIterator<Item = Entry>) {
         let mut wake = Vec::new();
-        {
-            let mut state = self.state.lock();
-            let state = &mut *state;
-            let mut entries = entries;
-            // Waiters get the oldest entries, in order...
-            while state.staging.has_waiters() {
-                let Some(entry) = entries.next() else { break };
-                if let Ok(waker) = state.staging.fulfil(entry) {
-                    wake.push(waker);
-                }
-            }
-            // ...and the rest go to the front, keeping their order.
-            for entry in entries.rev() {
-                state.ready.push_front(entry);
-            }
-            self.visible
-                .store(state.ready.len() as u64, Ordering::Release);
-        }
+        self.lock().restore(entries, &mut wake);
         wake.into_iter().for_each(Waker::wake);
+    }
+
+    /// Locks the queue for a change that must appear at once with changes to other queues.
+    /// Whoever holds several queues locked must have taken them in increasing id order.
+    pub(crate) fn lock(&self) -> Locked<'_> {
+        Locked {
+            core: self,
+            state: self.state.lock(),
+        }
     }
 
     /// Takes an item for `request`, or registers it to be woken through `waker` when one is
@@ -178,6 +159,65 @@ impl QueueCore {
         if let Some(entry) = self.withdraw(request) {
             self.restore(std::iter::once(entry));
         }
+    }
+}
+
+/// A locked queue. Changes are visible to others when it is dropped; wakers collected in
+/// `wake` must be called after that.
+pub(crate) struct Locked<'a> {
+    core: &'a QueueCore,
+    state: MutexGuard<'a, State>,
+}
+
+impl Locked<'_> {
+    /// See [`QueueCore::publish`].
+    pub(crate) fn publish(
+        &mut self,
+        entries: impl IntoIterator<Item = Entry>,
+        wake: &mut Vec<Waker>,
+    ) {
+        let state = &mut *self.state;
+        for entry in entries {
+            match state.staging.fulfil(entry) {
+                Ok(waker) => wake.push(waker),
+                Err(entry) => state.ready.push_back(entry),
+            }
+        }
+        self.core
+            .visible
+            .store(state.ready.len() as u64, Ordering::Release);
+    }
+
+    /// See [`QueueCore::restore`].
+    pub(crate) fn restore(
+        &mut self,
+        entries: impl DoubleEndedIterator<Item = Entry>,
+        wake: &mut Vec<Waker>,
+    ) {
+        let state = &mut *self.state;
+        let mut entries = entries;
+        // Waiters get the oldest entries, in order...
+        while state.staging.has_waiters() {
+            let Some(entry) = entries.next() else { break };
+            if let Ok(waker) = state.staging.fulfil(entry) {
+                wake.push(waker);
+            }
+        }
+        // ...and the rest go to the front, keeping their order.
+        for entry in entries.rev() {
+            state.ready.push_front(entry);
+        }
+        self.core
+            .visible
+            .store(state.ready.len() as u64, Ordering::Release);
+    }
+}
+
+impl std::fmt::Debug for Locked<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Locked")
+            .field("queue", &self.core.name)
+            .finish()
     }
 }
 
