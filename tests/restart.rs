@@ -451,3 +451,42 @@ fn buffered_commit_is_on_disk_after_flush() {
     assert_eq!(drain(&recovered, &queue), (0..10).collect::<Vec<_>>());
     drop(store);
 }
+
+/// A transaction too big for one log record is written as several records in one atomic
+/// batch: all of it survives a restart, in order, and the log holds several records for it.
+#[test]
+fn a_transaction_larger_than_one_record_survives_whole_and_in_order() {
+    let (_guard, path) = temp_dir();
+    let items: Vec<Vec<u8>> = (0..3000u32)
+        .map(|i| {
+            let mut item = i.to_le_bytes().to_vec();
+            item.resize(100, i as u8);
+            item
+        })
+        .collect();
+    {
+        let store = Store::open(&path).unwrap();
+        let q = store.queue::<Vec<u8>>("big").unwrap();
+        let mut tx = store.begin();
+        for item in &items {
+            q.enqueue(&mut tx, item.clone()).unwrap();
+        }
+        tx.commit().unwrap();
+        let mut tx = store.begin();
+        assert_eq!(q.try_dequeue(&mut tx).unwrap().as_ref(), Some(&items[0]));
+        tx.commit().unwrap();
+    }
+    {
+        let db = common::open_raw_sled(&path);
+        let log = db.open_tree("log").unwrap();
+        assert!(
+            log.len() >= 4,
+            "300 KB of items in one transaction should take several records, found {}",
+            log.len()
+        );
+    }
+    let store = Store::open(&path).unwrap();
+    let q = store.queue::<Vec<u8>>("big").unwrap();
+    assert_eq!(q.count(), items.len() as u64 - 1);
+    assert_eq!(drain(&store, &q), items[1..]);
+}

@@ -18,6 +18,19 @@ use crate::core::{publish_all, restore_all, Entry, QueueCore};
 use crate::error::{Error, Result};
 use crate::sync::process::Mutex;
 
+/// Records larger than this are split: sled 0.34 stores a value over about 128 KiB as a file
+/// of its own and reclaims its space late, while several values of this size in one batch
+/// and one flush go to disk at close to the disk's sequential rate.
+const PART_SIZE: usize = 64 << 10;
+
+/// One record of a commit group: enqueues with ids `first .. first + len`, and acks.
+#[derive(Debug)]
+struct Part {
+    record: Vec<u8>,
+    first: u64,
+    len: u64,
+}
+
 /// The most live bytes one compaction round moves, so no commit waits long behind it.
 const REWRITE_BUDGET: u64 = 4 << 20;
 
@@ -189,10 +202,9 @@ impl Committer {
             group.into_iter().for_each(|req| req.fail(e.clone()));
             return;
         }
-        let seq = self.next_seq;
         let first = self.next_id;
-        let record = match self.encode(&group, first) {
-            Ok(record) => record,
+        let parts = match self.encode(&group, first) {
+            Ok(parts) => parts,
             Err(e) => {
                 // Only a bug can get here; fail the group, keep the store going.
                 self.builder.reset();
@@ -201,15 +213,15 @@ impl Committer {
                 return;
             }
         };
-        let bytes = record.len() as u64;
-        let written = self
-            .trees
-            .log
-            .insert(seq.to_be_bytes(), record)
-            .and_then(|_| match self.durability {
-                Durability::Sync => self.trees.db.flush().map(drop),
-                Durability::Buffered => Ok(()),
-            });
+        let seq = self.next_seq;
+        let sizes: Vec<(u64, u64, u64)> = parts
+            .iter()
+            .map(|p| (p.first, p.len, p.record.len() as u64))
+            .collect();
+        let written = self.write(seq, parts).and_then(|()| match self.durability {
+            Durability::Sync => self.trees.db.flush().map(drop),
+            Durability::Buffered => Ok(()),
+        });
         if let Err(e) = written {
             let e = Error::from(e);
             tracing::error!(error = %e, seq, "writing a commit group failed; the store stops committing");
@@ -217,10 +229,11 @@ impl Committer {
             group.into_iter().for_each(|req| req.fail(e.clone()));
             return;
         }
-        let added: u64 = group.iter().map(|r| r.enqueues.len() as u64).sum();
-        self.next_seq += 1;
-        self.next_id += added;
-        self.liveness.add_range(seq, first, added, bytes);
+        for (i, &(first, len, bytes)) in sizes.iter().enumerate() {
+            self.liveness.add_range(seq + i as u64, first, len, bytes);
+            self.next_id = first + len;
+        }
+        self.next_seq += sizes.len() as u64;
         let mut id = first;
         for req in group {
             for (_, entry) in &req.dequeued {
@@ -234,8 +247,31 @@ impl Committer {
         }
     }
 
-    fn encode(&mut self, group: &[CommitRequest], first: u64) -> Result<Vec<u8>, postcard::Error> {
+    /// Writes the parts of a group under consecutive sequence numbers from `seq`, atomically.
+    fn write(&self, seq: u64, parts: Vec<Part>) -> sled::Result<()> {
+        if let [part] = &parts[..] {
+            return self
+                .trees
+                .log
+                .insert(seq.to_be_bytes(), &part.record[..])
+                .map(drop);
+        }
+        let mut batch = sled::Batch::default();
+        for (i, part) in parts.into_iter().enumerate() {
+            batch.insert(&(seq + i as u64).to_be_bytes()[..], part.record);
+        }
+        self.trees.log.apply_batch(batch)
+    }
+
+    /// Encodes a group as one record, or as several when it is larger than [`PART_SIZE`].
+    fn encode(
+        &mut self,
+        group: &[CommitRequest],
+        first: u64,
+    ) -> Result<Vec<Part>, postcard::Error> {
+        let mut parts = Vec::new();
         let mut id = first;
+        let mut part_first = first;
         for req in group {
             for (queue, bytes) in &req.enqueues {
                 self.builder.push(&Op::Enqueue {
@@ -246,15 +282,34 @@ impl Committer {
                     bytes: Bytes(bytes),
                 })?;
                 id += 1;
+                if self.builder.len() >= PART_SIZE {
+                    parts.push(self.finish_part(part_first, id)?);
+                    part_first = id;
+                }
             }
             for (queue, entry) in &req.dequeued {
                 self.builder.push(&Op::Ack {
                     queue: queue.id(),
                     id: entry.id,
                 })?;
+                if self.builder.len() >= PART_SIZE {
+                    parts.push(self.finish_part(part_first, id)?);
+                    part_first = id;
+                }
             }
         }
-        self.builder.finish()
+        if !self.builder.is_empty() || parts.is_empty() {
+            parts.push(self.finish_part(part_first, id)?);
+        }
+        Ok(parts)
+    }
+
+    fn finish_part(&mut self, first: u64, end: u64) -> Result<Part, postcard::Error> {
+        Ok(Part {
+            record: self.builder.finish()?,
+            first,
+            len: end - first,
+        })
     }
 
     /// Deletes the fully acknowledged front of the log, and moves the few live items that

@@ -118,6 +118,16 @@ impl RecordBuilder {
         Ok(())
     }
 
+    /// Bytes of ops pushed since the last `finish`.
+    pub(crate) fn len(&self) -> usize {
+        self.body.len()
+    }
+
+    /// Has nothing been pushed since the last `finish`?
+    pub(crate) fn is_empty(&self) -> bool {
+        self.ops == 0
+    }
+
     /// Drops everything pushed since the last `finish`.
     pub(crate) fn reset(&mut self) {
         self.body.clear();
