@@ -53,12 +53,31 @@ pub(crate) fn append<T: Serialize + ?Sized>(
     postcard::serialize_with_flavor(value, AppendTo(buf))
 }
 
+thread_local! {
+    /// Where items are encoded before being copied into an allocation of their exact size:
+    /// one allocation per item instead of a growing buffer and a shrinking copy.
+    static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Scratch buffers larger than this are released after use instead of kept.
+const SCRATCH_KEEP: usize = 64 << 10;
+
 /// Encodes `item` in the envelope. The result has no spare capacity.
 pub(crate) fn encode<T: Serialize>(item: &T) -> Result<Box<[u8]>, postcard::Error> {
-    let mut buf = Vec::with_capacity(64);
-    buf.push(ENVELOPE_V1);
-    append(item, &mut buf)?;
-    Ok(buf.into_boxed_slice())
+    fn into_exact(buf: &mut Vec<u8>, item: &impl Serialize) -> Result<Box<[u8]>, postcard::Error> {
+        buf.clear();
+        buf.push(ENVELOPE_V1);
+        let encoded = append(item, buf).map(|()| Box::from(&buf[..]));
+        if buf.capacity() > SCRATCH_KEEP {
+            *buf = Vec::new();
+        }
+        encoded
+    }
+    SCRATCH.with(|scratch| match scratch.try_borrow_mut() {
+        Ok(mut buf) => into_exact(&mut buf, item),
+        // Re-entered from inside a `Serialize` impl: use a buffer of its own.
+        Err(_) => into_exact(&mut Vec::new(), item),
+    })
 }
 
 /// Decodes an enveloped item.

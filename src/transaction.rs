@@ -3,7 +3,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use crate::core::{publish_all, restore_all, Entry, QueueCore};
+use crate::core::{publish_all, restore_all, Enqueues, Entry, Held, QueueCore};
 use crate::error::{Error, Result};
 use crate::log::{CommitRequest, Reply};
 use crate::store::{Backend, StoreInner};
@@ -39,8 +39,8 @@ use crate::store::{Backend, StoreInner};
 #[must_use = "a transaction does nothing until committed, and aborts when dropped"]
 pub struct Transaction {
     store: Arc<StoreInner>,
-    enqueues: Vec<(Arc<QueueCore>, Box<[u8]>)>,
-    dequeued: Vec<(Arc<QueueCore>, Entry)>,
+    enqueues: Enqueues,
+    dequeued: Held,
     enqueued_bytes: usize,
 }
 
@@ -48,8 +48,8 @@ impl Transaction {
     pub(crate) fn new(store: Arc<StoreInner>) -> Self {
         Transaction {
             store,
-            enqueues: Vec::new(),
-            dequeued: Vec::new(),
+            enqueues: Enqueues::new(),
+            dequeued: Held::new(),
             enqueued_bytes: 0,
         }
     }
@@ -223,13 +223,7 @@ impl Transaction {
     }
 
     /// Moves the transaction's work out, leaving it empty; `None` if there is nothing to do.
-    #[allow(clippy::type_complexity)]
-    fn take_work(
-        &mut self,
-    ) -> Option<(
-        Vec<(Arc<QueueCore>, Box<[u8]>)>,
-        Vec<(Arc<QueueCore>, Entry)>,
-    )> {
+    fn take_work(&mut self) -> Option<(Enqueues, Held)> {
         if self.enqueues.is_empty() && self.dequeued.is_empty() {
             return None;
         }
@@ -242,11 +236,7 @@ impl Transaction {
 }
 
 /// Applies a commit in memory: ids in commit order, items visible at once.
-fn apply_in_memory(
-    next_id: &crate::sync::process::AtomicU64,
-    enqueues: Vec<(Arc<QueueCore>, Box<[u8]>)>,
-    dequeued: Vec<(Arc<QueueCore>, Entry)>,
-) {
+fn apply_in_memory(next_id: &crate::sync::process::AtomicU64, enqueues: Enqueues, dequeued: Held) {
     let first = StoreInner::memory_ids(next_id, enqueues.len() as u64);
     publish_all(enqueues, first);
     drop(dequeued);

@@ -280,7 +280,7 @@ fn contains(haystack: &[u8], needle: &[u8]) -> bool {
 
 /// Opens the closed store's sled database directly.
 fn raw(path: &Path) -> (sled::Db, sled::Tree) {
-    let db = sled::open(path).expect("open the store's sled directory");
+    let db = common::open_raw_sled(path);
     let log = db.open_tree("log").unwrap();
     (db, log)
 }

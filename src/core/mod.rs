@@ -14,6 +14,15 @@ pub(crate) use queue::{QueueCore, Request};
 use std::sync::Arc;
 use std::task::Waker;
 
+use smallvec::SmallVec;
+
+/// Encoded items a transaction enqueues, with their queues. One-item transactions, the most
+/// common kind, keep theirs inline.
+pub(crate) type Enqueues = SmallVec<[(Arc<QueueCore>, Box<[u8]>); 1]>;
+
+/// Items a transaction dequeued and holds, with their queues.
+pub(crate) type Held = SmallVec<[(Arc<QueueCore>, Entry); 1]>;
+
 /// Groups items by queue, keeping their order within each queue; groups come in increasing
 /// queue id order, the order in which several queues may be locked together.
 pub(crate) fn by_queue<T>(
@@ -42,7 +51,7 @@ fn single_queue<T>(items: &[(Arc<QueueCore>, T)]) -> Option<Arc<QueueCore>> {
 /// Makes freshly committed items visible: the `n`-th enqueue gets id `first + n`. Items for
 /// several queues become visible at once: every queue is locked (in id order) before any
 /// changes.
-pub(crate) fn publish_all(enqueues: Vec<(Arc<QueueCore>, Box<[u8]>)>, first: u64) {
+pub(crate) fn publish_all(enqueues: Enqueues, first: u64) {
     if let Some(queue) = single_queue(&enqueues) {
         let entries = enqueues.into_iter().zip(first..);
         queue.publish(entries.map(|((_, bytes), id)| Entry::new(id, bytes)));
@@ -57,14 +66,14 @@ pub(crate) fn publish_all(enqueues: Vec<(Arc<QueueCore>, Box<[u8]>)>, first: u64
     let mut wake = Vec::new();
     let mut locked: Vec<_> = queues.iter().map(|q| q.lock()).collect();
     for (lock, entries) in locked.iter_mut().zip(entries) {
-        lock.publish(entries.into_iter(), &mut wake);
+        lock.publish(entries, &mut wake);
     }
     drop(locked);
     wake.into_iter().for_each(Waker::wake);
 }
 
 /// Gives dequeued items back to the front of their queues, in their order, all queues at once.
-pub(crate) fn restore_all(items: Vec<(Arc<QueueCore>, Entry)>) {
+pub(crate) fn restore_all(items: Held) {
     if let Some(queue) = single_queue(&items) {
         queue.restore(items.into_iter().map(|(_, entry)| entry));
         return;

@@ -177,11 +177,16 @@ impl Locked<'_> {
         wake: &mut Vec<Waker>,
     ) {
         let state = &mut *self.state;
-        for entry in entries {
-            match state.staging.fulfil(entry) {
-                Ok(waker) => wake.push(waker),
-                Err(entry) => state.ready.push_back(entry),
+        let mut entries = entries.into_iter();
+        // The oldest waiters are served first; once nobody waits, the rest goes to the back.
+        while state.staging.has_waiters() {
+            let Some(entry) = entries.next() else { break };
+            if let Ok(waker) = state.staging.fulfil(entry) {
+                wake.push(waker);
             }
+        }
+        for entry in entries {
+            state.ready.push_back(entry);
         }
         self.core
             .visible

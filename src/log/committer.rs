@@ -14,7 +14,7 @@ use super::liveness::Liveness;
 use super::record::{self, Bytes, Op, RecordBuilder};
 use super::recovery::Trees;
 use crate::config::{Config, Durability};
-use crate::core::{publish_all, restore_all, Entry, QueueCore};
+use crate::core::{publish_all, restore_all, Enqueues, Held};
 use crate::error::{Error, Result};
 use crate::sync::process::Mutex;
 
@@ -38,9 +38,9 @@ const REWRITE_BUDGET: u64 = 4 << 20;
 #[derive(Debug)]
 pub(crate) struct CommitRequest {
     /// Encoded items to add, in enqueue order.
-    pub(crate) enqueues: Vec<(Arc<QueueCore>, Box<[u8]>)>,
+    pub(crate) enqueues: Enqueues,
     /// Items the transaction dequeued; acknowledged on success, given back on failure.
-    pub(crate) dequeued: Vec<(Arc<QueueCore>, Entry)>,
+    pub(crate) dequeued: Held,
     pub(crate) reply: Reply,
 }
 
