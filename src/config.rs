@@ -63,7 +63,7 @@ impl Default for Config {
             max_transaction_size: DEFAULT_MAX_TRANSACTION_SIZE,
             group_size: DEFAULT_GROUP_SIZE,
             flush_interval: Duration::from_millis(100),
-            cache_capacity: 256 << 20,
+            cache_capacity: 64 << 20,
             compaction_floor: 16 << 20,
         }
     }
@@ -195,12 +195,14 @@ impl Builder {
         self
     }
 
-    /// Memory the storage engine may use for its page cache, in bytes (default 256 MiB).
+    /// Memory the storage engine may use for its page cache, in bytes (default 64 MiB). The
+    /// log is read only when the store opens and when compaction moves items, so a larger cache
+    /// mostly holds records read once at open.
     ///
     /// # Examples
     ///
     /// ```
-    /// let store = reliable_queue::Store::builder().cache_capacity(64 << 20).open()?;
+    /// let store = reliable_queue::Store::builder().cache_capacity(32 << 20).open()?;
     /// # Ok::<(), reliable_queue::Error>(())
     /// ```
     pub fn cache_capacity(mut self, bytes: u64) -> Self {

@@ -4,18 +4,15 @@ use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
 
-use crossbeam_channel::Sender;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::config::{Builder, Config, Durability};
 use crate::core::{QueueCore, QueueId};
 use crate::error::{Error, Result};
-use crate::log::catalog::{self, Fence};
-use crate::log::{recover, BadRecord, CommitRequest, Committer, Failure, Message, Reply, Trees};
+use crate::log::catalog::Fence;
+use crate::log::{BadRecord, DurableLog};
 use crate::queue::ReliableConcurrentQueue;
 use crate::sync::process::{AtomicU64, Mutex, Ordering};
 use crate::transaction::Transaction;
@@ -91,87 +88,7 @@ pub(crate) enum Backend {
     Memory {
         next_id: AtomicU64,
     },
-    Durable(Durable),
-}
-
-pub(crate) struct Durable {
-    /// `None` once closing has begun.
-    trees: Option<Trees>,
-    sender: Option<Sender<Message>>,
-    committer: Option<JoinHandle<()>>,
-    failure: Arc<Failure>,
-}
-
-/// How long closing a store waits for sled after a storage failure.
-const CLOSE_PATIENCE: Duration = Duration::from_secs(5);
-
-impl Durable {
-    /// Hands a commit to the committer; if it is gone, fails the commit with
-    /// [`Error::Closed`] (its dequeued items go back).
-    pub(crate) fn submit(&self, request: CommitRequest) {
-        let Some(sender) = &self.sender else {
-            return request.fail(Error::Closed);
-        };
-        if let Err(e) = sender.send(Message::Commit(request)) {
-            if let Message::Commit(request) = e.into_inner() {
-                request.fail(Error::Closed);
-            }
-        }
-    }
-
-    /// The sled trees, unless the committer stopped on a storage failure: then sled is not
-    /// touched again (see [`Failure`]) and this returns that failure.
-    fn trees(&self) -> Result<&Trees> {
-        if let Some(e) = self.failure.get() {
-            return Err(e);
-        }
-        self.trees.as_ref().ok_or(Error::Closed)
-    }
-}
-
-impl Drop for Durable {
-    fn drop(&mut self) {
-        // No handle is left, so no commit is in flight: closing the channel lets the
-        // committer finish its last flush and exit.
-        drop(self.sender.take());
-        if let Some(thread) = self.committer.take() {
-            if thread.join().is_err() {
-                tracing::error!("the committer thread panicked");
-            }
-        }
-        let Some(trees) = self.trees.take() else {
-            return;
-        };
-        if self.failure.get().is_some() {
-            close_after_failure(trees);
-        }
-    }
-}
-
-/// Drops sled's handles after a storage failure without risking a hang.
-///
-/// sled flushes when its last handle is dropped, and after some failures that flush never
-/// returns (see [`Failure`]). The handles are dropped on a thread of their own, waited for
-/// [`CLOSE_PATIENCE`]; past that the thread is left to it and the directory stays locked
-/// until the process exits.
-fn close_after_failure(trees: Trees) {
-    let (done, closed) = crossbeam_channel::bounded::<()>(1);
-    let closer = std::thread::Builder::new()
-        .name("reliable-queue-close".into())
-        .spawn(move || {
-            drop(trees);
-            drop(done);
-        });
-    if let Err(e) = closer {
-        tracing::error!(error = %e, "cannot start a thread to close the store; closing in place");
-        return;
-    }
-    if let Err(crossbeam_channel::RecvTimeoutError::Timeout) = closed.recv_timeout(CLOSE_PATIENCE) {
-        tracing::error!(
-            "the storage engine did not close within {CLOSE_PATIENCE:?} after a storage failure; \
-             the directory stays locked until the process exits"
-        );
-    }
+    Durable(DurableLog),
 }
 
 /// Directories open in this process. sled's file lock catches other processes.
@@ -202,120 +119,6 @@ fn create_dir(path: &Path) -> std::io::Result<()> {
     #[cfg(unix)]
     std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
     builder.create(path)
-}
-
-/// How long `open` waits for sled's lock on the directory when it is taken.
-///
-/// Dropping a `sled::Db` does not release its lock at once: sled's background threads (log
-/// buffer writes, file truncation and its fsync) keep the file open until they finish. So a
-/// store closed a moment ago, by this process or another, can look locked for a few
-/// milliseconds, longer under I/O load. A directory that stays locked this long is in use.
-const LOCK_PATIENCE: Duration = Duration::from_secs(2);
-
-/// Pause between two attempts to take sled's lock.
-const LOCK_RETRY: Duration = Duration::from_millis(2);
-
-/// Opens sled in `path`, waiting up to [`LOCK_PATIENCE`] for its lock.
-fn open_sled(path: &Path, config: &Config, flush_every: Option<u64>) -> Result<sled::Db> {
-    let give_up = Instant::now() + LOCK_PATIENCE;
-    let mut snapshots_checked = false;
-    loop {
-        let opened = sled::Config::new()
-            .path(path)
-            .cache_capacity(config.cache_capacity)
-            .flush_every_ms(flush_every)
-            .open();
-        match opened {
-            Ok(db) => return Ok(db),
-            Err(sled::Error::Io(io)) if io.to_string().contains("could not acquire lock") => {
-                if Instant::now() >= give_up {
-                    return Err(Error::AlreadyOpen {
-                        path: path.to_path_buf(),
-                    });
-                }
-                std::thread::sleep(LOCK_RETRY);
-            }
-            Err(sled::Error::Corruption { .. })
-                if !snapshots_checked && discard_torn_sled_snapshots(path)? =>
-            {
-                snapshots_checked = true;
-            }
-            Err(other) => return Err(Error::from(other)),
-        }
-    }
-}
-
-/// Removes snapshot files sled did not finish writing; true if there were any.
-///
-/// sled's snapshot is an index of its log, rebuilt from the log at every open. sled 0.34
-/// writes it to `snap.<position>.generating` and renames the file once it is complete, but
-/// when it looks for the newest snapshot it does not skip `.generating` files: a write cut
-/// short (a crash or an I/O error during an open) leaves one that sorts after every complete
-/// snapshot, and sled then reports the directory corrupt at every open. Such a file holds
-/// nothing the log does not; without it sled starts from the previous snapshot (or none) and
-/// replays the log from there.
-///
-/// Called only after sled refused the directory as corrupt, so no process held it then. A
-/// process opening the same directory in that instant could see its own snapshot removed:
-/// its open then fails with an error and can be retried; nothing is lost.
-fn discard_torn_sled_snapshots(path: &Path) -> Result<bool> {
-    let mut removed = false;
-    for entry in std::fs::read_dir(path)? {
-        let entry = entry?;
-        let name = entry.file_name();
-        let name = name.to_string_lossy();
-        if name.starts_with("snap.") && name.ends_with(".generating") {
-            tracing::warn!(
-                ?path,
-                file = %name,
-                "removing a snapshot file whose writing was cut short"
-            );
-            std::fs::remove_file(entry.path())?;
-            removed = true;
-        }
-    }
-    Ok(removed)
-}
-
-/// Finishes sled's `conf` file if a crash cut its first write short.
-///
-/// The first open of a directory writes sled's settings to `conf` in two writes, the text and
-/// then its CRC-32, before sled creates its data file. A process killed between the two
-/// leaves the text alone, and sled 0.34 then reads the end of the text as the checksum and
-/// reports the directory corrupt at every later open. When `conf` holds exactly sled's three
-/// settings lines and the data file is absent or empty (so nothing was ever stored), this
-/// appends the missing checksum: the write sled did not get to make. Anything else is left
-/// to sled.
-fn complete_torn_sled_config(path: &Path) -> Result<()> {
-    let conf = path.join("conf");
-    let text = match std::fs::read(&conf) {
-        Ok(text) => text,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(e.into()),
-    };
-    let keys: Option<Vec<&str>> = std::str::from_utf8(&text).ok().map(|t| {
-        t.lines()
-            .map(|line| line.split(": ").next().unwrap_or_default())
-            .collect()
-    });
-    let settings_only = text.ends_with(b"\n")
-        && keys.as_deref() == Some(&["segment_size", "use_compression", "version"][..]);
-    let stored_nothing = match std::fs::metadata(path.join("db")) {
-        Ok(meta) => meta.len() == 0,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => true,
-        Err(e) => return Err(e.into()),
-    };
-    if !settings_only || !stored_nothing {
-        return Ok(());
-    }
-    tracing::warn!(
-        ?path,
-        "completing sled's configuration file, cut short by a crash"
-    );
-    let mut file = std::fs::OpenOptions::new().append(true).open(&conf)?;
-    std::io::Write::write_all(&mut file, &crc32fast::hash(&text).to_le_bytes())?;
-    file.sync_all()?;
-    Ok(())
 }
 
 impl Store {
@@ -393,54 +196,30 @@ impl Store {
         create_dir(&path)?;
         let path = path.canonicalize()?;
         let dir = DirLock::acquire(path.clone())?;
-        let flush_every = match config.durability {
-            Durability::Sync => None,
-            Durability::Buffered => Some((config.flush_interval.as_millis() as u64).max(1)),
-        };
-        complete_torn_sled_config(&path)?;
-        let db = open_sled(&path, &config, flush_every)?;
-        let trees = Trees::open(db)?;
-        let mut recovered = recover(&trees)?;
-        let mut queues = HashMap::new();
-        for (name, id) in &recovered.queues {
-            let items = recovered.items.remove(id).unwrap_or_else(VecDeque::new);
-            let core = QueueCore::new(*id, Arc::from(name.as_str()), items);
-            queues.insert(name.clone(), Arc::new(core));
-        }
-        let next_id = recovered
+        let opened = DurableLog::open(&path, &config)?;
+        let next_id = opened
             .queues
             .iter()
-            .map(|(_, id)| id + 1)
+            .map(|(_, id, _)| id + 1)
             .max()
             .unwrap_or(0);
-        let (sender, receiver) = crossbeam_channel::unbounded();
-        let failure = Arc::new(Failure::default());
-        let committer = Committer::new(
-            trees.clone(),
-            &config,
-            receiver,
-            recovered.liveness,
-            recovered.next_id,
-            recovered.next_seq,
-            failure.clone(),
-        );
-        let committer = std::thread::Builder::new()
-            .name("reliable-queue-committer".into())
-            .spawn(move || committer.run())?;
+        let queues = opened
+            .queues
+            .into_iter()
+            .map(|(name, id, items)| {
+                let core = QueueCore::new(id, Arc::from(name.as_str()), items);
+                (name, Arc::new(core))
+            })
+            .collect();
         let inner = StoreInner {
             config,
             catalog: Mutex::new(Catalog {
                 queues,
                 next_id,
-                fences: recovered.fences,
-                set_aside: recovered.set_aside,
+                fences: opened.fences,
+                set_aside: opened.set_aside,
             }),
-            backend: Backend::Durable(Durable {
-                trees: Some(trees),
-                sender: Some(sender),
-                committer: Some(committer),
-                failure,
-            }),
+            backend: Backend::Durable(opened.log),
             _dir: Some(dir),
         };
         Ok(Store {
@@ -491,11 +270,8 @@ impl Store {
             ));
         }
         let id = catalog.next_id;
-        if let Backend::Durable(durable) = &self.inner.backend {
-            catalog::create_queue(&durable.trees()?.meta, name, id)?;
-            if self.inner.config.durability == Durability::Sync {
-                durable.trees()?.db.flush()?;
-            }
+        if let Backend::Durable(log) = &self.inner.backend {
+            log.create_queue(name, id)?;
         }
         let core = Arc::new(QueueCore::new(id, Arc::from(name), VecDeque::new()));
         catalog.queues.insert(name.to_owned(), core.clone());
@@ -545,17 +321,10 @@ impl Store {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn flush(&self) -> Result<()> {
-        let Backend::Durable(durable) = &self.inner.backend else {
-            return Ok(());
-        };
-        let Some(sender) = &durable.sender else {
-            return Err(Error::Closed);
-        };
-        let (tx, rx) = crossbeam_channel::bounded(1);
-        sender
-            .send(Message::Flush(Reply::Blocking(tx)))
-            .map_err(|_| Error::Closed)?;
-        rx.recv().unwrap_or(Err(Error::Closed))
+        match &self.inner.backend {
+            Backend::Durable(log) => log.flush(),
+            Backend::Memory { .. } => Ok(()),
+        }
     }
 
     /// Names of every queue in the store, sorted.
@@ -630,9 +399,8 @@ impl Store {
         let Some(id) = catalog.queues.get(name).map(|q| q.id()) else {
             return Ok(());
         };
-        if let Backend::Durable(durable) = &self.inner.backend {
-            catalog::remove_fences(&durable.trees()?.meta, id)?;
-            durable.trees()?.db.flush()?;
+        if let Backend::Durable(log) = &self.inner.backend {
+            log.unfence(id)?;
         }
         catalog.fences.retain(|f| f.queue != id);
         Ok(())

@@ -490,3 +490,41 @@ fn a_transaction_larger_than_one_record_survives_whole_and_in_order() {
     assert_eq!(q.count(), items.len() as u64 - 1);
     assert_eq!(drain(&store, &q), items[1..]);
 }
+
+/// A log of several MiB is replayed by a storage engine instance of its own, which is closed
+/// before the store starts writing: everything comes back, in order, and the store keeps
+/// committing and recovering normally afterwards.
+#[test]
+fn a_large_log_recovers_and_the_store_keeps_working() {
+    let (_guard, path) = temp_dir();
+    let items: Vec<(u32, Vec<u8>)> = (0..40_000u32).map(|i| (i, vec![i as u8; 100])).collect();
+    {
+        let store = Store::open(&path).unwrap();
+        let q = store.queue::<(u32, Vec<u8>)>("q").unwrap();
+        for chunk in items.chunks(5_000) {
+            let mut tx = store.begin();
+            for item in chunk {
+                q.enqueue(&mut tx, item.clone()).unwrap();
+            }
+            tx.commit().unwrap();
+        }
+    }
+    {
+        let store = Store::open(&path).unwrap();
+        let q = store.queue::<(u32, Vec<u8>)>("q").unwrap();
+        assert_eq!(q.count(), items.len() as u64);
+        let mut tx = store.begin();
+        for expected in &items[..10] {
+            assert_eq!(q.try_dequeue(&mut tx).unwrap().as_ref(), Some(expected));
+        }
+        tx.commit().unwrap();
+        let mut tx = store.begin();
+        q.enqueue(&mut tx, (u32::MAX, vec![1])).unwrap();
+        tx.commit().unwrap();
+    }
+    let store = Store::open(&path).unwrap();
+    let q = store.queue::<(u32, Vec<u8>)>("q").unwrap();
+    let mut expected = items[10..].to_vec();
+    expected.push((u32::MAX, vec![1]));
+    assert_eq!(drain(&store, &q), expected);
+}

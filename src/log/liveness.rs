@@ -25,7 +25,7 @@ struct Bits {
 impl Bits {
     fn all(len: usize) -> Self {
         let mut words = vec![u64::MAX; len.div_ceil(64)].into_boxed_slice();
-        if len % 64 != 0 {
+        if !len.is_multiple_of(64) {
             if let Some(last) = words.last_mut() {
                 *last = (1u64 << (len % 64)) - 1;
             }

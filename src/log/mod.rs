@@ -6,9 +6,12 @@
 
 pub(crate) mod catalog;
 pub(crate) mod committer;
+mod directory;
+mod durable;
 pub(crate) mod liveness;
 pub(crate) mod record;
 pub(crate) mod recovery;
 
-pub(crate) use committer::{CommitRequest, Committer, Failure, Message, Reply};
-pub(crate) use recovery::{recover, BadRecord, Trees};
+pub(crate) use committer::{CommitRequest, Reply};
+pub(crate) use durable::DurableLog;
+pub(crate) use recovery::BadRecord;

@@ -6,7 +6,7 @@
 //! names (every queue, when its header is unreadable too) are fenced until the user lifts the
 //! fence. Items come back per queue in id order, which is commit order.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 
 use super::catalog::{self, Fence};
 use super::liveness::Liveness;
@@ -33,6 +33,8 @@ pub(crate) struct Recovered {
     pub(crate) next_seq: u64,
     pub(crate) set_aside: Vec<BadRecord>,
     pub(crate) fences: Vec<Fence>,
+    /// Bytes of log records read.
+    pub(crate) read: u64,
 }
 
 /// The trees of an open store.
@@ -66,100 +68,51 @@ pub(crate) fn recover(trees: &Trees) -> Result<Recovered> {
     let queues = catalog::load_queues(&trees.meta)?;
     let known: Vec<QueueId> = queues.iter().map(|(_, id)| *id).collect();
 
-    let mut liveness = Liveness::default();
-    // seq -> the group's items by slot; a slot empties when its item is acknowledged.
-    let mut groups: BTreeMap<u64, Vec<Option<(QueueId, Entry)>>> = BTreeMap::new();
-    let mut max_id: Option<u64> = None;
-    let mut last_seq: Option<u64> = None;
-    let mut newly_bad = Vec::new();
-
-    for kv in trees.log.iter() {
-        let (key, value) = kv?;
-        let Some(seq) = seq_of(&key) else {
-            newly_bad.push((key, value, None, "key is not a sequence number".to_owned()));
-            continue;
-        };
-        last_seq = Some(seq);
-        let rec = match record::decode(&value) {
-            Ok(rec) => rec,
-            Err(e) => {
-                newly_bad.push((key, value.clone(), e.queues, e.reason));
-                continue;
-            }
-        };
-        if let Some(q) = rec.queues.iter().find(|q| !known.contains(q)) {
-            let reason = format!("names queue id {q}, missing from the catalog");
-            newly_bad.push((key, value.clone(), Some(rec.queues.clone()), reason));
-            continue;
-        }
-        let mut enqueued = Vec::new();
-        let mut acked = Vec::new();
-        for op in &rec.ops {
-            match *op {
-                Op::Enqueue {
-                    queue,
-                    id,
-                    attempts,
-                    not_before,
-                    bytes,
-                } => {
-                    let entry = Entry {
-                        id,
-                        attempts,
-                        not_before,
-                        bytes: bytes.0.into(),
-                    };
-                    enqueued.push((queue, entry));
-                    max_id = max_id.max(Some(id));
-                }
-                Op::Ack { id, .. } => {
-                    acked.push(id);
-                    max_id = max_id.max(Some(id));
+    // sled keeps every page it reads in memory, whatever its cache capacity. Reading on a
+    // thread of its own puts those pages in another allocator arena than the items replayed
+    // here, so they can be given back to the system when this sled instance closes (see
+    // `DurableLog::open`).
+    let (tx, records) = crossbeam_channel::bounded(64);
+    let log = trees.log.clone();
+    let reader = std::thread::Builder::new()
+        .name("reliable-queue-recovery".into())
+        .spawn(move || {
+            for kv in log.iter() {
+                let failed = kv.is_err();
+                if tx.send(kv).is_err() || failed {
+                    return;
                 }
             }
-        }
-        let bytes = value.len() as u64;
-        let first = enqueued.first().map(|(_, e)| e.id);
-        let contiguous = enqueued
-            .iter()
-            .enumerate()
-            .all(|(i, (_, e))| Some(e.id) == first.map(|f| f + i as u64));
-        match first {
-            Some(first) if contiguous && liveness.fits_as_range(first) => {
-                liveness.add_range(seq, first, enqueued.len() as u64, bytes);
-            }
-            None => liveness.add_range(seq, liveness.range_end(), 0, bytes),
-            Some(_) => {
-                enqueued.sort_by_key(|(_, e)| e.id);
-                enqueued.dedup_by_key(|(_, e)| e.id);
-                let ids = enqueued.iter().map(|(_, e)| e.id).collect();
-                liveness.add_list(seq, ids, bytes);
-            }
-        }
-        groups.insert(seq, enqueued.into_iter().map(Some).collect());
-        for id in acked {
-            if let Some(slot) = liveness.ack(id) {
-                if let Some(item) = groups
-                    .get_mut(&slot.seq)
-                    .and_then(|g| g.get_mut(slot.index))
-                {
-                    *item = None;
-                }
-            }
-        }
+        })?;
+    let replayed = replay(records, &known);
+    if reader.join().is_err() {
+        tracing::error!("the recovery reader thread panicked");
     }
+    let Replayed {
+        liveness,
+        items,
+        dead,
+        max_id,
+        last_seq,
+        newly_bad,
+        read,
+    } = replayed?;
 
     set_aside(trees, &known, newly_bad)?;
 
-    let mut items: HashMap<QueueId, Vec<Entry>> = HashMap::new();
-    for (queue, entry) in groups.into_values().flatten().flatten() {
-        items.entry(queue).or_default().push(entry);
-    }
     let items = items
+        .0
         .into_iter()
         .map(|(queue, mut entries)| {
-            // Commit groups are already in id order; moved items interleave.
-            entries.sort_by_key(|e| e.id);
+            if !dead.is_empty() {
+                entries.retain(|e| !dead.contains(&e.id));
+            }
+            // Commit groups come in id order; only items moved by compaction interleave.
+            if !entries.is_sorted_by_key(|e| e.id) {
+                entries.sort_by_key(|e| e.id);
+            }
+            entries.dedup_by_key(|e| e.id);
+            entries.shrink_to_fit();
             (queue, VecDeque::from(entries))
         })
         .collect();
@@ -196,7 +149,130 @@ pub(crate) fn recover(trees: &Trees) -> Result<Recovered> {
         next_seq,
         set_aside: all_bad,
         fences: catalog::load_fences(&trees.meta)?,
+        read,
     })
+}
+
+/// What replaying the log produced.
+struct Replayed {
+    liveness: Liveness,
+    items: PerQueue,
+    dead: HashSet<u64>,
+    max_id: Option<u64>,
+    last_seq: Option<u64>,
+    newly_bad: Vec<Bad>,
+    read: u64,
+}
+
+/// Replays records, in key order, as the reader sends them.
+fn replay(
+    records: crossbeam_channel::Receiver<sled::Result<(sled::IVec, sled::IVec)>>,
+    known: &[QueueId],
+) -> Result<Replayed> {
+    let mut liveness = Liveness::default();
+    let mut items = PerQueue::default();
+    // Ids of items enqueued earlier in the log and acknowledged later: removed at the end, so
+    // that replay never searches a queue.
+    let mut dead: HashSet<u64> = HashSet::new();
+    let mut ids = Vec::new();
+    let mut max_id: Option<u64> = None;
+    let mut last_seq: Option<u64> = None;
+    let mut newly_bad = Vec::new();
+
+    let mut read = 0u64;
+    for kv in records {
+        let (key, value) = kv?;
+        read += value.len() as u64;
+        let Some(seq) = seq_of(&key) else {
+            newly_bad.push((key, value, None, "key is not a sequence number".to_owned()));
+            continue;
+        };
+        last_seq = Some(seq);
+        let rec = match record::decode(&value) {
+            Ok(rec) => rec,
+            Err(e) => {
+                newly_bad.push((key, value.clone(), e.queues, e.reason));
+                continue;
+            }
+        };
+        if let Some(q) = rec.queues.iter().find(|q| !known.contains(q)) {
+            let reason = format!("names queue id {q}, missing from the catalog");
+            newly_bad.push((key, value.clone(), Some(rec.queues.clone()), reason));
+            continue;
+        }
+        ids.clear();
+        for op in &rec.ops {
+            let (Op::Enqueue { id, .. } | Op::Ack { id, .. }) = *op;
+            max_id = max_id.max(Some(id));
+            if let Op::Enqueue { id, .. } = *op {
+                ids.push(id);
+            }
+        }
+        let bytes = value.len() as u64;
+        let first = ids.first().copied();
+        let contiguous = ids.iter().zip(first.unwrap_or(0)..).all(|(&id, n)| id == n);
+        match first {
+            Some(first) if contiguous && liveness.fits_as_range(first) => {
+                liveness.add_range(seq, first, ids.len() as u64, bytes);
+            }
+            None => liveness.add_range(seq, liveness.range_end(), 0, bytes),
+            Some(_) => {
+                // A group written by compaction: moved items, in any order.
+                let mut sorted = ids.clone();
+                sorted.sort_unstable();
+                sorted.dedup();
+                liveness.add_list(seq, sorted, bytes);
+            }
+        }
+        for op in rec.ops {
+            match op {
+                Op::Enqueue {
+                    queue,
+                    id,
+                    attempts,
+                    not_before,
+                    bytes,
+                } => items.push(
+                    queue,
+                    Entry {
+                        id,
+                        attempts,
+                        not_before,
+                        bytes: bytes.0.into(),
+                    },
+                ),
+                Op::Ack { id, .. } => {
+                    if liveness.ack(id).is_some() {
+                        dead.insert(id);
+                    }
+                }
+            }
+        }
+    }
+
+    Ok(Replayed {
+        liveness,
+        items,
+        dead,
+        max_id,
+        last_seq,
+        newly_bad,
+        read,
+    })
+}
+
+/// Replayed items, per queue, in log order.
+#[derive(Debug, Default)]
+struct PerQueue(Vec<(QueueId, Vec<Entry>)>);
+
+impl PerQueue {
+    fn push(&mut self, queue: QueueId, entry: Entry) {
+        // Records mostly touch one queue; look at the last one used first.
+        match self.0.iter().rposition(|(q, _)| *q == queue) {
+            Some(i) => self.0[i].1.push(entry),
+            None => self.0.push((queue, vec![entry])),
+        }
+    }
 }
 
 type Bad = (sled::IVec, sled::IVec, Option<Vec<QueueId>>, String);

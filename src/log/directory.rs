@@ -1,0 +1,181 @@
+//! The store's directory as sled sees it: opening it (waiting out a lock that a store
+//! closed a moment ago still holds, repairing what a crash can leave behind in sled's own
+//! files), and letting it go.
+
+use std::fs::{File, TryLockError};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use super::recovery::Trees;
+use crate::config::Config;
+use crate::error::{Error, Result};
+
+/// How long closing a store waits for sled after a storage failure.
+const CLOSE_PATIENCE: Duration = Duration::from_secs(5);
+
+/// How long `open` waits for sled's lock on the directory when it is taken.
+///
+/// Dropping a `sled::Db` does not release its lock at once: sled's background threads (log
+/// buffer writes, file truncation and its fsync) keep the file open until they finish. So a
+/// store closed a moment ago, by this process or another, can look locked for a few
+/// milliseconds, longer under I/O load. A directory that stays locked this long is in use.
+const LOCK_PATIENCE: Duration = Duration::from_secs(2);
+
+/// Pause between two attempts to take sled's lock.
+const LOCK_RETRY: Duration = Duration::from_millis(2);
+
+/// Opens sled in `path`, waiting up to [`LOCK_PATIENCE`] for its lock.
+pub(crate) fn open_sled(
+    path: &Path,
+    config: &Config,
+    flush_every: Option<u64>,
+) -> Result<sled::Db> {
+    let give_up = Instant::now() + LOCK_PATIENCE;
+    let mut snapshots_checked = false;
+    loop {
+        let opened = sled::Config::new()
+            .path(path)
+            .cache_capacity(config.cache_capacity)
+            .flush_every_ms(flush_every)
+            .open();
+        match opened {
+            Ok(db) => return Ok(db),
+            Err(sled::Error::Io(io)) if io.to_string().contains("could not acquire lock") => {
+                if Instant::now() >= give_up {
+                    return Err(Error::AlreadyOpen {
+                        path: path.to_path_buf(),
+                    });
+                }
+                std::thread::sleep(LOCK_RETRY);
+            }
+            Err(sled::Error::Corruption { .. })
+                if !snapshots_checked && discard_torn_sled_snapshots(path)? =>
+            {
+                snapshots_checked = true;
+            }
+            Err(other) => return Err(Error::from(other)),
+        }
+    }
+}
+
+/// Removes snapshot files sled did not finish writing; true if there were any.
+///
+/// sled's snapshot is an index of its log, rebuilt from the log at every open. sled 0.34
+/// writes it to `snap.<position>.generating` and renames the file once it is complete, but
+/// when it looks for the newest snapshot it does not skip `.generating` files: a write cut
+/// short (a crash or an I/O error during an open) leaves one that sorts after every complete
+/// snapshot, and sled then reports the directory corrupt at every open. Such a file holds
+/// nothing the log does not; without it sled starts from the previous snapshot (or none) and
+/// replays the log from there.
+///
+/// Called only after sled refused the directory as corrupt, so no process held it then. A
+/// process opening the same directory in that instant could see its own snapshot removed:
+/// its open then fails with an error and can be retried; nothing is lost.
+fn discard_torn_sled_snapshots(path: &Path) -> Result<bool> {
+    let mut removed = false;
+    for entry in std::fs::read_dir(path)? {
+        let entry = entry?;
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with("snap.") && name.ends_with(".generating") {
+            tracing::warn!(
+                ?path,
+                file = %name,
+                "removing a snapshot file whose writing was cut short"
+            );
+            std::fs::remove_file(entry.path())?;
+            removed = true;
+        }
+    }
+    Ok(removed)
+}
+
+/// Finishes sled's `conf` file if a crash cut its first write short.
+///
+/// The first open of a directory writes sled's settings to `conf` in two writes, the text and
+/// then its CRC-32, before sled creates its data file. A process killed between the two
+/// leaves the text alone, and sled 0.34 then reads the end of the text as the checksum and
+/// reports the directory corrupt at every later open. When `conf` holds exactly sled's three
+/// settings lines and the data file is absent or empty (so nothing was ever stored), this
+/// appends the missing checksum: the write sled did not get to make. Anything else is left
+/// to sled.
+pub(crate) fn complete_torn_sled_config(path: &Path) -> Result<()> {
+    let conf = path.join("conf");
+    let text = match std::fs::read(&conf) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e.into()),
+    };
+    let keys: Option<Vec<&str>> = std::str::from_utf8(&text).ok().map(|t| {
+        t.lines()
+            .map(|line| line.split(": ").next().unwrap_or_default())
+            .collect()
+    });
+    let settings_only = text.ends_with(b"\n")
+        && keys.as_deref() == Some(&["segment_size", "use_compression", "version"][..]);
+    let stored_nothing = match std::fs::metadata(path.join("db")) {
+        Ok(meta) => meta.len() == 0,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => true,
+        Err(e) => return Err(e.into()),
+    };
+    if !settings_only || !stored_nothing {
+        return Ok(());
+    }
+    tracing::warn!(
+        ?path,
+        "completing sled's configuration file, cut short by a crash"
+    );
+    let mut file = std::fs::OpenOptions::new().append(true).open(&conf)?;
+    std::io::Write::write_all(&mut file, &crc32fast::hash(&text).to_le_bytes())?;
+    file.sync_all()?;
+    Ok(())
+}
+
+/// Waits until no sled instance holds the directory's lock any more, up to
+/// [`LOCK_PATIENCE`]; false if it is still held then.
+///
+/// sled's background threads keep its lock file open for a moment after the last handle is
+/// dropped. Closing a store waits here, so that when the last handle is gone the directory can
+/// be opened again at once. The lock is sled's: an advisory `flock` on the `db` file, which
+/// std's file locks take too.
+pub(crate) fn wait_until_released(path: &Path) -> bool {
+    let Ok(file) = File::open(path.join("db")) else {
+        return true;
+    };
+    let give_up = Instant::now() + LOCK_PATIENCE;
+    loop {
+        match file.try_lock() {
+            Ok(()) => return file.unlock().is_ok(),
+            Err(TryLockError::WouldBlock) if Instant::now() < give_up => {
+                std::thread::sleep(LOCK_RETRY);
+            }
+            Err(_) => return false,
+        }
+    }
+}
+
+/// Drops sled's handles after a storage failure without risking a hang.
+///
+/// sled flushes when its last handle is dropped, and after some failures that flush never
+/// returns (see [`Failure`]). The handles are dropped on a thread of their own, waited for
+/// [`CLOSE_PATIENCE`]; past that the thread is left to it and the directory stays locked
+/// until the process exits.
+pub(crate) fn close_after_failure(trees: Trees) {
+    let (done, closed) = crossbeam_channel::bounded::<()>(1);
+    let closer = std::thread::Builder::new()
+        .name("reliable-queue-close".into())
+        .spawn(move || {
+            drop(trees);
+            drop(done);
+        });
+    if let Err(e) = closer {
+        tracing::error!(error = %e, "cannot start a thread to close the store; closing in place");
+        return;
+    }
+    if let Err(crossbeam_channel::RecvTimeoutError::Timeout) = closed.recv_timeout(CLOSE_PATIENCE) {
+        tracing::error!(
+            "the storage engine did not close within {CLOSE_PATIENCE:?} after a storage failure; \
+             the directory stays locked until the process exits"
+        );
+    }
+}
