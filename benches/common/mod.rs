@@ -314,7 +314,7 @@ impl AsyncConsumer for OursQueue {
 // crossbeam-queue's SegQueue (in memory)
 
 /// `crossbeam_queue::SegQueue<Vec<u8>>`. `send`: `n` × `push`. `recv`: `n` × `pop` (polling
-/// while empty). No transactions, no durability: the floor for an unbounded MPMC queue.
+/// while empty). No transactions, no durability: the least an unbounded MPMC queue costs.
 #[derive(Debug, Clone, Copy)]
 pub struct SegQueuePeer;
 
@@ -454,8 +454,8 @@ pub enum PqBackend {
 ///   and its item count then drifts until producers block for good.) This is its design, but
 ///   it disfavours it wherever the workload has several consumers: its acks, one fsync each,
 ///   are serialized.
-/// - The capacity is raised to 2^30 items so that `push` never waits for room (our queue is
-///   unbounded).
+/// - The capacity is raised to 2^30 items so that `push` never waits for room (reliable-queue
+///   is unbounded).
 /// - Async: `open_async`, whose calls run the same code on tokio's blocking pool; its one
 ///   `AsyncConsumer` shared by all consumer tasks behind a `tokio::sync::Mutex`, held for
 ///   one `reserve` + `ack`.
@@ -495,14 +495,6 @@ impl Pq {
             .capacity(1 << 30)
             .durability(self.durability)
     }
-}
-
-/// One of `persistent-queue`'s store types, chosen at open.
-pub enum PqStore {
-    /// In memory.
-    Memory(persistent_queue::MemStore),
-    /// sled.
-    Sled(persistent_queue::SledStore),
 }
 
 /// The ends of an open [`Pq`] queue over store `S`.
