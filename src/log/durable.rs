@@ -16,10 +16,6 @@ use crate::config::{Config, Durability};
 use crate::core::{Entry, QueueId};
 use crate::error::{Error, Result};
 
-/// A log this large is read by a sled instance of its own, which is then closed (see
-/// [`DurableLog::open`]); below it, reopening would cost more than the memory it gives back.
-const REOPEN_AFTER_READING: u64 = 1 << 20;
-
 /// What the store needs from the log it opened.
 #[derive(Debug)]
 pub(crate) struct Opened {
@@ -45,25 +41,14 @@ pub(crate) struct DurableLog {
 impl DurableLog {
     /// Opens the directory `path` (already created and registered by the store), recovers it
     /// and starts the committer.
-    ///
-    /// sled keeps in memory every page it has read, whatever its cache capacity, so a replayed
-    /// log would stay in memory twice (as queued items, and as sled's pages). When recovery
-    /// read more than [`REOPEN_AFTER_READING`], that sled instance is closed and the directory
-    /// opened again for writing; recovery read it on a thread of its own, so the memory of
-    /// those pages goes back to the system.
     pub(crate) fn open(path: &Path, config: &Config) -> Result<Opened> {
         let flush_every = match config.durability {
             Durability::Sync => None,
             Durability::Buffered => Some((config.flush_interval.as_millis() as u64).max(1)),
         };
         complete_torn_sled_config(path)?;
-        let mut trees = Trees::open(open_sled(path, config, flush_every)?)?;
+        let trees = Trees::open(open_sled(path, config, flush_every)?)?;
         let mut recovered = recover(&trees)?;
-        if recovered.read > REOPEN_AFTER_READING {
-            trees.db.flush()?;
-            drop(trees);
-            trees = Trees::open(open_sled(path, config, flush_every)?)?;
-        }
         let Recovered {
             queues,
             ref mut items,

@@ -33,8 +33,6 @@ pub(crate) struct Recovered {
     pub(crate) next_seq: u64,
     pub(crate) set_aside: Vec<BadRecord>,
     pub(crate) fences: Vec<Fence>,
-    /// Bytes of log records read.
-    pub(crate) read: u64,
 }
 
 /// The trees of an open store.
@@ -68,26 +66,7 @@ pub(crate) fn recover(trees: &Trees) -> Result<Recovered> {
     let queues = catalog::load_queues(&trees.meta)?;
     let known: Vec<QueueId> = queues.iter().map(|(_, id)| *id).collect();
 
-    // sled keeps every page it reads in memory, whatever its cache capacity. Reading on a
-    // thread of its own puts those pages in another allocator arena than the items replayed
-    // here, so they can be given back to the system when this sled instance closes (see
-    // `DurableLog::open`).
-    let (tx, records) = crossbeam_channel::bounded(64);
-    let log = trees.log.clone();
-    let reader = std::thread::Builder::new()
-        .name("reliable-queue-recovery".into())
-        .spawn(move || {
-            for kv in log.iter() {
-                let failed = kv.is_err();
-                if tx.send(kv).is_err() || failed {
-                    return;
-                }
-            }
-        })?;
-    let replayed = replay(records, &known);
-    if reader.join().is_err() {
-        tracing::error!("the recovery reader thread panicked");
-    }
+    let replayed = replay(trees.log.iter(), &known);
     let Replayed {
         liveness,
         items,
@@ -95,7 +74,6 @@ pub(crate) fn recover(trees: &Trees) -> Result<Recovered> {
         max_id,
         last_seq,
         newly_bad,
-        read,
     } = replayed?;
 
     set_aside(trees, &known, newly_bad)?;
@@ -149,7 +127,6 @@ pub(crate) fn recover(trees: &Trees) -> Result<Recovered> {
         next_seq,
         set_aside: all_bad,
         fences: catalog::load_fences(&trees.meta)?,
-        read,
     })
 }
 
@@ -161,12 +138,11 @@ struct Replayed {
     max_id: Option<u64>,
     last_seq: Option<u64>,
     newly_bad: Vec<Bad>,
-    read: u64,
 }
 
-/// Replays records, in key order, as the reader sends them.
+/// Replays records, in key order.
 fn replay(
-    records: crossbeam_channel::Receiver<sled::Result<(sled::IVec, sled::IVec)>>,
+    records: impl Iterator<Item = sled::Result<(sled::IVec, sled::IVec)>>,
     known: &[QueueId],
 ) -> Result<Replayed> {
     let mut liveness = Liveness::default();
@@ -179,10 +155,8 @@ fn replay(
     let mut last_seq: Option<u64> = None;
     let mut newly_bad = Vec::new();
 
-    let mut read = 0u64;
     for kv in records {
         let (key, value) = kv?;
-        read += value.len() as u64;
         let Some(seq) = seq_of(&key) else {
             newly_bad.push((key, value, None, "key is not a sequence number".to_owned()));
             continue;
@@ -257,7 +231,6 @@ fn replay(
         max_id,
         last_seq,
         newly_bad,
-        read,
     })
 }
 
