@@ -4,7 +4,7 @@
 //! share. Everything here exists only under `--cfg reliable_queue_loom`, so a normal
 //! `cargo test --workspace` compiles the crate to nothing.
 //!
-//! The models drive the public API on [`Store::in_memory`]: an in-memory commit publishes its
+//! The models drive the public API on `reliable_queue::Store::in_memory`: an in-memory commit publishes its
 //! items in the committing thread, and the queue core's mutex and atomics are loom's under the
 //! cfg, so loom explores every interleaving of the core's critical sections. The rest of the
 //! store (catalog mutex, id counter, `Arc`s) uses ordinary primitives; the models only touch
