@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use crossbeam_channel::Receiver;
 
+use super::directory::{BlobFiles, DiskSync, BLOB_CANDIDATE};
 use super::liveness::Liveness;
 use super::record::{self, Bytes, Op, RecordBuilder};
 use super::recovery::Trees;
@@ -108,6 +109,7 @@ pub(crate) enum Message {
 #[derive(Debug)]
 pub(crate) struct Committer {
     trees: Trees,
+    disk: DiskSync,
     durability: Durability,
     group_size: usize,
     compaction_floor: u64,
@@ -126,8 +128,10 @@ pub(crate) struct Committer {
 }
 
 impl Committer {
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         trees: Trees,
+        disk: DiskSync,
         config: &Config,
         rx: Receiver<Message>,
         liveness: Liveness,
@@ -137,6 +141,7 @@ impl Committer {
     ) -> Self {
         Committer {
             trees,
+            disk,
             durability: config.durability,
             group_size: config.group_size,
             compaction_floor: config.compaction_floor,
@@ -188,7 +193,17 @@ impl Committer {
             return Err(e.clone());
         }
         self.trees.db.flush()?;
+        self.disk.sync_log()?;
         Ok(())
+    }
+
+    /// The blob files present now, if any of `sizes` may become one.
+    fn blobs_before(&self, sizes: impl IntoIterator<Item = usize>) -> Result<Option<BlobFiles>> {
+        if sizes.into_iter().any(|size| size >= BLOB_CANDIDATE) {
+            Ok(Some(self.disk.blob_files()?))
+        } else {
+            Ok(None)
+        }
     }
 
     /// Stops committing after a storage failure.
@@ -218,12 +233,20 @@ impl Committer {
             .iter()
             .map(|p| (p.first, p.len, p.record.len() as u64))
             .collect();
-        let written = self.write(seq, parts).and_then(|()| match self.durability {
-            Durability::Sync => self.trees.db.flush().map(drop),
-            Durability::Buffered => Ok(()),
-        });
+        let written = self
+            .blobs_before(sizes.iter().map(|&(_, _, bytes)| bytes as usize))
+            .and_then(|blobs| {
+                self.write(seq, parts)?;
+                if self.durability == Durability::Sync {
+                    self.trees.db.flush()?;
+                    self.disk.sync_log()?;
+                }
+                if let Some(before) = &blobs {
+                    self.disk.sync_new_blobs(before)?;
+                }
+                Ok(())
+            });
         if let Err(e) = written {
-            let e = Error::from(e);
             tracing::error!(error = %e, seq, "writing a commit group failed; the store stops committing");
             self.stop(&e);
             group.into_iter().for_each(|req| req.fail(e.clone()));
@@ -321,6 +344,7 @@ impl Committer {
         let mut batch = sled::Batch::default();
         let mut changed = false;
         let mut moved_bytes = 0;
+        let mut largest = 0;
         while let Some(front) = self.liveness.front() {
             if front.is_last {
                 break;
@@ -339,6 +363,7 @@ impl Committer {
             match self.rewrite_front(front.seq, &mut batch) {
                 Ok(bytes) => {
                     moved_bytes += bytes;
+                    largest = largest.max(bytes as usize);
                     changed = true;
                 }
                 Err(reason) => {
@@ -349,8 +374,16 @@ impl Committer {
             }
         }
         if changed {
-            if let Err(e) = self.trees.log.apply_batch(batch) {
-                let e = Error::from(e);
+            // The batch becomes durable with the next group's flush; a record sled keeps as a
+            // file of its own must be synced here, since that flush does not cover it.
+            let applied = self.blobs_before([largest]).and_then(|blobs| {
+                self.trees.log.apply_batch(batch)?;
+                if let Some(before) = &blobs {
+                    self.disk.sync_new_blobs(before)?;
+                }
+                Ok(())
+            });
+            if let Err(e) = applied {
                 tracing::error!(error = %e, "compaction failed; the store stops committing");
                 self.stop(&e);
             }

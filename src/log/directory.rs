@@ -179,3 +179,70 @@ pub(crate) fn close_after_failure(trees: Trees) {
         );
     }
 }
+
+/// Records larger than this may be stored by sled as a file of their own in `blobs/` (sled's
+/// threshold is a quarter of its 512 KiB segment, less headers; this stays below it).
+pub(crate) const BLOB_CANDIDATE: usize = 96 << 10;
+
+/// Makes what sled wrote durable past the disk's write cache.
+///
+/// sled 0.34's `Db::flush` writes its log with `pwrite` and `sync_file_range`: the pages reach
+/// the device, but its write cache is not flushed and a grown file's new size is not committed,
+/// so a power loss could still lose them. It never syncs the files in which it keeps large
+/// values (`blobs/`) either. After sled's flush the committer calls [`DiskSync::sync`], which
+/// adds the missing `fdatasync` of the log file; for groups with a large record the committer
+/// also syncs every new blob file and the blob directory.
+#[derive(Debug)]
+pub(crate) struct DiskSync {
+    db: File,
+    blobs: std::path::PathBuf,
+}
+
+/// Names of the files in sled's blob directory before a large record was written.
+pub(crate) type BlobFiles = std::collections::HashSet<std::ffi::OsString>;
+
+impl DiskSync {
+    /// Opens sled's log file of the store in `path`, and makes the directory's entries (the
+    /// files sled created) durable.
+    pub(crate) fn open(path: &Path) -> Result<Self> {
+        let db = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path.join("db"))?;
+        File::open(path)?.sync_all()?;
+        Ok(DiskSync {
+            db,
+            blobs: path.join("blobs"),
+        })
+    }
+
+    /// The blob files present now (call before writing a record of [`BLOB_CANDIDATE`] bytes
+    /// or more).
+    pub(crate) fn blob_files(&self) -> std::io::Result<BlobFiles> {
+        match std::fs::read_dir(&self.blobs) {
+            Ok(entries) => entries.map(|e| e.map(|e| e.file_name())).collect(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(BlobFiles::new()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Syncs the blob files created since `before` was taken, and the blob directory.
+    pub(crate) fn sync_new_blobs(&self, before: &BlobFiles) -> std::io::Result<()> {
+        let mut new = false;
+        for name in self.blob_files()? {
+            if !before.contains(&name) {
+                File::open(self.blobs.join(&name))?.sync_all()?;
+                new = true;
+            }
+        }
+        if new {
+            File::open(&self.blobs)?.sync_all()?;
+        }
+        Ok(())
+    }
+
+    /// Syncs sled's log file: after `Db::flush`, this is what makes it durable.
+    pub(crate) fn sync_log(&self) -> std::io::Result<()> {
+        self.db.sync_data()
+    }
+}

@@ -9,7 +9,7 @@ use crossbeam_channel::Sender;
 use super::catalog::{self, Fence};
 use super::committer::{CommitRequest, Committer, Failure, Message, Reply};
 use super::directory::{
-    close_after_failure, complete_torn_sled_config, open_sled, wait_until_released,
+    close_after_failure, complete_torn_sled_config, open_sled, wait_until_released, DiskSync,
 };
 use super::recovery::{recover, BadRecord, Recovered, Trees};
 use crate::config::{Config, Durability};
@@ -48,7 +48,8 @@ impl DurableLog {
         };
         complete_torn_sled_config(path)?;
         let trees = Trees::open(open_sled(path, config, flush_every)?)?;
-        let mut recovered = recover(&trees)?;
+        let disk = DiskSync::open(path)?;
+        let mut recovered = recover(&trees, &disk)?;
         let Recovered {
             queues,
             ref mut items,
@@ -65,6 +66,7 @@ impl DurableLog {
         let failure = Arc::new(Failure::default());
         let committer = Committer::new(
             trees.clone(),
+            disk,
             config,
             receiver,
             recovered.liveness,
@@ -120,7 +122,8 @@ impl DurableLog {
         let trees = self.trees()?;
         catalog::create_queue(&trees.meta, name, id)?;
         if self.durability == Durability::Sync {
-            trees.db.flush()?;
+            // Through the committer, which also makes sled's flush durable.
+            self.flush()?;
         }
         Ok(())
     }
@@ -129,8 +132,7 @@ impl DurableLog {
     pub(crate) fn unfence(&self, id: QueueId) -> Result<()> {
         let trees = self.trees()?;
         catalog::remove_fences(&trees.meta, id)?;
-        trees.db.flush()?;
-        Ok(())
+        self.flush()
     }
 
     /// The sled trees, unless the committer stopped on a storage failure: then sled is not

@@ -9,6 +9,7 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 
 use super::catalog::{self, Fence};
+use super::directory::DiskSync;
 use super::liveness::Liveness;
 use super::record::{self, Op};
 use crate::core::{Entry, QueueId};
@@ -60,7 +61,7 @@ fn seq_of(key: &[u8]) -> Option<u64> {
 }
 
 /// Replays the log. Bad records are set aside as described in the module docs.
-pub(crate) fn recover(trees: &Trees) -> Result<Recovered> {
+pub(crate) fn recover(trees: &Trees, disk: &DiskSync) -> Result<Recovered> {
     let fresh = trees.meta.is_empty() && trees.log.is_empty();
     catalog::check_format(&trees.meta, fresh)?;
     let queues = catalog::load_queues(&trees.meta)?;
@@ -76,7 +77,7 @@ pub(crate) fn recover(trees: &Trees) -> Result<Recovered> {
         newly_bad,
     } = replayed?;
 
-    set_aside(trees, &known, newly_bad)?;
+    set_aside(trees, disk, &known, newly_bad)?;
 
     let items = items
         .0
@@ -253,7 +254,7 @@ type Bad = (sled::IVec, sled::IVec, Option<Vec<QueueId>>, String);
 /// Moves bad records from the log to the quarantine tree and fences their queues. The copy
 /// and the fences are flushed before the record leaves the log, so a crash in between only
 /// repeats the work at the next open.
-fn set_aside(trees: &Trees, known: &[QueueId], bad: Vec<Bad>) -> Result<()> {
+fn set_aside(trees: &Trees, disk: &DiskSync, known: &[QueueId], bad: Vec<Bad>) -> Result<()> {
     if bad.is_empty() {
         return Ok(());
     }
@@ -275,9 +276,11 @@ fn set_aside(trees: &Trees, known: &[QueueId], bad: Vec<Bad>) -> Result<()> {
         }
     }
     trees.db.flush()?;
+    disk.sync_log()?;
     for (key, ..) in bad {
         trees.log.remove(key)?;
     }
     trees.db.flush()?;
+    disk.sync_log()?;
     Ok(())
 }
