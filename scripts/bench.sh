@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs every benchmark that BENCHMARKS.md reports, on this machine, and collects the figures.
 #
-#   scripts/bench.sh            # the full run (an hour or so; the disk churn dominates)
+#   scripts/bench.sh            # the full run (about 20 minutes on 2 CPUs; RQ_BENCH_10M=1 adds more)
 #   scripts/bench.sh --quick    # a smoke run: shorter criterion measurements, smaller stores
 #
 # Environment:
