@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use crate::core::{publish_all, restore_all, Enqueues, Entry, Held, QueueCore};
 use crate::error::{Error, Result};
-use crate::log::{CommitRequest, Reply};
+use crate::log::{CommitRequest, Completion, Reply};
 use crate::store::{Backend, StoreInner};
 
 /// A set of enqueues and dequeues, over any queues of one store, applied atomically.
@@ -143,13 +143,13 @@ impl Transaction {
                 Ok(())
             }
             Backend::Durable(durable) => {
-                let (tx, rx) = crossbeam_channel::bounded(1);
+                let (completion, reply) = Completion::new();
                 durable.submit(CommitRequest {
                     enqueues,
                     dequeued,
-                    reply: Reply::Blocking(tx),
+                    reply,
                 });
-                rx.recv().unwrap_or(Err(Error::Closed))
+                completion.wait()
             }
         }
     }

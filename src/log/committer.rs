@@ -14,6 +14,7 @@ use super::directory::{BlobFiles, DiskSync, BLOB_CANDIDATE};
 use super::liveness::Liveness;
 use super::record::{self, Bytes, Op, RecordBuilder};
 use super::recovery::Trees;
+use super::reply::Reply;
 use crate::config::{Config, Durability};
 use crate::core::{publish_all, restore_all, Enqueues, Held};
 use crate::error::{Error, Result};
@@ -56,25 +57,6 @@ impl CommitRequest {
     pub(crate) fn fail(self, error: Error) {
         restore_all(self.dequeued);
         self.reply.send(Err(error));
-    }
-}
-
-/// Where the committer sends a commit's outcome.
-#[derive(Debug)]
-pub(crate) enum Reply {
-    /// A thread blocked in `commit`.
-    Blocking(crossbeam_channel::Sender<Result<()>>),
-    /// A task awaiting `commit_async`.
-    Async(tokio::sync::oneshot::Sender<Result<()>>),
-}
-
-impl Reply {
-    pub(crate) fn send(self, result: Result<()>) {
-        // The receiver may be gone (a cancelled `commit_async`): the outcome stands anyway.
-        match self {
-            Reply::Blocking(tx) => drop(tx.send(result)),
-            Reply::Async(tx) => drop(tx.send(result)),
-        }
     }
 }
 

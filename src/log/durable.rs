@@ -7,11 +7,12 @@ use std::thread::JoinHandle;
 use crossbeam_channel::Sender;
 
 use super::catalog::{self, Fence};
-use super::committer::{CommitRequest, Committer, Failure, Message, Reply};
+use super::committer::{CommitRequest, Committer, Failure, Message};
 use super::directory::{
     close_after_failure, complete_torn_sled_config, open_sled, wait_until_released, DiskSync,
 };
 use super::recovery::{recover, BadRecord, Recovered, Trees};
+use super::reply::Completion;
 use crate::config::{Config, Durability};
 use crate::core::{Entry, QueueId};
 use crate::error::{Error, Result};
@@ -110,11 +111,11 @@ impl DurableLog {
         let Some(sender) = &self.sender else {
             return Err(Error::Closed);
         };
-        let (tx, rx) = crossbeam_channel::bounded(1);
+        let (completion, reply) = Completion::new();
         sender
-            .send(Message::Flush(Reply::Blocking(tx)))
+            .send(Message::Flush(reply))
             .map_err(|_| Error::Closed)?;
-        rx.recv().unwrap_or(Err(Error::Closed))
+        completion.wait()
     }
 
     /// Records a new queue; under `Durability::Sync`, durably before returning.

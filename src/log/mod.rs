@@ -11,7 +11,9 @@ mod durable;
 pub(crate) mod liveness;
 pub(crate) mod record;
 pub(crate) mod recovery;
+mod reply;
 
-pub(crate) use committer::{CommitRequest, Reply};
+pub(crate) use committer::CommitRequest;
 pub(crate) use durable::DurableLog;
 pub(crate) use recovery::BadRecord;
+pub(crate) use reply::{Completion, Reply};
