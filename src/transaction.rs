@@ -237,8 +237,10 @@ impl Transaction {
 
 /// Applies a commit in memory: ids in commit order, items visible at once.
 fn apply_in_memory(next_id: &crate::sync::process::AtomicU64, enqueues: Enqueues, dequeued: Held) {
-    let first = StoreInner::memory_ids(next_id, enqueues.len() as u64);
-    publish_all(enqueues, first);
+    if !enqueues.is_empty() {
+        let first = StoreInner::memory_ids(next_id, enqueues.len() as u64);
+        publish_all(enqueues, first);
+    }
     drop(dequeued);
 }
 

@@ -52,6 +52,9 @@ fn single_queue<T>(items: &[(Arc<QueueCore>, T)]) -> Option<Arc<QueueCore>> {
 /// several queues become visible at once: every queue is locked (in id order) before any
 /// changes.
 pub(crate) fn publish_all(enqueues: Enqueues, first: u64) {
+    if enqueues.is_empty() {
+        return;
+    }
     if let Some(queue) = single_queue(&enqueues) {
         let entries = enqueues.into_iter().zip(first..);
         queue.publish(entries.map(|((_, bytes), id)| Entry::new(id, bytes)));
@@ -74,6 +77,9 @@ pub(crate) fn publish_all(enqueues: Enqueues, first: u64) {
 
 /// Gives dequeued items back to the front of their queues, in their order, all queues at once.
 pub(crate) fn restore_all(items: Held) {
+    if items.is_empty() {
+        return;
+    }
     if let Some(queue) = single_queue(&items) {
         queue.restore(items.into_iter().map(|(_, entry)| entry));
         return;
