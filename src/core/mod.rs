@@ -64,15 +64,9 @@ pub(crate) fn publish_all(enqueues: Enqueues, first: u64) {
         .into_iter()
         .zip(first..)
         .map(|((queue, bytes), id)| (queue, Entry::new(id, bytes)));
-    let groups = by_queue(entries);
-    let (queues, entries): (Vec<_>, Vec<_>) = groups.into_iter().unzip();
-    let mut wake = Vec::new();
-    let mut locked: Vec<_> = queues.iter().map(|q| q.lock()).collect();
-    for (lock, entries) in locked.iter_mut().zip(entries) {
-        lock.publish(entries, &mut wake);
-    }
-    drop(locked);
-    wake.into_iter().for_each(Waker::wake);
+    change_together(by_queue(entries), |lock, entries, wake| {
+        lock.publish(entries, wake)
+    });
 }
 
 /// Gives dequeued items back to the front of their queues, in their order, all queues at once.
@@ -84,12 +78,23 @@ pub(crate) fn restore_all(items: Held) {
         queue.restore(items.into_iter().map(|(_, entry)| entry));
         return;
     }
-    let groups = by_queue(items);
+    change_together(by_queue(items), |lock, entries, wake| {
+        lock.restore(entries.into_iter(), wake)
+    });
+}
+
+/// Applies `change` to each queue's entries with every queue locked (in the increasing id
+/// order `by_queue` gives), so that the changes appear at once; wakes whoever was served
+/// after the locks are released.
+fn change_together(
+    groups: Vec<(Arc<QueueCore>, Vec<Entry>)>,
+    change: impl Fn(&mut queue::Locked<'_>, Vec<Entry>, &mut Vec<Waker>),
+) {
     let (queues, entries): (Vec<_>, Vec<_>) = groups.into_iter().unzip();
     let mut wake = Vec::new();
     let mut locked: Vec<_> = queues.iter().map(|q| q.lock()).collect();
     for (lock, entries) in locked.iter_mut().zip(entries) {
-        lock.restore(entries.into_iter(), &mut wake);
+        change(lock, entries, &mut wake);
     }
     drop(locked);
     wake.into_iter().for_each(Waker::wake);
