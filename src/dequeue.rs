@@ -1,37 +1,22 @@
-//! Waiting dequeues: the [`Dequeue`] future and the blocking variants.
+//! Waiting dequeues: the [`Dequeue`] future and the blocking forms.
 //!
-//! Both register a request in the queue's staging when nothing is visible; the next item to
-//! become visible is handed straight to the oldest request and only its waiter is woken. A
-//! request that ends early (future dropped, timeout, unwinding) is withdrawn, and an item
-//! already handed to it goes back to the front of the queue, or to the next waiter.
+//! Both put a request in the queue's line of waiters when nothing is visible; the next item
+//! to become visible is handed straight to the oldest request and only its waiter is woken.
+//! A request that ends early (future dropped, timeout, unwinding) leaves the line, and an
+//! item already handed to it goes back to the front of the queue, or to the next waiter.
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
-use std::task::{Context, Poll, Wake, Waker};
-use std::thread::{self, Thread};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::core::{QueueCore, Request};
+use crate::engine::{park_until, Unparker, Waiting};
 use crate::error::Result;
 use crate::queue::ReliableConcurrentQueue;
 use crate::transaction::Transaction;
-
-/// A registered request that is withdrawn, giving back anything handed to it, when dropped.
-#[derive(Debug)]
-struct Waiting<'a> {
-    core: &'a QueueCore,
-    request: Request,
-}
-
-impl Drop for Waiting<'_> {
-    fn drop(&mut self) {
-        self.core.cancel(&mut self.request);
-    }
-}
 
 /// Future returned by [`ReliableConcurrentQueue::dequeue`].
 ///
@@ -58,24 +43,12 @@ where
             this.queue.check(this.tx)?;
             this.checked = true;
         }
-        let waiting = &mut this.waiting;
-        match waiting.core.poll_take(&mut waiting.request, cx.waker()) {
-            Poll::Ready(entry) => Poll::Ready(this.queue.accept(this.tx, entry)),
+        let engine = this.queue.engine();
+        match engine.poll_dequeue(&mut this.waiting, this.tx.work_mut(), cx.waker()) {
+            Poll::Ready(Ok(entry)) => Poll::Ready(this.queue.decode(entry)),
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
             Poll::Pending => Poll::Pending,
         }
-    }
-}
-
-/// Wakes a thread parked in a blocking dequeue.
-struct Unparker(Thread);
-
-impl Wake for Unparker {
-    fn wake(self: Arc<Self>) {
-        self.0.unpark();
-    }
-
-    fn wake_by_ref(self: &Arc<Self>) {
-        self.0.unpark();
     }
 }
 
@@ -90,7 +63,9 @@ where
     /// handed straight to the oldest waiter, and only that waiter is woken. While anyone waits,
     /// [`try_dequeue`](Self::try_dequeue) finds nothing, so it cannot jump the line.
     ///
-    /// There is no built-in timeout: wrap the future in `tokio::time::timeout`.
+    /// There is no built-in timeout: wrap the future in `tokio::time::timeout`. After
+    /// [`Store::close`](crate::Store::close), waiting consumers wake with
+    /// [`Error::Closed`](crate::Error::Closed).
     ///
     /// # Cancel safety
     ///
@@ -101,7 +76,8 @@ where
     /// # Errors
     ///
     /// As [`try_dequeue`](Self::try_dequeue): [`Error::Deserialize`](crate::Error::Deserialize)
-    /// (the item stays held by `tx`), [`Error::WrongStore`](crate::Error::WrongStore).
+    /// (the item stays held by `tx`), [`Error::WrongStore`](crate::Error::WrongStore),
+    /// [`Error::Closed`](crate::Error::Closed).
     ///
     /// # Examples
     ///
@@ -112,21 +88,21 @@ where
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let store = Store::in_memory()?;
-    /// let q = store.queue::<u32>("q")?;
+    /// let q = store.queue::<u32>("q").await?;
     ///
     /// let producer = {
     ///     let (store, q) = (store.clone(), q.clone());
     ///     tokio::spawn(async move {
     ///         let mut tx = store.begin();
     ///         q.enqueue(&mut tx, 5)?;
-    ///         tx.commit_async().await
+    ///         tx.commit().await
     ///     })
     /// };
     ///
     /// let mut tx = store.begin();
     /// let item = tokio::time::timeout(Duration::from_secs(10), q.dequeue(&mut tx)).await??;
     /// assert_eq!(item, 5);
-    /// tx.commit_async().await?;
+    /// tx.commit().await?;
     /// producer.await??;
     /// # Ok(()) }
     /// ```
@@ -134,10 +110,7 @@ where
         Dequeue {
             queue: self,
             tx,
-            waiting: Waiting {
-                core: &self.core,
-                request: Request::default(),
-            },
+            waiting: self.engine().waiting(self.queue_ref()),
             checked: false,
         }
     }
@@ -153,32 +126,33 @@ where
     ///
     /// ```
     /// let store = reliable_queue::Store::in_memory()?;
-    /// let q = store.queue::<u32>("q")?;
+    /// let q = store.blocking_queue::<u32>("q")?;
     /// let consumer = {
     ///     let (store, q) = (store.clone(), q.clone());
     ///     std::thread::spawn(move || {
     ///         let mut tx = store.begin();
     ///         let item = q.blocking_dequeue(&mut tx)?;
-    ///         tx.commit()?;
+    ///         tx.blocking_commit()?;
     ///         Ok::<_, reliable_queue::Error>(item)
     ///     })
     /// };
     /// let mut tx = store.begin();
     /// q.enqueue(&mut tx, 9)?;
-    /// tx.commit()?;
+    /// tx.blocking_commit()?;
     /// assert_eq!(consumer.join().unwrap()?, 9);
     /// # Ok::<(), reliable_queue::Error>(())
     /// ```
     pub fn blocking_dequeue(&self, tx: &mut Transaction) -> Result<T> {
-        loop {
-            if let Some(item) = self.blocking_wait(tx, None)? {
-                return Ok(item);
-            }
-        }
+        let waited = self.blocking_wait(tx, None)?;
+        // Without a deadline the wait only ends with an item or an error.
+        waited.ok_or(crate::Error::Bug {
+            invariant: "a wait without a deadline ends with an item",
+        })
     }
 
     /// Like [`blocking_dequeue`](Self::blocking_dequeue), giving up after `timeout`:
-    /// `Ok(None)` if no item was handed to the transaction in time.
+    /// `Ok(None)` if no item was handed to the transaction in time. A timeout too long to
+    /// represent as a deadline (`Duration::MAX`) waits without one.
     ///
     /// # Errors
     ///
@@ -189,7 +163,7 @@ where
     /// ```
     /// use std::time::Duration;
     /// let store = reliable_queue::Store::in_memory()?;
-    /// let q = store.queue::<u32>("q")?;
+    /// let q = store.blocking_queue::<u32>("q")?;
     /// let mut tx = store.begin();
     /// assert_eq!(q.blocking_dequeue_timeout(&mut tx, Duration::from_millis(1))?, None);
     /// # Ok::<(), reliable_queue::Error>(())
@@ -199,34 +173,28 @@ where
         tx: &mut Transaction,
         timeout: Duration,
     ) -> Result<Option<T>> {
-        self.blocking_wait(tx, Some(Instant::now() + timeout))
+        self.blocking_wait(tx, Instant::now().checked_add(timeout))
     }
 
     fn blocking_wait(&self, tx: &mut Transaction, deadline: Option<Instant>) -> Result<Option<T>> {
         self.check(tx)?;
-        let waker = Waker::from(Arc::new(Unparker(thread::current())));
-        let mut waiting = Waiting {
-            core: &self.core,
-            request: Request::default(),
-        };
+        let engine = self.engine();
+        let waker = Unparker::current();
+        let mut waiting = engine.waiting(self.queue_ref());
         loop {
-            if let Poll::Ready(entry) = self.core.poll_take(&mut waiting.request, &waker) {
-                return self.accept(tx, entry).map(Some);
+            match engine.poll_dequeue(&mut waiting, tx.work_mut(), &waker) {
+                Poll::Ready(Ok(entry)) => return self.decode(entry).map(Some),
+                Poll::Ready(Err(e)) => return Err(e),
+                Poll::Pending => {}
             }
-            match deadline {
-                None => thread::park(),
-                Some(deadline) => {
-                    let now = Instant::now();
-                    if now >= deadline {
-                        // An item handed over at the last moment is ours to take.
-                        return match self.core.withdraw(&mut waiting.request) {
-                            Some(entry) => self.accept(tx, entry).map(Some),
-                            None => Ok(None),
-                        };
-                    }
-                    thread::park_timeout(deadline - now);
-                }
+            if deadline.is_some_and(|deadline| Instant::now() >= deadline) {
+                // An item handed over at the last moment is ours to take.
+                return match engine.withdraw(&mut waiting, tx.work_mut()) {
+                    Some(entry) => self.decode(entry).map(Some),
+                    None => Ok(None),
+                };
             }
+            park_until(deadline);
         }
     }
 }

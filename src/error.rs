@@ -73,21 +73,31 @@ pub enum Error {
         limit: usize,
     },
 
-    /// A record of the log failed its checksum or could not be decoded. The record was set
-    /// aside, not deleted; see [`Store::set_aside_records`](crate::Store::set_aside_records).
-    Corrupted {
-        /// The queue the record touched (`None` when the record's header is unreadable too).
-        queue: Option<String>,
-        /// The record's sequence number (its key in the log).
+    /// The queue is fenced: a record of the log that touched it failed its checksum or decode
+    /// and was set aside at open (see
+    /// [`Store::set_aside_records`](crate::Store::set_aside_records)). Lift the fence with
+    /// [`Store::unfence`](crate::Store::unfence) once the damage is accepted.
+    Fenced {
+        /// The fenced queue.
+        queue: String,
+        /// The sequence number of the set-aside record that fenced it.
         record: u64,
-        /// What was wrong with it.
+        /// What was wrong with the record.
         reason: String,
     },
 
     /// The storage engine failed (I/O error, disk full, ...). A commit that fails this way
-    /// is rolled back: its dequeued items are back in their queues.
+    /// is rolled back: its dequeued items are back in their queues. The store stops
+    /// writing after such a failure: later calls get [`Error::PreviousFailure`].
     Storage {
         /// What the storage engine reported.
+        source: Source,
+    },
+
+    /// An earlier storage failure stopped the store; nothing is written any more. Reopen the
+    /// store. `source` is that first failure.
+    PreviousFailure {
+        /// The failure that stopped the store.
         source: Source,
     },
 
@@ -97,8 +107,7 @@ pub enum Error {
         queue: String,
     },
 
-    /// The store can no longer commit: its committer stopped after a storage failure or a
-    /// bug. Reopen the store.
+    /// The store was closed ([`Store::close`](crate::Store::close)), or its engine stopped.
     Closed,
 
     /// The store's directory is already open, in this process or another.
@@ -107,8 +116,21 @@ pub enum Error {
         path: PathBuf,
     },
 
-    /// A builder setting or an argument is out of range.
-    InvalidConfig(String),
+    /// A queue name that is empty or too long.
+    InvalidQueueName {
+        /// The rejected name (cut to its first 64 characters).
+        name: String,
+        /// What a name must be.
+        expected: &'static str,
+    },
+
+    /// A builder setting is out of range.
+    InvalidConfig {
+        /// The setting, as the builder method is named.
+        setting: &'static str,
+        /// Its allowed range.
+        expected: &'static str,
+    },
 
     /// The directory holds a store written in a format this version does not read.
     UnsupportedFormat {
@@ -116,6 +138,13 @@ pub enum Error {
         found: u32,
         /// The version this build reads and writes.
         supported: u32,
+    },
+
+    /// An internal invariant did not hold: a bug in this crate. The operation was not
+    /// applied. Please report it with the message.
+    Bug {
+        /// The invariant that failed.
+        invariant: &'static str,
     },
 }
 
@@ -139,18 +168,18 @@ impl fmt::Display for Error {
                 f,
                 "transaction would hold {size} bytes, over the limit of {limit}"
             ),
-            Error::Corrupted {
+            Error::Fenced {
                 queue,
                 record,
                 reason,
-            } => match queue {
-                Some(queue) => write!(
-                    f,
-                    "queue {queue:?} is fenced: log record {record} is corrupt ({reason})"
-                ),
-                None => write!(f, "log record {record} is corrupt ({reason})"),
-            },
+            } => write!(
+                f,
+                "queue {queue:?} is fenced: log record {record} was set aside ({reason})"
+            ),
             Error::Storage { .. } => f.write_str("storage failure"),
+            Error::PreviousFailure { .. } => {
+                f.write_str("the store stopped after an earlier storage failure; reopen it")
+            }
             Error::WrongStore { queue } => write!(
                 f,
                 "queue {queue:?} belongs to another store than the transaction"
@@ -159,7 +188,16 @@ impl fmt::Display for Error {
             Error::AlreadyOpen { path } => {
                 write!(f, "store directory {} is already open", path.display())
             }
-            Error::InvalidConfig(what) => write!(f, "invalid configuration: {what}"),
+            Error::InvalidQueueName { name, expected } => {
+                write!(f, "invalid queue name {name:?}: names are {expected}")
+            }
+            Error::InvalidConfig { setting, expected } => {
+                write!(f, "invalid configuration: {setting} must be {expected}")
+            }
+            Error::Bug { invariant } => write!(
+                f,
+                "internal invariant broken ({invariant}); this is a bug in reliable-queue"
+            ),
             Error::UnsupportedFormat { found, supported } => write!(
                 f,
                 "unsupported store format version {found} (this build reads {supported})"
@@ -175,7 +213,8 @@ impl std::error::Error for Error {
         match self {
             Error::Serialize { source, .. }
             | Error::Deserialize { source, .. }
-            | Error::Storage { source } => Some(&**source),
+            | Error::Storage { source }
+            | Error::PreviousFailure { source } => Some(&**source),
             _ => None,
         }
     }
@@ -185,6 +224,18 @@ impl Error {
     pub(crate) fn storage(source: impl std::error::Error + Send + Sync + 'static) -> Self {
         Error::Storage {
             source: Arc::new(source),
+        }
+    }
+
+    /// The sticky form of a storage failure, for calls after the first.
+    pub(crate) fn previous(first: &Error) -> Self {
+        match first {
+            Error::Storage { source } | Error::PreviousFailure { source } => {
+                Error::PreviousFailure {
+                    source: source.clone(),
+                }
+            }
+            other => other.clone(),
         }
     }
 

@@ -12,43 +12,80 @@
 //! `count()` is a non-transactional snapshot and order is best-effort FIFO: the queue trades
 //! strict order for concurrency, in the model of Service Fabric's ReliableConcurrentQueue.
 //!
+//! Calls that may wait on I/O are `async fn`s (tokio's convention); each has a `blocking_`
+//! form for threads, which never panics inside a runtime. `Store::open`, `begin` and
+//! `enqueue` are synchronous.
+//!
+//! ```
+//! use reliable_queue::Store;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let dir = tempfile::tempdir()?;
+//! let store = Store::open(dir.path())?;
+//! let jobs = store.queue::<String>("jobs").await?;
+//!
+//! let mut tx = store.begin();
+//! jobs.enqueue(&mut tx, "send welcome mail".to_owned())?;
+//! tx.commit().await?;
+//!
+//! let mut tx = store.begin();
+//! if let Some(job) = jobs.try_dequeue(&mut tx).await? {
+//!     println!("working on {job}");
+//! }
+//! tx.commit().await?;
+//! store.close().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! The same with threads:
+//!
 //! ```
 //! use reliable_queue::Store;
 //!
 //! let dir = tempfile::tempdir()?;
 //! let store = Store::open(dir.path())?;
-//! let jobs = store.queue::<String>("jobs")?;
+//! let jobs = store.blocking_queue::<String>("jobs")?;
 //!
 //! let mut tx = store.begin();
 //! jobs.enqueue(&mut tx, "send welcome mail".to_owned())?;
-//! tx.commit()?;
+//! tx.blocking_commit()?;
 //!
 //! let mut tx = store.begin();
-//! if let Some(job) = jobs.try_dequeue(&mut tx)? {
+//! if let Some(job) = jobs.blocking_try_dequeue(&mut tx)? {
 //!     println!("working on {job}");
 //! }
-//! tx.commit()?;
+//! tx.blocking_commit()?;
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
 //! See `ARCHITECTURE.md` for the layers, the commit path and the log format.
 
 #![forbid(unsafe_code)]
+#![warn(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_possible_wrap,
+    clippy::cast_lossless
+)]
 
+mod builder;
 mod codec;
 mod config;
 mod core;
 mod dequeue;
+mod engine;
 mod error;
-mod log;
 mod queue;
 mod store;
 mod sync;
 mod transaction;
 
-pub use crate::config::{Builder, Durability};
+pub use crate::builder::Builder;
+pub use crate::config::Durability;
 pub use crate::dequeue::Dequeue;
+pub use crate::engine::SetAsideRecord;
 pub use crate::error::{Error, Result};
 pub use crate::queue::ReliableConcurrentQueue;
-pub use crate::store::{SetAsideRecord, Store};
+pub use crate::store::Store;
 pub use crate::transaction::Transaction;

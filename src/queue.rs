@@ -1,5 +1,6 @@
 //! [`ReliableConcurrentQueue`]: the typed handle on one named queue.
 
+use std::borrow::Borrow;
 use std::fmt;
 use std::marker::PhantomData;
 use std::sync::Arc;
@@ -8,9 +9,9 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::codec;
-use crate::core::{Entry, QueueCore};
+use crate::core::Entry;
+use crate::engine::{Engine, QueueRef};
 use crate::error::{Error, Result};
-use crate::store::StoreInner;
 use crate::transaction::Transaction;
 
 /// A named, durable, transactional queue of `T`s with best-effort FIFO order.
@@ -20,12 +21,14 @@ use crate::transaction::Transaction;
 ///
 /// - [`enqueue`](Self::enqueue) is invisible until the transaction commits, to that
 ///   transaction too.
-/// - [`try_dequeue`](Self::try_dequeue) never waits: it takes a visible item no other
-///   transaction holds, or returns `None`. The item is invisible to everyone else at once, and
-///   comes back at the front of the queue if the transaction does not commit.
+/// - [`try_dequeue`](Self::try_dequeue) never waits for an item: it takes a visible item no
+///   other transaction holds, or returns `None`. The item is invisible to everyone else at
+///   once, and comes back at the front of the queue if the transaction does not commit.
 /// - [`count`](Self::count) is a point-in-time figure, not part of any transaction.
 /// - Items come out roughly in commit order; items given back by an abort come out first.
 ///   Nothing stronger is promised.
+///
+/// Calls that may wait on I/O are `async fn`s, each with a `blocking_` form for threads.
 ///
 /// # Examples
 ///
@@ -33,39 +36,47 @@ use crate::transaction::Transaction;
 ///
 /// ```
 /// let store = reliable_queue::Store::in_memory()?;
-/// let q = store.queue::<u32>("work")?;
-/// # let mut tx = store.begin(); for i in 0..20 { q.enqueue(&mut tx, i)?; } tx.commit()?;
+/// let q = store.blocking_queue::<u32>("work")?;
+/// # let mut tx = store.begin(); for i in 0..20 { q.enqueue(&mut tx, i)?; } tx.blocking_commit()?;
 /// loop {
 ///     let mut tx = store.begin();
 ///     let mut batch = Vec::new();
 ///     while batch.len() < 16 {
-///         match q.try_dequeue(&mut tx)? {
+///         match q.blocking_try_dequeue(&mut tx)? {
 ///             Some(item) => batch.push(item),
 ///             None => break,
 ///         }
 ///     }
-///     tx.commit()?;
+///     tx.blocking_commit()?;
 ///     if batch.is_empty() {
 ///         break;
 ///     }
 ///     // process `batch` here
 /// }
-/// assert_eq!(q.count(), 0);
+/// assert_eq!(q.blocking_count()?, 0);
 /// # Ok::<(), reliable_queue::Error>(())
 /// ```
 pub struct ReliableConcurrentQueue<T> {
-    pub(crate) store: Arc<StoreInner>,
-    pub(crate) core: Arc<QueueCore>,
+    engine: Arc<Engine>,
+    queue: QueueRef,
     _items: PhantomData<fn(T) -> T>,
 }
 
 impl<T> ReliableConcurrentQueue<T> {
-    pub(crate) fn new(store: Arc<StoreInner>, core: Arc<QueueCore>) -> Self {
+    pub(crate) fn new(engine: Arc<Engine>, queue: QueueRef) -> Self {
         ReliableConcurrentQueue {
-            store,
-            core,
+            engine,
+            queue,
             _items: PhantomData,
         }
+    }
+
+    pub(crate) fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    pub(crate) fn queue_ref(&self) -> &QueueRef {
+        &self.queue
     }
 
     /// The queue's name.
@@ -74,32 +85,60 @@ impl<T> ReliableConcurrentQueue<T> {
     ///
     /// ```
     /// let store = reliable_queue::Store::in_memory()?;
-    /// assert_eq!(store.queue::<u8>("emails")?.name(), "emails");
+    /// assert_eq!(store.blocking_queue::<u8>("emails")?.name(), "emails");
     /// # Ok::<(), reliable_queue::Error>(())
     /// ```
     pub fn name(&self) -> &str {
-        self.core.name()
+        self.queue.name()
     }
 
     /// The number of items visible now: committed, and held by no open transaction.
     ///
     /// Not transactional: a snapshot that may be stale as soon as it is read, exact only
-    /// while nothing else touches the queue.
+    /// while nothing else touches the queue. Ready at once on the embedded engines.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: it changes nothing.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Closed`] after [`Store::close`](crate::Store::close).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), reliable_queue::Error> {
+    /// let store = reliable_queue::Store::in_memory()?;
+    /// let q = store.queue::<u8>("q").await?;
+    /// let mut tx = store.begin();
+    /// q.enqueue(&mut tx, 1)?;
+    /// assert_eq!(q.count().await?, 0); // not committed yet
+    /// tx.commit().await?;
+    /// assert_eq!(q.count().await?, 1);
+    /// # Ok(()) }
+    /// ```
+    pub async fn count(&self) -> Result<u64> {
+        self.engine.count(&self.queue)
+    }
+
+    /// [`count`](Self::count) for threads.
+    ///
+    /// # Errors
+    ///
+    /// As [`count`](Self::count).
     ///
     /// # Examples
     ///
     /// ```
     /// let store = reliable_queue::Store::in_memory()?;
-    /// let q = store.queue::<u8>("q")?;
-    /// let mut tx = store.begin();
-    /// q.enqueue(&mut tx, 1)?;
-    /// assert_eq!(q.count(), 0); // not committed yet
-    /// tx.commit()?;
-    /// assert_eq!(q.count(), 1);
+    /// let q = store.blocking_queue::<u8>("q")?;
+    /// assert_eq!(q.blocking_count()?, 0);
     /// # Ok::<(), reliable_queue::Error>(())
     /// ```
-    pub fn count(&self) -> u64 {
-        self.core.count()
+    pub fn blocking_count(&self) -> Result<u64> {
+        self.engine.count(&self.queue)
     }
 
     /// The number of consumers waiting in [`dequeue`](Self::dequeue) or
@@ -109,16 +148,16 @@ impl<T> ReliableConcurrentQueue<T> {
     ///
     /// ```
     /// let store = reliable_queue::Store::in_memory()?;
-    /// assert_eq!(store.queue::<u8>("q")?.waiters(), 0);
+    /// assert_eq!(store.blocking_queue::<u8>("q")?.waiters(), 0);
     /// # Ok::<(), reliable_queue::Error>(())
     /// ```
     pub fn waiters(&self) -> usize {
-        self.core.waiters()
+        self.engine.waiters(&self.queue)
     }
 
     /// Checks that `tx` belongs to this queue's store.
     pub(crate) fn check(&self, tx: &Transaction) -> Result<()> {
-        if Arc::ptr_eq(tx.store(), &self.store) {
+        if std::ptr::eq(tx.engine(), &*self.engine) {
             Ok(())
         } else {
             Err(Error::WrongStore {
@@ -134,77 +173,100 @@ where
 {
     /// Adds `item` to the transaction; it joins the queue when the transaction commits.
     ///
-    /// The item is serialized now, so its errors surface here. Not even `tx` can dequeue it
-    /// before the commit.
+    /// The item is serialized now, so its errors surface here, and it is taken by reference
+    /// (`T` or `&T`): when a limit refuses it, the caller still has it. Not even `tx` can
+    /// dequeue it before the commit. Synchronous on every engine: it only buffers.
     ///
     /// # Errors
     ///
     /// [`Error::Serialize`] if `T`'s serialization fails, [`Error::ItemTooLarge`] over the
     /// item size limit, [`Error::TransactionTooLarge`] over the transaction size limit,
-    /// [`Error::WrongStore`] if `tx` belongs to another store. On error the transaction is
-    /// unchanged.
+    /// [`Error::WrongStore`] if `tx` belongs to another store, [`Error::Closed`] after
+    /// [`Store::close`](crate::Store::close). On error the transaction is unchanged.
     ///
     /// # Examples
     ///
     /// ```
     /// let store = reliable_queue::Store::in_memory()?;
-    /// let q = store.queue::<String>("q")?;
+    /// let q = store.blocking_queue::<String>("q")?;
     /// let mut tx = store.begin();
-    /// q.enqueue(&mut tx, "hello".into())?;
-    /// assert_eq!(q.try_dequeue(&mut tx)?, None); // no read-your-own-writes
-    /// tx.commit()?;
+    /// let item = "hello".to_owned();
+    /// q.enqueue(&mut tx, &item)?; // the caller keeps `item`
+    /// assert_eq!(q.blocking_try_dequeue(&mut tx)?, None); // no read-your-own-writes
+    /// tx.blocking_commit()?;
     /// # Ok::<(), reliable_queue::Error>(())
     /// ```
-    pub fn enqueue(&self, tx: &mut Transaction, item: T) -> Result<()> {
+    pub fn enqueue(&self, tx: &mut Transaction, item: impl Borrow<T>) -> Result<()> {
         self.check(tx)?;
-        let bytes = codec::encode(&item).map_err(|e| Error::serialize(self.name(), e))?;
-        let limit = self.store.config.max_item_size;
-        if bytes.len() > limit {
-            return Err(Error::ItemTooLarge {
-                queue: self.name().to_owned(),
-                size: bytes.len(),
-                limit,
-            });
-        }
-        tx.push_enqueue(self.core.clone(), bytes)
+        self.engine.check_open()?;
+        let bytes = codec::encode(item.borrow()).map_err(|e| Error::serialize(self.name(), e))?;
+        self.engine.enqueue(&self.queue, tx.work_mut(), bytes)
     }
 
-    /// Takes the item at the front of the queue into the transaction, without waiting.
+    /// Takes the item at the front of the queue into the transaction, without waiting for an
+    /// item.
     ///
     /// Returns `None` when no item is visible (the queue is empty, or every item is held by
     /// an open transaction or promised to a waiting consumer). The item is hidden from
     /// everyone else at once; it is removed for good when `tx` commits and put back at the
-    /// front if it does not.
+    /// front if it does not. Ready at once on the embedded engines.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: dropping the future before it completes takes nothing.
     ///
     /// # Errors
     ///
     /// [`Error::Deserialize`] if the item's bytes are not a `T` (the item stays held by `tx`:
     /// abort to put it back, commit to discard it), [`Error::WrongStore`] if `tx` belongs to
-    /// another store.
+    /// another store, [`Error::Closed`] after [`Store::close`](crate::Store::close).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), reliable_queue::Error> {
+    /// let store = reliable_queue::Store::in_memory()?;
+    /// let q = store.queue::<u32>("q").await?;
+    /// # let mut tx = store.begin(); q.enqueue(&mut tx, 10)?; tx.commit().await?;
+    /// let mut tx = store.begin();
+    /// assert_eq!(q.try_dequeue(&mut tx).await?, Some(10));
+    /// assert_eq!(q.count().await?, 0); // held by tx
+    /// tx.commit().await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn try_dequeue(&self, tx: &mut Transaction) -> Result<Option<T>> {
+        self.blocking_try_dequeue(tx)
+    }
+
+    /// [`try_dequeue`](Self::try_dequeue) for threads.
+    ///
+    /// # Errors
+    ///
+    /// As [`try_dequeue`](Self::try_dequeue).
     ///
     /// # Examples
     ///
     /// ```
     /// let store = reliable_queue::Store::in_memory()?;
-    /// let q = store.queue::<u32>("q")?;
-    /// # let mut tx = store.begin(); q.enqueue(&mut tx, 10)?; tx.commit()?;
+    /// let q = store.blocking_queue::<u32>("q")?;
+    /// # let mut tx = store.begin(); q.enqueue(&mut tx, 10)?; tx.blocking_commit()?;
     /// let mut tx = store.begin();
-    /// assert_eq!(q.try_dequeue(&mut tx)?, Some(10));
-    /// assert_eq!(q.count(), 0); // held by tx
-    /// tx.commit()?;
+    /// assert_eq!(q.blocking_try_dequeue(&mut tx)?, Some(10));
+    /// assert_eq!(q.blocking_count()?, 0); // held by tx
+    /// tx.blocking_commit()?;
     /// # Ok::<(), reliable_queue::Error>(())
     /// ```
-    pub fn try_dequeue(&self, tx: &mut Transaction) -> Result<Option<T>> {
+    pub fn blocking_try_dequeue(&self, tx: &mut Transaction) -> Result<Option<T>> {
         self.check(tx)?;
-        match self.core.try_take() {
-            Some(entry) => self.accept(tx, entry).map(Some),
+        match self.engine.try_dequeue(&self.queue, tx.work_mut())? {
+            Some(entry) => self.decode(entry).map(Some),
             None => Ok(None),
         }
     }
 
-    /// Hands `entry` to `tx` and decodes it.
-    pub(crate) fn accept(&self, tx: &mut Transaction, entry: Entry) -> Result<T> {
-        let entry = tx.hold(self.core.clone(), entry);
+    /// Decodes an entry the transaction now holds.
+    pub(crate) fn decode(&self, entry: &Entry) -> Result<T> {
         codec::decode(&entry.bytes).map_err(|e| Error::Deserialize {
             queue: self.name().to_owned(),
             item_id: entry.id,
@@ -215,7 +277,7 @@ where
 
 impl<T> Clone for ReliableConcurrentQueue<T> {
     fn clone(&self) -> Self {
-        ReliableConcurrentQueue::new(self.store.clone(), self.core.clone())
+        ReliableConcurrentQueue::new(self.engine.clone(), self.queue.clone())
     }
 }
 
@@ -223,7 +285,7 @@ impl<T> fmt::Debug for ReliableConcurrentQueue<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ReliableConcurrentQueue")
             .field("name", &self.name())
-            .field("count", &self.count())
+            .field("count", &self.engine.count(&self.queue).ok())
             .finish()
     }
 }

@@ -1,30 +1,25 @@
-//! [`Store`]: the handle on a set of named queues and their log.
+//! [`Store`]: the handle on a set of named queues and the engine that keeps them.
 
-use std::collections::{HashMap, VecDeque};
 use std::fmt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::config::{Builder, Config, Durability};
-use crate::core::{QueueCore, QueueId};
-use crate::error::{Error, Result};
-use crate::log::catalog::Fence;
-use crate::log::{BadRecord, DurableLog};
+use crate::builder::Builder;
+use crate::config::{Config, Durability};
+use crate::engine::{Engine, SetAsideRecord};
+use crate::error::Result;
 use crate::queue::ReliableConcurrentQueue;
-use crate::sync::process::{AtomicU64, Mutex, Ordering};
 use crate::transaction::Transaction;
 
-/// Longest queue name accepted, in bytes.
-const MAX_NAME_LEN: usize = 1024;
-
-/// A set of named queues, in memory or in a directory on disk, and the log behind them.
+/// A set of named queues, in memory or in a directory on disk, and the engine behind them.
 ///
-/// Cheap to clone: clones share one store. Dropping the last handle (stores, queues and
-/// transactions all count) closes it: the log is flushed and the directory released, so it
-/// can be opened again, by this process or another. After a storage failure ([`Error::Storage`]
+/// Cheap to clone: clones share one store. The store closes when [`close`](Store::close) is
+/// called on any clone, or when the last handle is dropped (stores, queues and transactions
+/// all count): the log is flushed and the directory released, so it can be opened again, by
+/// this process or another. After a storage failure ([`Error::Storage`](crate::Error::Storage)
 /// from a commit), closing waits at most 5 s for the storage engine to let go; if it is stuck
 /// (sled 0.34 can be, after a disk filled up), the directory stays locked until the process
 /// exits.
@@ -36,102 +31,38 @@ const MAX_NAME_LEN: usize = 1024;
 ///
 /// let dir = tempfile::tempdir()?;
 /// let store = Store::open(dir.path())?;
-/// let jobs = store.queue::<String>("jobs")?;
+/// let jobs = store.blocking_queue::<String>("jobs")?;
 ///
 /// let mut tx = store.begin();
 /// jobs.enqueue(&mut tx, "resize image 17".to_owned())?;
-/// tx.commit()?; // durable once this returns
+/// tx.blocking_commit()?; // durable once this returns
 ///
 /// let mut tx = store.begin();
-/// assert_eq!(jobs.try_dequeue(&mut tx)?.as_deref(), Some("resize image 17"));
-/// tx.commit()?; // gone for good
+/// assert_eq!(jobs.blocking_try_dequeue(&mut tx)?.as_deref(), Some("resize image 17"));
+/// tx.blocking_commit()?; // gone for good
+/// store.blocking_close()?;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Clone)]
 pub struct Store {
-    inner: Arc<StoreInner>,
-}
-
-/// A record of the log that failed its checksum or decode and was set aside at open.
-///
-/// The record's bytes are kept in the store's `quarantine` tree. The queues it names stay
-/// fenced ([`Error::Corrupted`] from [`Store::queue`]) until [`Store::unfence`] is called.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct SetAsideRecord {
-    /// The record's sequence number (its key in the log).
-    pub record: u64,
-    /// The queues the record names; `None` when its header is unreadable (then every queue
-    /// that existed at the time was fenced).
-    pub queues: Option<Vec<String>>,
-    /// What was wrong with it.
-    pub reason: String,
-}
-
-pub(crate) struct StoreInner {
-    pub(crate) config: Config,
-    catalog: Mutex<Catalog>,
-    pub(crate) backend: Backend,
-    /// Released last, after the backend has closed the directory.
-    _dir: Option<DirLock>,
-}
-
-struct Catalog {
-    queues: HashMap<String, Arc<QueueCore>>,
-    next_id: QueueId,
-    fences: Vec<Fence>,
-    set_aside: Vec<BadRecord>,
-}
-
-pub(crate) enum Backend {
-    /// Nothing on disk: commits apply in the caller's thread.
-    Memory {
-        next_id: AtomicU64,
-    },
-    Durable(DurableLog),
-}
-
-/// Directories open in this process. sled's file lock catches other processes.
-static OPEN_DIRS: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
-
-struct DirLock(PathBuf);
-
-impl DirLock {
-    fn acquire(path: PathBuf) -> Result<Self> {
-        let mut open = OPEN_DIRS.lock();
-        if open.contains(&path) {
-            return Err(Error::AlreadyOpen { path });
-        }
-        open.push(path.clone());
-        Ok(DirLock(path))
-    }
-}
-
-impl Drop for DirLock {
-    fn drop(&mut self) {
-        OPEN_DIRS.lock().retain(|p| p != &self.0);
-    }
-}
-
-fn create_dir(path: &Path) -> std::io::Result<()> {
-    let mut builder = std::fs::DirBuilder::new();
-    builder.recursive(true);
-    #[cfg(unix)]
-    std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
-    builder.create(path)
+    engine: Arc<Engine>,
 }
 
 impl Store {
     /// Opens (or creates) the store in directory `path` with the default settings:
     /// [`Durability::Sync`], 4 MiB items.
     ///
+    /// Synchronous: opening a directory reads and recovers its log, file I/O like
+    /// `std::fs`. In async code, open stores at start-up or in `spawn_blocking`.
+    ///
     /// # Errors
     ///
-    /// [`Error::AlreadyOpen`] if the directory is in use (by another process, this is reported
-    /// after waiting up to 2 s, the time a store closed a moment ago may take to release the
-    /// directory), [`Error::UnsupportedFormat`] for a store this build cannot read,
-    /// [`Error::Storage`] if the directory cannot be created or read. Records that fail their
-    /// checksum do not fail the open: see
+    /// [`Error::AlreadyOpen`](crate::Error::AlreadyOpen) if the directory is in use (by
+    /// another process, this is reported after waiting up to 2 s, the time a store closed a
+    /// moment ago may take to release the directory),
+    /// [`Error::UnsupportedFormat`](crate::Error::UnsupportedFormat) for a store this build
+    /// cannot read, [`Error::Storage`](crate::Error::Storage) if the directory cannot be
+    /// created or read. Records that fail their checksum do not fail the open: see
     /// [`set_aside_records`](Store::set_aside_records).
     ///
     /// # Examples
@@ -175,108 +106,71 @@ impl Store {
     }
 
     pub(crate) fn open_with(config: Config) -> Result<Store> {
-        let Some(path) = config.path.clone() else {
-            let inner = StoreInner {
-                config,
-                catalog: Mutex::new(Catalog {
-                    queues: HashMap::new(),
-                    next_id: 0,
-                    fences: Vec::new(),
-                    set_aside: Vec::new(),
-                }),
-                backend: Backend::Memory {
-                    next_id: AtomicU64::new(0),
-                },
-                _dir: None,
-            };
-            return Ok(Store {
-                inner: Arc::new(inner),
-            });
-        };
-        create_dir(&path)?;
-        let path = path.canonicalize()?;
-        let dir = DirLock::acquire(path.clone())?;
-        let opened = DurableLog::open(&path, &config)?;
-        let next_id = opened
-            .queues
-            .iter()
-            .map(|(_, id, _)| id + 1)
-            .max()
-            .unwrap_or(0);
-        let queues = opened
-            .queues
-            .into_iter()
-            .map(|(name, id, items)| {
-                let core = QueueCore::new(id, Arc::from(name.as_str()), items);
-                (name, Arc::new(core))
-            })
-            .collect();
-        let inner = StoreInner {
-            config,
-            catalog: Mutex::new(Catalog {
-                queues,
-                next_id,
-                fences: opened.fences,
-                set_aside: opened.set_aside,
-            }),
-            backend: Backend::Durable(opened.log),
-            _dir: Some(dir),
-        };
         Ok(Store {
-            inner: Arc::new(inner),
+            engine: Arc::new(Engine::open(config)?),
         })
     }
 
-    /// Opens the queue `name`, creating it if it does not exist yet.
+    /// Opens the queue `name`, creating it if it does not exist yet. On disk, creating a
+    /// queue is recorded in the log (durably, under [`Durability::Sync`]) before this
+    /// returns.
     ///
     /// The queue's items are `T`s; the store does not record `T`, so opening one name with
-    /// two different types makes dequeues fail with [`Error::Deserialize`].
+    /// two different types makes dequeues fail with
+    /// [`Error::Deserialize`](crate::Error::Deserialize) when the bytes do not decode as the
+    /// other type (and decode to nonsense when they happen to).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: a queue whose creation was submitted is created whether or not the future
+    /// is still awaited; calling again opens it.
     ///
     /// # Errors
     ///
-    /// [`Error::Corrupted`] if the queue is fenced by a record set aside at open,
-    /// [`Error::InvalidConfig`] for an empty name or one over 1024 bytes, [`Error::Storage`]
-    /// if the new queue cannot be recorded.
+    /// [`Error::Fenced`](crate::Error::Fenced) if the queue is fenced by a record set aside
+    /// at open, [`Error::InvalidQueueName`](crate::Error::InvalidQueueName) for an empty
+    /// name or one over 1024 bytes, [`Error::Storage`](crate::Error::Storage) if the new
+    /// queue cannot be recorded, [`Error::Closed`](crate::Error::Closed) after
+    /// [`close`](Store::close).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), reliable_queue::Error> {
+    /// let store = reliable_queue::Store::in_memory()?;
+    /// let orders = store.queue::<(u64, String)>("orders").await?;
+    /// assert_eq!(orders.name(), "orders");
+    /// # Ok(()) }
+    /// ```
+    pub async fn queue<T>(&self, name: &str) -> Result<ReliableConcurrentQueue<T>>
+    where
+        T: Serialize + DeserializeOwned + Send + 'static,
+    {
+        let queue = self.engine.queue(name).await?;
+        Ok(ReliableConcurrentQueue::new(self.engine.clone(), queue))
+    }
+
+    /// [`queue`](Store::queue) for threads: blocks until the queue is opened.
+    ///
+    /// # Errors
+    ///
+    /// As [`queue`](Store::queue).
     ///
     /// # Examples
     ///
     /// ```
     /// let store = reliable_queue::Store::in_memory()?;
-    /// let orders = store.queue::<(u64, String)>("orders")?;
+    /// let orders = store.blocking_queue::<(u64, String)>("orders")?;
     /// assert_eq!(orders.name(), "orders");
     /// # Ok::<(), reliable_queue::Error>(())
     /// ```
-    pub fn queue<T>(&self, name: &str) -> Result<ReliableConcurrentQueue<T>>
+    pub fn blocking_queue<T>(&self, name: &str) -> Result<ReliableConcurrentQueue<T>>
     where
         T: Serialize + DeserializeOwned + Send + 'static,
     {
-        if name.is_empty() || name.len() > MAX_NAME_LEN {
-            return Err(Error::InvalidConfig(format!(
-                "queue names must be 1 to {MAX_NAME_LEN} bytes long"
-            )));
-        }
-        let mut catalog = self.inner.catalog.lock();
-        if let Some(core) = catalog.queues.get(name) {
-            if let Some(fence) = catalog.fences.iter().find(|f| f.queue == core.id()) {
-                return Err(Error::Corrupted {
-                    queue: Some(name.to_owned()),
-                    record: fence.record,
-                    reason: fence.reason.clone(),
-                });
-            }
-            return Ok(ReliableConcurrentQueue::new(
-                self.inner.clone(),
-                core.clone(),
-            ));
-        }
-        let id = catalog.next_id;
-        if let Backend::Durable(log) = &self.inner.backend {
-            log.create_queue(name, id)?;
-        }
-        let core = Arc::new(QueueCore::new(id, Arc::from(name), VecDeque::new()));
-        catalog.queues.insert(name.to_owned(), core.clone());
-        catalog.next_id += 1;
-        Ok(ReliableConcurrentQueue::new(self.inner.clone(), core))
+        let queue = self.engine.blocking_queue(name)?;
+        Ok(ReliableConcurrentQueue::new(self.engine.clone(), queue))
     }
 
     /// Starts a transaction. It may touch any queues of this store; it does nothing until
@@ -286,26 +180,56 @@ impl Store {
     ///
     /// ```
     /// let store = reliable_queue::Store::in_memory()?;
-    /// let a = store.queue::<u32>("a")?;
-    /// let b = store.queue::<String>("b")?;
+    /// let a = store.blocking_queue::<u32>("a")?;
+    /// let b = store.blocking_queue::<String>("b")?;
     /// let mut tx = store.begin();
     /// a.enqueue(&mut tx, 1)?;
-    /// b.enqueue(&mut tx, "one".into())?;
-    /// tx.commit()?;
-    /// assert_eq!((a.count(), b.count()), (1, 1));
+    /// b.enqueue(&mut tx, "one".to_owned())?;
+    /// tx.blocking_commit()?;
+    /// assert_eq!((a.blocking_count()?, b.blocking_count()?), (1, 1));
     /// # Ok::<(), reliable_queue::Error>(())
     /// ```
     pub fn begin(&self) -> Transaction {
-        Transaction::new(self.inner.clone())
+        Transaction::new(self.engine.clone())
     }
 
     /// Makes every commit so far durable. Under [`Durability::Sync`] they already are; under
     /// [`Durability::Buffered`] this waits for a flush. In memory it does nothing.
     ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: dropping the future only loses the answer; the flush happens anyway.
+    ///
     /// # Errors
     ///
-    /// [`Error::Storage`] if the flush fails, [`Error::Closed`] if the store stopped
-    /// committing.
+    /// [`Error::Storage`](crate::Error::Storage) if the flush fails,
+    /// [`Error::PreviousFailure`](crate::Error::PreviousFailure) after an earlier storage
+    /// failure, [`Error::Closed`](crate::Error::Closed) after [`close`](Store::close).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use reliable_queue::{Durability, Store};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let dir = tempfile::tempdir()?;
+    /// let store = Store::builder().path(dir.path()).durability(Durability::Buffered).open()?;
+    /// let q = store.queue::<u8>("q").await?;
+    /// let mut tx = store.begin();
+    /// q.enqueue(&mut tx, 1)?;
+    /// tx.commit().await?;
+    /// store.flush().await?; // now on disk
+    /// # Ok(()) }
+    /// ```
+    pub async fn flush(&self) -> Result<()> {
+        self.engine.flush().await
+    }
+
+    /// [`flush`](Store::flush) for threads.
+    ///
+    /// # Errors
+    ///
+    /// As [`flush`](Store::flush).
     ///
     /// # Examples
     ///
@@ -313,18 +237,71 @@ impl Store {
     /// use reliable_queue::{Durability, Store};
     /// let dir = tempfile::tempdir()?;
     /// let store = Store::builder().path(dir.path()).durability(Durability::Buffered).open()?;
-    /// let q = store.queue::<u8>("q")?;
+    /// let q = store.blocking_queue::<u8>("q")?;
     /// let mut tx = store.begin();
     /// q.enqueue(&mut tx, 1)?;
-    /// tx.commit()?;
-    /// store.flush()?; // now on disk
+    /// tx.blocking_commit()?;
+    /// store.blocking_flush()?; // now on disk
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn flush(&self) -> Result<()> {
-        match &self.inner.backend {
-            Backend::Durable(log) => log.flush(),
-            Backend::Memory { .. } => Ok(()),
-        }
+    pub fn blocking_flush(&self) -> Result<()> {
+        self.engine.blocking_flush()
+    }
+
+    /// Closes the store, for every clone of it: waiting consumers wake with
+    /// [`Error::Closed`](crate::Error::Closed), commits already submitted finish, the log is
+    /// flushed and the directory released (it can be opened again once this returns). Every
+    /// later call on any handle of this store fails with `Closed`; items held by open
+    /// transactions stay on disk as they were before those transactions. Does not wait for
+    /// the other clones to be dropped.
+    ///
+    /// Returns the final flush's outcome: the one place where a failure to make the last
+    /// commits durable is reported (dropping the last handle only logs it).
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future after its first poll does not stop the close; only its outcome is
+    /// lost.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Storage`](crate::Error::Storage) if the final flush fails,
+    /// [`Error::PreviousFailure`](crate::Error::PreviousFailure) after an earlier storage
+    /// failure, [`Error::Closed`](crate::Error::Closed) if the store was closed already.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let dir = tempfile::tempdir()?;
+    /// let store = reliable_queue::Store::open(dir.path())?;
+    /// let other = store.clone();
+    /// store.close().await?;
+    /// assert!(matches!(other.flush().await, Err(reliable_queue::Error::Closed)));
+    /// let reopened = reliable_queue::Store::open(dir.path())?; // released at once
+    /// # Ok(()) }
+    /// ```
+    pub async fn close(self) -> Result<()> {
+        self.engine.close().await
+    }
+
+    /// [`close`](Store::close) for threads.
+    ///
+    /// # Errors
+    ///
+    /// As [`close`](Store::close).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let dir = tempfile::tempdir()?;
+    /// let store = reliable_queue::Store::open(dir.path())?;
+    /// store.blocking_close()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn blocking_close(self) -> Result<()> {
+        self.engine.blocking_close()
     }
 
     /// Names of every queue in the store, sorted.
@@ -333,15 +310,13 @@ impl Store {
     ///
     /// ```
     /// let store = reliable_queue::Store::in_memory()?;
-    /// store.queue::<u8>("b")?;
-    /// store.queue::<u8>("a")?;
+    /// store.blocking_queue::<u8>("b")?;
+    /// store.blocking_queue::<u8>("a")?;
     /// assert_eq!(store.queue_names(), ["a", "b"]);
     /// # Ok::<(), reliable_queue::Error>(())
     /// ```
     pub fn queue_names(&self) -> Vec<String> {
-        let mut names: Vec<String> = self.inner.catalog.lock().queues.keys().cloned().collect();
-        names.sort();
-        names
+        self.engine.queue_names()
     }
 
     /// Records that failed their checksum or decode, set aside at this or an earlier open.
@@ -356,54 +331,52 @@ impl Store {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn set_aside_records(&self) -> Vec<SetAsideRecord> {
-        let catalog = self.inner.catalog.lock();
-        let name_of = |id: QueueId| {
-            catalog
-                .queues
-                .values()
-                .find(|q| q.id() == id)
-                .map_or_else(|| format!("#{id}"), |q| q.name().to_owned())
-        };
-        catalog
-            .set_aside
-            .iter()
-            .map(|bad| SetAsideRecord {
-                record: bad.record,
-                queues: bad
-                    .queues
-                    .as_ref()
-                    .map(|ids| ids.iter().map(|&id| name_of(id)).collect()),
-                reason: bad.reason.clone(),
-            })
-            .collect()
+        self.engine.set_aside_records()
     }
 
     /// Lifts the fence that set-aside records put on queue `name`, accepting the damage: the
     /// items the bad records enqueued are missing, and items they dequeued are back in the
     /// queue. The records themselves stay in the quarantine tree.
     ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future after its first poll does not stop the change; call again to
+    /// learn its outcome (lifting a lifted fence does nothing).
+    ///
     /// # Errors
     ///
-    /// [`Error::Storage`] if the change cannot be recorded. Unknown or unfenced names are
-    /// not an error.
+    /// [`Error::Storage`](crate::Error::Storage) if the change cannot be recorded,
+    /// [`Error::Closed`](crate::Error::Closed) after [`close`](Store::close). Unknown or
+    /// unfenced names are not an error.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), reliable_queue::Error> {
+    /// let store = reliable_queue::Store::in_memory()?;
+    /// store.unfence("never-fenced").await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn unfence(&self, name: &str) -> Result<()> {
+        self.engine.unfence(name).await
+    }
+
+    /// [`unfence`](Store::unfence) for threads.
+    ///
+    /// # Errors
+    ///
+    /// As [`unfence`](Store::unfence).
     ///
     /// # Examples
     ///
     /// ```
     /// let store = reliable_queue::Store::in_memory()?;
-    /// store.unfence("never-fenced")?;
+    /// store.blocking_unfence("never-fenced")?;
     /// # Ok::<(), reliable_queue::Error>(())
     /// ```
-    pub fn unfence(&self, name: &str) -> Result<()> {
-        let mut catalog = self.inner.catalog.lock();
-        let Some(id) = catalog.queues.get(name).map(|q| q.id()) else {
-            return Ok(());
-        };
-        if let Backend::Durable(log) = &self.inner.backend {
-            log.unfence(id)?;
-        }
-        catalog.fences.retain(|f| f.queue != id);
-        Ok(())
+    pub fn blocking_unfence(&self, name: &str) -> Result<()> {
+        self.engine.blocking_unfence(name)
     }
 
     /// The store's directory, `None` in memory.
@@ -415,7 +388,7 @@ impl Store {
     /// # Ok::<(), reliable_queue::Error>(())
     /// ```
     pub fn path(&self) -> Option<&Path> {
-        self.inner.config.path.as_deref()
+        self.engine.config().path.as_deref()
     }
 
     /// The store's durability setting.
@@ -428,23 +401,16 @@ impl Store {
     /// # Ok::<(), reliable_queue::Error>(())
     /// ```
     pub fn durability(&self) -> Durability {
-        self.inner.config.durability
+        self.engine.config().durability
     }
 }
 
 impl fmt::Debug for Store {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Store")
-            .field("path", &self.inner.config.path)
-            .field("durability", &self.inner.config.durability)
-            .field("queues", &self.inner.catalog.lock().queues.len())
+            .field("path", &self.path())
+            .field("durability", &self.durability())
+            .field("queues", &self.engine.queue_names().len())
             .finish()
-    }
-}
-
-impl StoreInner {
-    /// Takes the next `n` ids of the in-memory backend.
-    pub(crate) fn memory_ids(next_id: &AtomicU64, n: u64) -> u64 {
-        next_id.fetch_add(n, Ordering::Relaxed)
     }
 }

@@ -4,7 +4,7 @@
 //! `--cfg reliable_queue_loom`, they are loom's, so the `loom-tests` crate can model-check the
 //! core without switching any dependency to loom. Everything under [`process`] is never
 //! switched: it serves the parts of the crate that loom does not model (the committer thread,
-//! the registry of open directories, commit completions).
+//! the registry of open directories, the engines' flags and counters).
 
 #[cfg(not(reliable_queue_loom))]
 mod imp {
@@ -55,6 +55,6 @@ pub(crate) use imp::{AtomicU64, Mutex, MutexGuard, Ordering};
 
 /// Primitives for the parts of the crate that loom does not model.
 pub(crate) mod process {
-    pub(crate) use parking_lot::{Condvar, Mutex};
-    pub(crate) use std::sync::atomic::{AtomicU64, Ordering};
+    pub(crate) use parking_lot::Mutex;
+    pub(crate) use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 }

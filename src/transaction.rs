@@ -3,10 +3,8 @@
 use std::fmt;
 use std::sync::Arc;
 
-use crate::core::{publish_all, restore_all, Enqueues, Entry, Held, QueueCore};
-use crate::error::{Error, Result};
-use crate::log::{CommitRequest, Completion, Reply};
-use crate::store::{Backend, StoreInner};
+use crate::engine::{Engine, Work};
+use crate::error::Result;
 
 /// A set of enqueues and dequeues, over any queues of one store, applied atomically.
 ///
@@ -23,57 +21,41 @@ use crate::store::{Backend, StoreInner};
 /// Move an item from one queue to another, atomically:
 ///
 /// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), reliable_queue::Error> {
 /// let store = reliable_queue::Store::in_memory()?;
-/// let inbox = store.queue::<String>("inbox")?;
-/// let done = store.queue::<String>("done")?;
-/// # let mut tx = store.begin(); inbox.enqueue(&mut tx, "a".into())?; tx.commit()?;
+/// let inbox = store.queue::<String>("inbox").await?;
+/// let done = store.queue::<String>("done").await?;
+/// # let mut tx = store.begin(); inbox.enqueue(&mut tx, "a".to_owned())?; tx.commit().await?;
 ///
 /// let mut tx = store.begin();
-/// if let Some(item) = inbox.try_dequeue(&mut tx)? {
+/// if let Some(item) = inbox.try_dequeue(&mut tx).await? {
 ///     done.enqueue(&mut tx, item)?;
 /// }
-/// tx.commit()?;
-/// assert_eq!((inbox.count(), done.count()), (0, 1));
-/// # Ok::<(), reliable_queue::Error>(())
+/// tx.commit().await?;
+/// assert_eq!((inbox.count().await?, done.count().await?), (0, 1));
+/// # Ok(()) }
 /// ```
 #[must_use = "a transaction does nothing until committed, and aborts when dropped"]
 pub struct Transaction {
-    store: Arc<StoreInner>,
-    enqueues: Enqueues,
-    dequeued: Held,
-    enqueued_bytes: usize,
+    engine: Arc<Engine>,
+    work: Work,
 }
 
 impl Transaction {
-    pub(crate) fn new(store: Arc<StoreInner>) -> Self {
+    pub(crate) fn new(engine: Arc<Engine>) -> Self {
         Transaction {
-            store,
-            enqueues: Enqueues::new(),
-            dequeued: Held::new(),
-            enqueued_bytes: 0,
+            engine,
+            work: Work::default(),
         }
     }
 
-    pub(crate) fn store(&self) -> &Arc<StoreInner> {
-        &self.store
+    pub(crate) fn engine(&self) -> &Engine {
+        &self.engine
     }
 
-    /// Adds an encoded item, within the transaction size limit.
-    pub(crate) fn push_enqueue(&mut self, queue: Arc<QueueCore>, bytes: Box<[u8]>) -> Result<()> {
-        let limit = self.store.config.max_transaction_size;
-        let size = self.enqueued_bytes + bytes.len();
-        if size > limit {
-            return Err(Error::TransactionTooLarge { size, limit });
-        }
-        self.enqueued_bytes = size;
-        self.enqueues.push((queue, bytes));
-        Ok(())
-    }
-
-    /// Takes ownership of a dequeued item until commit or abort.
-    pub(crate) fn hold(&mut self, queue: Arc<QueueCore>, entry: Entry) -> &Entry {
-        self.dequeued.push((queue, entry));
-        &self.dequeued[self.dequeued.len() - 1].1
+    pub(crate) fn work_mut(&mut self) -> &mut Work {
+        &mut self.work
     }
 
     /// Number of items enqueued so far.
@@ -82,14 +64,14 @@ impl Transaction {
     ///
     /// ```
     /// let store = reliable_queue::Store::in_memory()?;
-    /// let q = store.queue::<u8>("q")?;
+    /// let q = store.blocking_queue::<u8>("q")?;
     /// let mut tx = store.begin();
     /// q.enqueue(&mut tx, 1)?;
     /// assert_eq!(tx.enqueued(), 1);
     /// # Ok::<(), reliable_queue::Error>(())
     /// ```
     pub fn enqueued(&self) -> usize {
-        self.enqueues.len()
+        self.work.enqueues.len()
     }
 
     /// Number of items dequeued (and held) so far.
@@ -98,74 +80,34 @@ impl Transaction {
     ///
     /// ```
     /// let store = reliable_queue::Store::in_memory()?;
-    /// let q = store.queue::<u8>("q")?;
+    /// let q = store.blocking_queue::<u8>("q")?;
     /// let mut tx = store.begin();
-    /// assert_eq!(q.try_dequeue(&mut tx)?, None);
+    /// assert_eq!(q.blocking_try_dequeue(&mut tx)?, None);
     /// assert_eq!(tx.dequeued(), 0);
     /// # Ok::<(), reliable_queue::Error>(())
     /// ```
     pub fn dequeued(&self) -> usize {
-        self.dequeued.len()
+        self.work.dequeued.len()
     }
 
     /// Applies every enqueue and dequeue of the transaction atomically, and returns once they
     /// are durable (under [`Durability::Sync`](crate::Durability::Sync)). Concurrent commits
-    /// share one log write and one fsync.
-    ///
-    /// This blocks the calling thread; in async code use
-    /// [`commit_async`](Transaction::commit_async).
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Storage`] if the log cannot be written, [`Error::Closed`] if the store stopped
-    /// committing after an earlier failure. Either way nothing was applied and the dequeued
-    /// items are back at the front of their queues.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// let dir = tempfile::tempdir()?;
-    /// let store = reliable_queue::Store::open(dir.path())?;
-    /// let q = store.queue::<u64>("q")?;
-    /// let mut tx = store.begin();
-    /// q.enqueue(&mut tx, 42)?;
-    /// tx.commit()?;
-    /// assert_eq!(q.count(), 1);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn commit(mut self) -> Result<()> {
-        let Some((enqueues, dequeued)) = self.take_work() else {
-            return Ok(());
-        };
-        match &self.store.backend {
-            Backend::Memory { next_id } => {
-                apply_in_memory(next_id, enqueues, dequeued);
-                Ok(())
-            }
-            Backend::Durable(durable) => {
-                let (completion, reply) = Completion::new();
-                durable.submit(CommitRequest {
-                    enqueues,
-                    dequeued,
-                    reply,
-                });
-                completion.wait()
-            }
-        }
-    }
-
-    /// Like [`commit`](Transaction::commit), but waits without blocking the thread.
+    /// share one log write and one fsync. In memory it is ready at once.
     ///
     /// # Cancel safety
     ///
     /// Dropping the future before its first poll aborts the transaction. Once polled, the
-    /// commit is in the committer's hands and completes (or fails) whether or not the future
+    /// commit is in the engine's hands and completes (or fails) whether or not the future
     /// is still awaited; only its outcome is lost. Do not retry a commit whose future was
     /// dropped: it may have been applied.
     ///
     /// # Errors
     ///
-    /// As [`commit`](Transaction::commit).
+    /// [`Error::Storage`](crate::Error::Storage) if the log cannot be written,
+    /// [`Error::PreviousFailure`](crate::Error::PreviousFailure) if an earlier storage failure
+    /// stopped the store, [`Error::Closed`](crate::Error::Closed) after
+    /// [`Store::close`](crate::Store::close). Either way nothing was applied and the dequeued
+    /// items are back at the front of their queues.
     ///
     /// # Examples
     ///
@@ -174,80 +116,103 @@ impl Transaction {
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let dir = tempfile::tempdir()?;
     /// let store = reliable_queue::Store::open(dir.path())?;
-    /// let q = store.queue::<u64>("q")?;
+    /// let q = store.queue::<u64>("q").await?;
     /// let mut tx = store.begin();
     /// q.enqueue(&mut tx, 42)?;
-    /// tx.commit_async().await?;
+    /// tx.commit().await?;
+    /// assert_eq!(q.count().await?, 1);
     /// # Ok(()) }
     /// ```
-    pub async fn commit_async(mut self) -> Result<()> {
-        let Some((enqueues, dequeued)) = self.take_work() else {
-            return Ok(());
-        };
-        match &self.store.backend {
-            Backend::Memory { next_id } => {
-                apply_in_memory(next_id, enqueues, dequeued);
-                Ok(())
-            }
-            Backend::Durable(durable) => {
-                let (tx, rx) = tokio::sync::oneshot::channel();
-                durable.submit(CommitRequest {
-                    enqueues,
-                    dequeued,
-                    reply: Reply::Async(tx),
-                });
-                rx.await.unwrap_or(Err(Error::Closed))
-            }
-        }
+    pub async fn commit(mut self) -> Result<()> {
+        let work = std::mem::take(&mut self.work);
+        self.engine.commit(work).await
+    }
+
+    /// [`commit`](Transaction::commit) for threads: blocks until the commit is durable.
+    ///
+    /// # Errors
+    ///
+    /// As [`commit`](Transaction::commit).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let dir = tempfile::tempdir()?;
+    /// let store = reliable_queue::Store::open(dir.path())?;
+    /// let q = store.blocking_queue::<u64>("q")?;
+    /// let mut tx = store.begin();
+    /// q.enqueue(&mut tx, 42)?;
+    /// tx.blocking_commit()?;
+    /// assert_eq!(q.blocking_count()?, 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn blocking_commit(mut self) -> Result<()> {
+        let work = std::mem::take(&mut self.work);
+        self.engine.blocking_commit(work)
     }
 
     /// Discards the enqueues and puts the dequeued items back at the front of their queues,
-    /// visible at once. Same as dropping the transaction.
+    /// visible once this returns. Dropping the transaction does the same (on a remote engine,
+    /// best effort). On the embedded engines it is ready at once and cannot fail.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: a dropped future drops the transaction, which aborts it.
+    ///
+    /// # Errors
+    ///
+    /// None on the embedded engines; the `Result` is for engines where aborting is a round
+    /// trip.
     ///
     /// # Examples
     ///
     /// Peek: dequeue, look, abort.
     ///
     /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), reliable_queue::Error> {
     /// let store = reliable_queue::Store::in_memory()?;
-    /// let q = store.queue::<u32>("q")?;
-    /// # let mut tx = store.begin(); q.enqueue(&mut tx, 7)?; tx.commit()?;
+    /// let q = store.queue::<u32>("q").await?;
+    /// # let mut tx = store.begin(); q.enqueue(&mut tx, 7)?; tx.commit().await?;
     /// let mut tx = store.begin();
-    /// assert_eq!(q.try_dequeue(&mut tx)?, Some(7));
-    /// tx.abort();
-    /// assert_eq!(q.count(), 1);
+    /// assert_eq!(q.try_dequeue(&mut tx).await?, Some(7));
+    /// tx.abort().await?;
+    /// assert_eq!(q.count().await?, 1);
+    /// # Ok(()) }
+    /// ```
+    pub async fn abort(self) -> Result<()> {
+        self.blocking_abort()
+    }
+
+    /// [`abort`](Transaction::abort) for threads.
+    ///
+    /// # Errors
+    ///
+    /// As [`abort`](Transaction::abort).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let store = reliable_queue::Store::in_memory()?;
+    /// let q = store.blocking_queue::<u32>("q")?;
+    /// # let mut tx = store.begin(); q.enqueue(&mut tx, 7)?; tx.blocking_commit()?;
+    /// let mut tx = store.begin();
+    /// assert_eq!(q.blocking_try_dequeue(&mut tx)?, Some(7));
+    /// tx.blocking_abort()?;
+    /// assert_eq!(q.blocking_count()?, 1);
     /// # Ok::<(), reliable_queue::Error>(())
     /// ```
-    pub fn abort(self) {
-        drop(self);
+    pub fn blocking_abort(mut self) -> Result<()> {
+        let work = std::mem::take(&mut self.work);
+        self.engine.abort(work);
+        Ok(())
     }
-
-    /// Moves the transaction's work out, leaving it empty; `None` if there is nothing to do.
-    fn take_work(&mut self) -> Option<(Enqueues, Held)> {
-        if self.enqueues.is_empty() && self.dequeued.is_empty() {
-            return None;
-        }
-        self.enqueued_bytes = 0;
-        Some((
-            std::mem::take(&mut self.enqueues),
-            std::mem::take(&mut self.dequeued),
-        ))
-    }
-}
-
-/// Applies a commit in memory: ids in commit order, items visible at once.
-fn apply_in_memory(next_id: &crate::sync::process::AtomicU64, enqueues: Enqueues, dequeued: Held) {
-    if !enqueues.is_empty() {
-        let first = StoreInner::memory_ids(next_id, enqueues.len() as u64);
-        publish_all(enqueues, first);
-    }
-    drop(dequeued);
 }
 
 impl Drop for Transaction {
     fn drop(&mut self) {
-        if !self.dequeued.is_empty() {
-            restore_all(std::mem::take(&mut self.dequeued));
+        if !self.work.dequeued.is_empty() {
+            self.engine.abort(std::mem::take(&mut self.work));
         }
     }
 }
@@ -255,8 +220,8 @@ impl Drop for Transaction {
 impl fmt::Debug for Transaction {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Transaction")
-            .field("enqueued", &self.enqueues.len())
-            .field("dequeued", &self.dequeued.len())
+            .field("enqueued", &self.enqueued())
+            .field("dequeued", &self.dequeued())
             .finish()
     }
 }

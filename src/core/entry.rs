@@ -1,14 +1,14 @@
-//! One queued item as the core and the log see it.
+//! One queued item as the core and the engines see it.
 
 /// A queue's id in the store's catalog; the log refers to queues by it.
 pub(crate) type QueueId = u32;
 
-/// One item: its log id, its delivery metadata, and its enveloped bytes.
+/// One item: its id, its delivery metadata, and its enveloped bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Entry {
     /// Unique within the store; assigned in commit order, so it is also the FIFO order.
     pub(crate) id: u64,
-    /// How many times the item has been handed out and given back (reserved for retries).
+    /// How many times the item has been leased (reserved for the processing layer).
     pub(crate) attempts: u32,
     /// Unix time in milliseconds before which the item is not due (0: due now; reserved for
     /// delayed items).
@@ -18,7 +18,7 @@ pub(crate) struct Entry {
 }
 
 impl Entry {
-    /// A fresh item, never handed out, due now.
+    /// A fresh item, never leased, due now.
     pub(crate) fn new(id: u64, bytes: Box<[u8]>) -> Self {
         Entry {
             id,

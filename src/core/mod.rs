@@ -1,12 +1,16 @@
-//! The in-memory core: per-queue ready items and the staging of waiting dequeue requests.
+//! The in-memory core: per-queue ready items and the line of waiting dequeue requests.
 //!
-//! The core does no I/O and knows nothing of types or transactions: it moves [`Entry`]s
-//! between a queue's ready deque, its waiters and the callers. It takes its locks and atomics
-//! from `crate::sync`, so `loom-tests` can model-check it.
+//! The core does no I/O and knows nothing of item types, transactions or engines: it moves
+//! [`Entry`]s between a queue's ready deque, its waiters and its callers (the embedded
+//! engines). It takes its locks and atomics from `crate::sync`, so loom can model-check it,
+//! from the in-crate models below and from `loom-tests`.
 
 mod entry;
 mod queue;
-mod staging;
+mod waiters;
+
+#[cfg(all(test, reliable_queue_loom))]
+mod loom_models;
 
 pub(crate) use entry::{Entry, QueueId};
 pub(crate) use queue::{QueueCore, Request};
@@ -14,18 +18,9 @@ pub(crate) use queue::{QueueCore, Request};
 use std::sync::Arc;
 use std::task::Waker;
 
-use smallvec::SmallVec;
-
-/// Encoded items a transaction enqueues, with their queues. One-item transactions, the most
-/// common kind, keep theirs inline.
-pub(crate) type Enqueues = SmallVec<[(Arc<QueueCore>, Box<[u8]>); 1]>;
-
-/// Items a transaction dequeued and holds, with their queues.
-pub(crate) type Held = SmallVec<[(Arc<QueueCore>, Entry); 1]>;
-
 /// Groups items by queue, keeping their order within each queue; groups come in increasing
 /// queue id order, the order in which several queues may be locked together.
-pub(crate) fn by_queue<T>(
+fn by_queue<T>(
     items: impl IntoIterator<Item = (Arc<QueueCore>, T)>,
 ) -> Vec<(Arc<QueueCore>, Vec<T>)> {
     let mut groups: Vec<(Arc<QueueCore>, Vec<T>)> = Vec::new();
@@ -48,19 +43,22 @@ fn single_queue<T>(items: &[(Arc<QueueCore>, T)]) -> Option<Arc<QueueCore>> {
         .then(|| first.clone())
 }
 
-/// Makes freshly committed items visible: the `n`-th enqueue gets id `first + n`. Items for
+/// Makes freshly committed items visible: the `n`-th item gets id `first + n`. Items for
 /// several queues become visible at once: every queue is locked (in id order) before any
 /// changes.
-pub(crate) fn publish_all(enqueues: Enqueues, first: u64) {
-    if enqueues.is_empty() {
+pub(crate) fn publish_all<L>(items: L, first: u64)
+where
+    L: IntoIterator<Item = (Arc<QueueCore>, Box<[u8]>)> + AsRef<[(Arc<QueueCore>, Box<[u8]>)]>,
+{
+    if items.as_ref().is_empty() {
         return;
     }
-    if let Some(queue) = single_queue(&enqueues) {
-        let entries = enqueues.into_iter().zip(first..);
+    if let Some(queue) = single_queue(items.as_ref()) {
+        let entries = items.into_iter().zip(first..);
         queue.publish(entries.map(|((_, bytes), id)| Entry::new(id, bytes)));
         return;
     }
-    let entries = enqueues
+    let entries = items
         .into_iter()
         .zip(first..)
         .map(|((queue, bytes), id)| (queue, Entry::new(id, bytes)));
@@ -69,12 +67,16 @@ pub(crate) fn publish_all(enqueues: Enqueues, first: u64) {
     });
 }
 
-/// Gives dequeued items back to the front of their queues, in their order, all queues at once.
-pub(crate) fn restore_all(items: Held) {
-    if items.is_empty() {
+/// Gives items back to the front of their queues, in their order, all queues at once.
+pub(crate) fn restore_all<L>(items: L)
+where
+    L: IntoIterator<Item = (Arc<QueueCore>, Entry)> + AsRef<[(Arc<QueueCore>, Entry)]>,
+    L::IntoIter: DoubleEndedIterator,
+{
+    if items.as_ref().is_empty() {
         return;
     }
-    if let Some(queue) = single_queue(&items) {
+    if let Some(queue) = single_queue(items.as_ref()) {
         queue.restore(items.into_iter().map(|(_, entry)| entry));
         return;
     }
@@ -90,6 +92,10 @@ fn change_together(
     groups: Vec<(Arc<QueueCore>, Vec<Entry>)>,
     change: impl Fn(&mut queue::Locked<'_>, Vec<Entry>, &mut Vec<Waker>),
 ) {
+    debug_assert!(
+        groups.windows(2).all(|w| w[0].0.id() < w[1].0.id()),
+        "queues are locked in increasing id order, each once"
+    );
     let (queues, entries): (Vec<_>, Vec<_>) = groups.into_iter().unzip();
     let mut wake = Vec::new();
     let mut locked: Vec<_> = queues.iter().map(|q| q.lock()).collect();

@@ -1,14 +1,50 @@
-//! The store's directory as sled sees it: opening it (waiting out a lock that a store
-//! closed a moment ago still holds, repairing what a crash can leave behind in sled's own
-//! files), and letting it go.
+//! The store's directory: which directories this process has open, and the directory as
+//! sled sees it: opening it (waiting out a lock that a store closed a moment ago still holds,
+//! repairing what a crash can leave behind in sled's own files), syncing what sled does not,
+//! and letting it go.
 
 use std::fs::{File, TryLockError};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use super::recovery::Trees;
+use super::trees::Trees;
 use crate::config::Config;
 use crate::error::{Error, Result};
+use crate::sync::process::Mutex;
+
+/// Directories open in this process. sled's file lock catches other processes.
+static OPEN_DIRS: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+/// This process's claim on a store directory, released when dropped.
+#[derive(Debug)]
+pub(crate) struct DirLock(PathBuf);
+
+impl DirLock {
+    /// Claims `path` (canonical), unless a store of this process has it open.
+    pub(crate) fn acquire(path: PathBuf) -> Result<Self> {
+        let mut open = OPEN_DIRS.lock();
+        if open.contains(&path) {
+            return Err(Error::AlreadyOpen { path });
+        }
+        open.push(path.clone());
+        Ok(DirLock(path))
+    }
+}
+
+impl Drop for DirLock {
+    fn drop(&mut self) {
+        OPEN_DIRS.lock().retain(|p| p != &self.0);
+    }
+}
+
+/// Creates the store's directory (and its parents) if missing, owner-only.
+pub(crate) fn create_dir(path: &Path) -> std::io::Result<()> {
+    let mut builder = std::fs::DirBuilder::new();
+    builder.recursive(true);
+    #[cfg(unix)]
+    std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
+    builder.create(path)
+}
 
 /// How long closing a store waits for sled after a storage failure.
 const CLOSE_PATIENCE: Duration = Duration::from_secs(5);
@@ -157,7 +193,7 @@ pub(crate) fn wait_until_released(path: &Path) -> bool {
 /// Drops sled's handles after a storage failure without risking a hang.
 ///
 /// sled flushes when its last handle is dropped, and after some failures that flush never
-/// returns (see [`Failure`]). The handles are dropped on a thread of their own, waited for
+/// returns. The handles are dropped on a thread of their own, waited for
 /// [`CLOSE_PATIENCE`]; past that the thread is left to it and the directory stays locked
 /// until the process exits.
 pub(crate) fn close_after_failure(trees: Trees) {

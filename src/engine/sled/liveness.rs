@@ -7,12 +7,14 @@
 //! indexed in `moved`.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::ops::Range;
 
-/// Where an id sits: its group and its index in that group.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Slot {
-    pub(crate) seq: u64,
-    pub(crate) index: usize,
+fn as_u64(n: usize) -> u64 {
+    u64::try_from(n).unwrap_or(u64::MAX)
+}
+
+fn as_usize(n: u64) -> usize {
+    usize::try_from(n).unwrap_or(usize::MAX)
 }
 
 /// A fixed-size set of live positions.
@@ -131,23 +133,37 @@ impl Liveness {
         first >= self.range_end
     }
 
-    /// Adds a group whose items have ids `first .. first + len`, all live.
-    pub(crate) fn add_range(&mut self, seq: u64, first: u64, len: u64, bytes: u64) {
+    /// Adds record `seq`, of `bytes` bytes, whose items have the ids `ids`, all live.
+    pub(crate) fn add_range(&mut self, seq: u64, ids: Range<u64>, bytes: u64) {
+        debug_assert!(ids.start >= self.range_end, "ids increase from record to record");
+        let len = ids.end.saturating_sub(ids.start);
         self.ranges.push_back(RangeGroup {
             seq,
-            first,
+            first: ids.start,
             len,
             bytes,
-            bits: Bits::all(len as usize),
+            bits: Bits::all(as_usize(len)),
         });
-        self.range_end = self.range_end.max(first + len);
+        self.range_end = self.range_end.max(ids.end);
         self.log_bytes += bytes;
         self.live_bytes += per_item(bytes, len) * len;
+        self.check();
+    }
+
+    /// Checks the byte accounting: live items never take more than the log holds.
+    fn check(&self) {
+        debug_assert!(
+            self.live_bytes <= self.log_bytes,
+            "live bytes {} over log bytes {}",
+            self.live_bytes,
+            self.log_bytes
+        );
     }
 
     /// Adds a group holding `ids` (ascending), all live.
     pub(crate) fn add_list(&mut self, seq: u64, ids: Vec<u64>, bytes: u64) {
-        let len = ids.len() as u64;
+        debug_assert!(ids.is_sorted(), "a moved group's ids are sorted");
+        let len = as_u64(ids.len());
         for &id in &ids {
             self.moved.insert(id, seq);
         }
@@ -161,34 +177,36 @@ impl Liveness {
         );
         self.log_bytes += bytes;
         self.live_bytes += per_item(bytes, len) * len;
+        self.check();
     }
 
-    /// Marks `id` acknowledged. Returns where it was, or `None` for an id that is not live
-    /// (unknown, or acknowledged before).
-    pub(crate) fn ack(&mut self, id: u64) -> Option<Slot> {
-        if let Some(seq) = self.moved.remove(&id) {
-            let group = self.lists.get_mut(&seq)?;
-            let index = group.ids.binary_search(&id).ok()?;
-            if group.bits.clear(index) {
-                self.live_bytes -= per_item(group.bytes, group.ids.len() as u64);
-                return Some(Slot { seq, index });
-            }
-            return None;
+    /// Marks `id` acknowledged. False for an id that is not live (unknown, or acknowledged
+    /// before).
+    pub(crate) fn ack(&mut self, id: u64) -> bool {
+        let (bytes, len, cleared) = if let Some(seq) = self.moved.remove(&id) {
+            let Some(group) = self.lists.get_mut(&seq) else {
+                return false;
+            };
+            let Ok(index) = group.ids.binary_search(&id) else {
+                return false;
+            };
+            (group.bytes, as_u64(group.ids.len()), group.bits.clear(index))
+        } else {
+            let Some(at) = self.ranges.partition_point(|g| g.first <= id).checked_sub(1) else {
+                return false;
+            };
+            let Some(group) = self.ranges.get_mut(at) else {
+                return false;
+            };
+            let offset = id - group.first;
+            let cleared = offset < group.len && group.bits.clear(as_usize(offset));
+            (group.bytes, group.len, cleared)
+        };
+        if cleared {
+            self.live_bytes = self.live_bytes.saturating_sub(per_item(bytes, len));
+            self.check();
         }
-        let at = self
-            .ranges
-            .partition_point(|g| g.first <= id)
-            .checked_sub(1)?;
-        let group = &mut self.ranges[at];
-        let index = usize::try_from(id - group.first).ok()?;
-        if id - group.first < group.len && group.bits.clear(index) {
-            self.live_bytes -= per_item(group.bytes, group.len);
-            return Some(Slot {
-                seq: group.seq,
-                index,
-            });
-        }
-        None
+        cleared
     }
 
     /// The oldest group.
@@ -212,7 +230,7 @@ impl Liveness {
             return Vec::new();
         };
         match self.ranges.front() {
-            Some(g) if g.seq == front.seq => g.bits.iter().map(|i| g.first + i as u64).collect(),
+            Some(g) if g.seq == front.seq => g.bits.iter().map(|i| g.first + as_u64(i)).collect(),
             _ => match self.lists.get(&front.seq) {
                 Some(g) => g.bits.iter().map(|i| g.ids[i]).collect(),
                 None => Vec::new(),
@@ -220,30 +238,33 @@ impl Liveness {
         }
     }
 
-    /// Removes the oldest group and returns the ids still live in it, ascending.
-    pub(crate) fn pop_front(&mut self) -> Vec<u64> {
+    /// Removes the oldest group (deleted from the log, or rewritten by compaction, which
+    /// adds its live items again as a new group).
+    pub(crate) fn pop_front(&mut self) {
         let Some(front) = self.front() else {
-            return Vec::new();
+            return;
         };
         let (bytes, len, live) = if self.ranges.front().map(|g| g.seq) == Some(front.seq) {
             let Some(g) = self.ranges.pop_front() else {
-                return Vec::new();
+                return;
             };
-            let live: Vec<u64> = g.bits.iter().map(|i| g.first + i as u64).collect();
-            (g.bytes, g.len, live)
+            (g.bytes, g.len, g.bits.live)
         } else {
             let Some(g) = self.lists.remove(&front.seq) else {
-                return Vec::new();
+                return;
             };
-            let live: Vec<u64> = g.bits.iter().map(|i| g.ids[i]).collect();
-            for id in &live {
-                self.moved.remove(id);
+            for i in g.bits.iter() {
+                if let Some(id) = g.ids.get(i) {
+                    self.moved.remove(id);
+                }
             }
-            (g.bytes, g.ids.len() as u64, live)
+            (g.bytes, as_u64(g.ids.len()), g.bits.live)
         };
-        self.log_bytes -= bytes;
-        self.live_bytes -= per_item(bytes, len) * live.len() as u64;
-        live
+        self.log_bytes = self.log_bytes.saturating_sub(bytes);
+        self.live_bytes = self
+            .live_bytes
+            .saturating_sub(per_item(bytes, len) * u64::from(live));
+        self.check();
     }
 }
 
@@ -254,15 +275,16 @@ mod tests {
     #[test]
     fn acks_find_their_groups() {
         let mut l = Liveness::default();
-        l.add_range(1, 0, 3, 300);
-        l.add_range(2, 3, 0, 10); // ack-only group
-        l.add_range(3, 3, 2, 200);
-        assert_eq!(l.ack(4), Some(Slot { seq: 3, index: 1 }));
-        assert_eq!(l.ack(4), None, "a second ack is not live");
-        assert_eq!(l.ack(9), None, "unknown id");
-        assert_eq!(l.ack(0), Some(Slot { seq: 1, index: 0 }));
+        l.add_range(1, 0..3, 300);
+        l.add_range(2, 3..3, 10); // ack-only group
+        l.add_range(3, 3..5, 200);
+        assert!(l.ack(4));
+        assert!(!l.ack(4), "a second ack is not live");
+        assert!(!l.ack(9), "unknown id");
+        assert!(l.ack(0));
         assert_eq!(l.front().unwrap().live, 2);
-        assert_eq!(l.pop_front(), vec![1, 2]);
+        assert_eq!(l.front_live(), vec![1, 2]);
+        l.pop_front();
         assert_eq!(l.front().unwrap().seq, 2);
         assert_eq!(l.front().unwrap().live, 0);
     }
@@ -270,20 +292,22 @@ mod tests {
     #[test]
     fn moved_items_are_tracked_in_their_new_group() {
         let mut l = Liveness::default();
-        l.add_range(1, 0, 100, 10_000);
+        l.add_range(1, 0..100, 10_000);
         for id in 0..98 {
-            assert!(l.ack(id).is_some());
+            assert!(l.ack(id));
         }
-        let live = l.pop_front();
+        let live = l.front_live();
         assert_eq!(live, vec![98, 99]);
-        l.add_range(2, 100, 1, 100);
+        l.pop_front();
+        l.add_range(2, 100..101, 100);
         l.add_list(3, live, 200);
         assert_eq!(l.front().unwrap().seq, 2);
-        assert_eq!(l.ack(99), Some(Slot { seq: 3, index: 1 }));
-        assert_eq!(l.ack(99), None);
+        assert!(l.ack(99));
+        assert!(!l.ack(99));
         assert_eq!(l.log_bytes(), 300);
         l.pop_front();
-        assert_eq!(l.pop_front(), vec![98]);
+        assert_eq!(l.front_live(), vec![98]);
+        l.pop_front();
         assert_eq!(l.groups(), 0);
         assert_eq!(l.live_bytes(), 0);
     }

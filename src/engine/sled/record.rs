@@ -19,6 +19,7 @@
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::core::QueueId;
+use crate::engine::catalog::BadRecord;
 
 const MAGIC: [u8; 4] = *b"RQLG";
 /// The record format this build writes and reads.
@@ -73,16 +74,25 @@ struct Header {
 
 /// Why a record could not be read. `queues` is known when the header was intact.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct RecordError {
+pub(crate) struct Damage {
     pub(crate) queues: Option<Vec<QueueId>>,
     pub(crate) reason: String,
 }
 
-impl RecordError {
+impl Damage {
     fn new(reason: impl Into<String>) -> Self {
-        RecordError {
+        Damage {
             queues: None,
             reason: reason.into(),
+        }
+    }
+
+    /// The bad record this damage makes of the record with sequence number `seq`.
+    pub(crate) fn at(self, seq: u64) -> BadRecord {
+        BadRecord {
+            seq,
+            queues: self.queues,
+            reason: self.reason,
         }
     }
 }
@@ -153,8 +163,15 @@ impl RecordBuilder {
         out.extend_from_slice(&MAGIC);
         out.push(RECORD_VERSION);
         out.extend_from_slice(&[0, 0, 0]);
-        out.extend_from_slice(&len_u32(header_bytes.len()).to_le_bytes());
-        out.extend_from_slice(&len_u32(self.body.len()).to_le_bytes());
+        let (header_len, body_len) = match (len_u32(header_bytes.len()), len_u32(self.body.len())) {
+            (Ok(h), Ok(b)) => (h, b),
+            (Err(e), _) | (_, Err(e)) => {
+                self.reset();
+                return Err(e);
+            }
+        };
+        out.extend_from_slice(&header_len.to_le_bytes());
+        out.extend_from_slice(&body_len.to_le_bytes());
         out.extend_from_slice(&crc32fast::hash(&self.body).to_le_bytes());
         let mut hasher = crc32fast::Hasher::new();
         hasher.update(&out[4..20]);
@@ -167,44 +184,51 @@ impl RecordBuilder {
     }
 }
 
-fn len_u32(len: usize) -> u32 {
-    // Config caps every size far below 4 GiB.
-    u32::try_from(len).unwrap_or(u32::MAX)
+fn len_u32(len: usize) -> Result<u32, postcard::Error> {
+    // Config caps every size far below 4 GiB; a larger record is refused, never cut short.
+    u32::try_from(len).map_err(|_| postcard::Error::SerializeBufferFull)
 }
 
+/// The little-endian u32 at `at`; 0 past the end (callers check the length first).
 fn read_u32(bytes: &[u8], at: usize) -> u32 {
-    let mut word = [0u8; 4];
-    word.copy_from_slice(&bytes[at..at + 4]);
-    u32::from_le_bytes(word)
+    bytes
+        .get(at..at.saturating_add(4))
+        .and_then(|b| b.try_into().ok())
+        .map_or(0, u32::from_le_bytes)
+}
+
+/// A u32 length as usize (lossless on the 32- and 64-bit targets this crate supports).
+fn to_usize(n: u32) -> usize {
+    usize::try_from(n).unwrap_or(usize::MAX)
 }
 
 /// Verifies and decodes a record. Never panics, whatever `bytes` holds.
-pub(crate) fn decode(bytes: &[u8]) -> Result<Record<'_>, RecordError> {
+pub(crate) fn decode(bytes: &[u8]) -> Result<Record<'_>, Damage> {
     if bytes.len() < FIXED {
-        return Err(RecordError::new(format!(
+        return Err(Damage::new(format!(
             "truncated: {} bytes, shorter than the fixed header",
             bytes.len()
         )));
     }
     if bytes[0..4] != MAGIC {
-        return Err(RecordError::new("bad magic"));
+        return Err(Damage::new("bad magic"));
     }
     if bytes[4] != RECORD_VERSION {
-        return Err(RecordError::new(format!(
+        return Err(Damage::new(format!(
             "unknown record version {}",
             bytes[4]
         )));
     }
-    let header_len = read_u32(bytes, 8) as usize;
-    let body_len = read_u32(bytes, 12) as usize;
+    let header_len = to_usize(read_u32(bytes, 8));
+    let body_len = to_usize(read_u32(bytes, 12));
     let expected = FIXED
         .checked_add(header_len)
         .and_then(|n| n.checked_add(body_len));
     if expected != Some(bytes.len()) {
-        return Err(RecordError::new(format!(
+        return Err(Damage::new(format!(
             "length mismatch: {} bytes, header says {}",
             bytes.len(),
-            FIXED as u64 + header_len as u64 + body_len as u64
+            u64::from(read_u32(bytes, 8)) + u64::from(read_u32(bytes, 12)) + 24
         )));
     }
     let header_bytes = &bytes[FIXED..FIXED + header_len];
@@ -213,13 +237,13 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<Record<'_>, RecordError> {
     hasher.update(&bytes[4..20]);
     hasher.update(header_bytes);
     if hasher.finalize() != read_u32(bytes, 20) || bytes[5..8] != [0, 0, 0] {
-        return Err(RecordError::new("header checksum mismatch"));
+        return Err(Damage::new("header checksum mismatch"));
     }
     let header: Header = match postcard::from_bytes(header_bytes) {
         Ok(h) => h,
-        Err(e) => return Err(RecordError::new(format!("undecodable header: {e}"))),
+        Err(e) => return Err(Damage::new(format!("undecodable header: {e}"))),
     };
-    let fail = |reason: String| RecordError {
+    let fail = |reason: String| Damage {
         queues: Some(header.queues.clone()),
         reason,
     };
@@ -227,7 +251,7 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<Record<'_>, RecordError> {
         return Err(fail("body checksum mismatch".into()));
     }
     // Every op takes at least two bytes, which bounds the allocation.
-    let mut ops = Vec::with_capacity((header.ops as usize).min(body.len() / 2));
+    let mut ops = Vec::with_capacity(to_usize(header.ops).min(body.len() / 2));
     let mut rest = body;
     for n in 0..header.ops {
         match postcard::take_from_bytes::<Op<'_>>(rest) {
@@ -426,7 +450,7 @@ mod fuzz {
     }
 
     /// `decode` under `catch_unwind`, so a panic names its input.
-    fn decode_or_report(bytes: &[u8]) -> Result<Vec<Op<'_>>, RecordError> {
+    fn decode_or_report(bytes: &[u8]) -> Result<Vec<Op<'_>>, Damage> {
         match catch_unwind(AssertUnwindSafe(|| decode(bytes))) {
             Ok(result) => {
                 if let Ok(rec) = &result {
@@ -545,8 +569,8 @@ mod fuzz {
         let mut out = Vec::with_capacity(FIXED + header.len() + body.len());
         out.extend_from_slice(&MAGIC);
         out.extend_from_slice(&[RECORD_VERSION, 0, 0, 0]);
-        out.extend_from_slice(&len_u32(header.len()).to_le_bytes());
-        out.extend_from_slice(&len_u32(body.len()).to_le_bytes());
+        out.extend_from_slice(&len_u32(header.len()).unwrap().to_le_bytes());
+        out.extend_from_slice(&len_u32(body.len()).unwrap().to_le_bytes());
         out.extend_from_slice(&crc32fast::hash(&body).to_le_bytes());
         let mut hasher = crc32fast::Hasher::new();
         hasher.update(&out[4..20]);

@@ -8,63 +8,39 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 
-use super::catalog::{self, Fence};
 use super::directory::DiskSync;
 use super::liveness::Liveness;
 use super::record::{self, Op};
+use super::trees::{self, seq_of, Trees};
 use crate::core::{Entry, QueueId};
+use crate::engine::catalog::{BadRecord, Fence};
 use crate::error::Result;
 
-/// A record found bad, now or at an earlier open.
-#[derive(Debug, Clone)]
-pub(crate) struct BadRecord {
-    pub(crate) record: u64,
-    /// Queue ids named by the record's header, if it was readable.
-    pub(crate) queues: Option<Vec<QueueId>>,
-    pub(crate) reason: String,
+/// Where the committer starts from: what is live in the log and the next numbers to use.
+#[derive(Debug)]
+pub(crate) struct LogState {
+    pub(crate) liveness: Liveness,
+    /// The id the next enqueued item gets: above every id the log still names.
+    pub(crate) next_id: u64,
+    /// The sequence number of the next record: above every record ever written or set aside.
+    pub(crate) next_seq: u64,
 }
 
 /// Everything the store needs to start from what is on disk.
 #[derive(Debug)]
 pub(crate) struct Recovered {
-    pub(crate) queues: Vec<(String, QueueId)>,
-    pub(crate) items: HashMap<QueueId, VecDeque<Entry>>,
-    pub(crate) liveness: Liveness,
-    pub(crate) next_id: u64,
-    pub(crate) next_seq: u64,
+    /// Every queue of the catalog with its items, in id order.
+    pub(crate) queues: Vec<(String, QueueId, VecDeque<Entry>)>,
+    pub(crate) log: LogState,
     pub(crate) set_aside: Vec<BadRecord>,
     pub(crate) fences: Vec<Fence>,
-}
-
-/// The trees of an open store.
-#[derive(Debug, Clone)]
-pub(crate) struct Trees {
-    pub(crate) db: sled::Db,
-    pub(crate) log: sled::Tree,
-    pub(crate) meta: sled::Tree,
-    pub(crate) quarantine: sled::Tree,
-}
-
-impl Trees {
-    pub(crate) fn open(db: sled::Db) -> Result<Self> {
-        Ok(Trees {
-            log: db.open_tree("log")?,
-            meta: db.open_tree("meta")?,
-            quarantine: db.open_tree("quarantine")?,
-            db,
-        })
-    }
-}
-
-fn seq_of(key: &[u8]) -> Option<u64> {
-    Some(u64::from_be_bytes(key.try_into().ok()?))
 }
 
 /// Replays the log. Bad records are set aside as described in the module docs.
 pub(crate) fn recover(trees: &Trees, disk: &DiskSync) -> Result<Recovered> {
     let fresh = trees.meta.is_empty() && trees.log.is_empty();
-    catalog::check_format(&trees.meta, fresh)?;
-    let queues = catalog::load_queues(&trees.meta)?;
+    trees::check_format(&trees.meta, fresh)?;
+    let queues = trees::load_queues(&trees.meta)?;
     let known: Vec<QueueId> = queues.iter().map(|(_, id)| *id).collect();
 
     let replayed = replay(trees.log.iter(), &known);
@@ -79,7 +55,7 @@ pub(crate) fn recover(trees: &Trees, disk: &DiskSync) -> Result<Recovered> {
 
     set_aside(trees, disk, &known, newly_bad)?;
 
-    let items = items
+    let mut items: HashMap<QueueId, VecDeque<Entry>> = items
         .0
         .into_iter()
         .map(|(queue, mut entries)| {
@@ -102,10 +78,11 @@ pub(crate) fn recover(trees: &Trees, disk: &DiskSync) -> Result<Recovered> {
     for key in trees.quarantine.iter().keys() {
         last_quarantined = last_quarantined.max(seq_of(&key?));
     }
-    let next_seq = last_seq.max(last_quarantined).map_or(0, |s| s + 1);
+    let next_seq = last_seq.max(last_quarantined).map_or(0, |s| s.saturating_add(1));
     let mut all_bad = Vec::new();
     for kv in trees.quarantine.iter() {
         let (k, v) = kv?;
+        let seq = seq_of(&k).unwrap_or(u64::MAX);
         let (queues, reason) = match seq_of(&k).map(|_| record::decode(&v)) {
             Some(Err(e)) => (e.queues, e.reason),
             Some(Ok(rec)) => (
@@ -115,19 +92,27 @@ pub(crate) fn recover(trees: &Trees, disk: &DiskSync) -> Result<Recovered> {
             None => (None, "key is not a sequence number".to_owned()),
         };
         all_bad.push(BadRecord {
-            record: seq_of(&k).unwrap_or(u64::MAX),
+            seq,
             queues,
             reason,
         });
     }
+    let queues = queues
+        .into_iter()
+        .map(|(name, id)| {
+            let entries = items.remove(&id).unwrap_or_default();
+            (name, id, entries)
+        })
+        .collect();
     Ok(Recovered {
         queues,
-        items,
-        liveness,
-        next_id: max_id.map_or(0, |m| m + 1),
-        next_seq,
+        log: LogState {
+            liveness,
+            next_id: max_id.map_or(0, |m| m.saturating_add(1)),
+            next_seq,
+        },
         set_aside: all_bad,
-        fences: catalog::load_fences(&trees.meta)?,
+        fences: trees::load_fences(&trees.meta)?,
     })
 }
 
@@ -159,20 +144,29 @@ fn replay(
     for kv in records {
         let (key, value) = kv?;
         let Some(seq) = seq_of(&key) else {
-            newly_bad.push((key, value, None, "key is not a sequence number".to_owned()));
+            let bad = BadRecord {
+                seq: u64::MAX,
+                queues: None,
+                reason: "key is not a sequence number".to_owned(),
+            };
+            newly_bad.push((key, value, bad));
             continue;
         };
         last_seq = Some(seq);
         let rec = match record::decode(&value) {
             Ok(rec) => rec,
-            Err(e) => {
-                newly_bad.push((key, value.clone(), e.queues, e.reason));
+            Err(damage) => {
+                newly_bad.push((key.clone(), value.clone(), damage.at(seq)));
                 continue;
             }
         };
         if let Some(q) = rec.queues.iter().find(|q| !known.contains(q)) {
-            let reason = format!("names queue id {q}, missing from the catalog");
-            newly_bad.push((key, value.clone(), Some(rec.queues.clone()), reason));
+            let bad = BadRecord {
+                seq,
+                queues: Some(rec.queues.clone()),
+                reason: format!("names queue id {q}, missing from the catalog"),
+            };
+            newly_bad.push((key.clone(), value.clone(), bad));
             continue;
         }
         ids.clear();
@@ -183,14 +177,18 @@ fn replay(
                 ids.push(id);
             }
         }
-        let bytes = value.len() as u64;
+        let bytes = u64::try_from(value.len()).unwrap_or(u64::MAX);
         let first = ids.first().copied();
         let contiguous = ids.iter().zip(first.unwrap_or(0)..).all(|(&id, n)| id == n);
         match first {
             Some(first) if contiguous && liveness.fits_as_range(first) => {
-                liveness.add_range(seq, first, ids.len() as u64, bytes);
+                let end = first.saturating_add(u64::try_from(ids.len()).unwrap_or(u64::MAX));
+                liveness.add_range(seq, first..end, bytes);
             }
-            None => liveness.add_range(seq, liveness.range_end(), 0, bytes),
+            None => {
+                let end = liveness.range_end();
+                liveness.add_range(seq, end..end, bytes);
+            }
             Some(_) => {
                 // A group written by compaction: moved items, in any order.
                 let mut sorted = ids.clone();
@@ -217,7 +215,7 @@ fn replay(
                     },
                 ),
                 Op::Ack { id, .. } => {
-                    if liveness.ack(id).is_some() {
+                    if liveness.ack(id) {
                         dead.insert(id);
                     }
                 }
@@ -249,7 +247,8 @@ impl PerQueue {
     }
 }
 
-type Bad = (sled::IVec, sled::IVec, Option<Vec<QueueId>>, String);
+/// A bad record found by this replay: its key, its bytes, and what is wrong with it.
+type Bad = (sled::IVec, sled::IVec, BadRecord);
 
 /// Moves bad records from the log to the quarantine tree and fences their queues. The copy
 /// and the fences are flushed before the record leaves the log, so a crash in between only
@@ -258,21 +257,15 @@ fn set_aside(trees: &Trees, disk: &DiskSync, known: &[QueueId], bad: Vec<Bad>) -
     if bad.is_empty() {
         return Ok(());
     }
-    for (key, value, queues, reason) in &bad {
-        let record = seq_of(key).unwrap_or(u64::MAX);
-        tracing::error!(record, %reason, "setting aside a corrupt log record");
+    for (key, value, record) in &bad {
+        tracing::error!(record = record.seq, reason = %record.reason, "setting aside a damaged log record");
         trees.quarantine.insert(key, value)?;
-        let fenced: Vec<QueueId> = match queues {
+        let fenced: Vec<QueueId> = match &record.queues {
             Some(qs) => qs.iter().copied().filter(|q| known.contains(q)).collect(),
             None => known.to_vec(),
         };
         for queue in fenced {
-            let fence = Fence {
-                queue,
-                record,
-                reason: reason.clone(),
-            };
-            catalog::add_fence(&trees.meta, &fence)?;
+            trees::add_fence(&trees.meta, queue, record)?;
         }
     }
     trees.db.flush()?;

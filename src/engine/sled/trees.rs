@@ -1,4 +1,7 @@
-//! The `meta` tree: format version, queue catalog, fences.
+//! sled's trees of an open store, and the keys of its `meta` tree.
+//!
+//! - `log`: the records (see `record`), keyed by sequence number (u64 big-endian).
+//! - `meta`: format version, queue catalog, fences:
 //!
 //! ```text
 //! key                                   value
@@ -8,7 +11,34 @@
 //! ```
 
 use crate::core::QueueId;
+use crate::engine::catalog::{BadRecord, Fence};
 use crate::error::{Error, Result};
+
+/// The trees of an open store.
+#[derive(Debug, Clone)]
+pub(crate) struct Trees {
+    pub(crate) db: sled::Db,
+    pub(crate) log: sled::Tree,
+    pub(crate) meta: sled::Tree,
+    /// Records set aside at open, under their original keys.
+    pub(crate) quarantine: sled::Tree,
+}
+
+impl Trees {
+    pub(crate) fn open(db: sled::Db) -> Result<Self> {
+        Ok(Trees {
+            log: db.open_tree("log")?,
+            meta: db.open_tree("meta")?,
+            quarantine: db.open_tree("quarantine")?,
+            db,
+        })
+    }
+}
+
+/// A sequence number from a `log` or `quarantine` key.
+pub(crate) fn seq_of(key: &[u8]) -> Option<u64> {
+    Some(u64::from_be_bytes(key.try_into().ok()?))
+}
 
 /// The store format this build reads and writes.
 pub(crate) const FORMAT_VERSION: u32 = 1;
@@ -16,14 +46,6 @@ pub(crate) const FORMAT_VERSION: u32 = 1;
 const FORMAT_KEY: &[u8] = b"format";
 const QUEUE_PREFIX: &[u8] = b"queue/";
 const FENCE_PREFIX: &[u8] = b"fence/";
-
-/// A queue fenced by a set-aside record.
-#[derive(Debug, Clone)]
-pub(crate) struct Fence {
-    pub(crate) queue: QueueId,
-    pub(crate) record: u64,
-    pub(crate) reason: String,
-}
 
 fn u32_of(bytes: &[u8]) -> Option<u32> {
     Some(u32::from_le_bytes(bytes.try_into().ok()?))
@@ -96,27 +118,25 @@ pub(crate) fn load_fences(meta: &sled::Tree) -> Result<Vec<Fence>> {
     for kv in meta.scan_prefix(FENCE_PREFIX) {
         let (k, v) = kv?;
         let rest = &k[FENCE_PREFIX.len()..];
-        if rest.len() != 12 {
+        let (Some(queue), Some(seq)) = (
+            rest.get(..4).and_then(|b| b.try_into().ok()).map(u32::from_be_bytes),
+            rest.get(4..).and_then(seq_of),
+        ) else {
             continue;
-        }
-        let queue = u32::from_be_bytes([rest[0], rest[1], rest[2], rest[3]]);
-        let mut seq = [0u8; 8];
-        seq.copy_from_slice(&rest[4..]);
-        fences.push(Fence {
-            queue,
-            record: u64::from_be_bytes(seq),
+        };
+        let bad = BadRecord {
+            seq,
+            queues: Some(vec![queue]),
             reason: String::from_utf8_lossy(&v).into_owned(),
-        });
+        };
+        fences.push((queue, bad));
     }
     Ok(fences)
 }
 
-/// Fences `queue` because of `record`.
-pub(crate) fn add_fence(meta: &sled::Tree, fence: &Fence) -> Result<()> {
-    meta.insert(
-        fence_key(fence.queue, fence.record),
-        fence.reason.as_bytes(),
-    )?;
+/// Fences `queue` because of the record `bad`.
+pub(crate) fn add_fence(meta: &sled::Tree, queue: QueueId, bad: &BadRecord) -> Result<()> {
+    meta.insert(fence_key(queue, bad.seq), bad.reason.as_bytes())?;
     Ok(())
 }
 

@@ -1,0 +1,183 @@
+//! [`Builder`]: the settings of a store, checked, then opened.
+
+use std::path::Path;
+use std::time::Duration;
+
+use crate::config::{Config, Durability};
+use crate::error::Result;
+use crate::store::Store;
+
+/// Configures and opens a [`Store`].
+///
+/// Without [`path`](Builder::path) the store lives in memory only.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use reliable_queue::{Durability, Store};
+///
+/// let dir = tempfile::tempdir()?;
+/// let store = Store::builder()
+///     .path(dir.path())
+///     .durability(Durability::Buffered)
+///     .flush_interval(Duration::from_millis(50))
+///     .max_item_size(64 * 1024)
+///     .open()?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone, Default)]
+#[must_use = "a builder does nothing until `open` is called"]
+pub struct Builder {
+    config: Config,
+}
+
+impl Builder {
+    /// Starts from the defaults: in memory, [`Durability::Sync`], 4 MiB items, 64 MiB
+    /// transactions.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let store = reliable_queue::Builder::new().open()?;
+    /// # Ok::<(), reliable_queue::Error>(())
+    /// ```
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Keeps the store on disk in directory `path`, created (owner-only permissions) if missing.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let dir = tempfile::tempdir()?;
+    /// let store = reliable_queue::Store::builder().path(dir.path()).open()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn path(mut self, path: impl AsRef<Path>) -> Self {
+        self.config.path = Some(path.as_ref().to_path_buf());
+        self
+    }
+
+    /// When a commit counts as done; [`Durability::Sync`] by default. Ignored in memory.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use reliable_queue::{Durability, Store};
+    /// let dir = tempfile::tempdir()?;
+    /// let store = Store::builder().path(dir.path()).durability(Durability::Sync).open()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn durability(mut self, durability: Durability) -> Self {
+        self.config.durability = durability;
+        self
+    }
+
+    /// Largest encoded item accepted by `enqueue`, in bytes (default 4 MiB). Larger items get
+    /// [`Error::ItemTooLarge`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let store = reliable_queue::Store::builder().max_item_size(1024).open()?;
+    /// # Ok::<(), reliable_queue::Error>(())
+    /// ```
+    pub fn max_item_size(mut self, bytes: usize) -> Self {
+        self.config.max_item_size = bytes;
+        self
+    }
+
+    /// Largest total of encoded items one transaction may enqueue (default 64 MiB); must be
+    /// at least the item limit. Going over gives [`Error::TransactionTooLarge`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let store = reliable_queue::Store::builder().max_transaction_size(16 << 20).open()?;
+    /// # Ok::<(), reliable_queue::Error>(())
+    /// ```
+    pub fn max_transaction_size(mut self, bytes: usize) -> Self {
+        self.config.max_transaction_size = bytes;
+        self
+    }
+
+    /// Soft cap on the bytes written as one commit group (default 8 MiB). The committer stops
+    /// adding waiting commits to a group once it reaches this size; a single transaction larger
+    /// than the cap gets a group of its own.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let store = reliable_queue::Store::builder().group_size(1 << 20).open()?;
+    /// # Ok::<(), reliable_queue::Error>(())
+    /// ```
+    pub fn group_size(mut self, bytes: usize) -> Self {
+        self.config.group_size = bytes;
+        self
+    }
+
+    /// How often buffered commits are flushed to disk under [`Durability::Buffered`]
+    /// (default 100 ms): the most a crash can lose.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let store = reliable_queue::Store::builder().flush_interval(Duration::from_millis(20)).open()?;
+    /// # Ok::<(), reliable_queue::Error>(())
+    /// ```
+    pub fn flush_interval(mut self, interval: Duration) -> Self {
+        self.config.flush_interval = interval;
+        self
+    }
+
+    /// Memory the storage engine may use for its page cache, in bytes (default 64 MiB). The
+    /// log is read only when the store opens and when compaction moves items, so a larger cache
+    /// mostly holds records read once at open.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let store = reliable_queue::Store::builder().cache_capacity(32 << 20).open()?;
+    /// # Ok::<(), reliable_queue::Error>(())
+    /// ```
+    pub fn cache_capacity(mut self, bytes: u64) -> Self {
+        self.config.cache_capacity = bytes;
+        self
+    }
+
+    /// Log size below which compaction leaves live items where they are (default 16 MiB).
+    /// Above it, compaction keeps the log within about twice the live backlog.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let store = reliable_queue::Store::builder().compaction_floor(1 << 20).open()?;
+    /// # Ok::<(), reliable_queue::Error>(())
+    /// ```
+    pub fn compaction_floor(mut self, bytes: u64) -> Self {
+        self.config.compaction_floor = bytes;
+        self
+    }
+
+    /// Validates the settings and opens the store (recovering it from disk if it has a path).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`] for a setting out of range, [`Error::AlreadyOpen`] if the
+    /// directory is in use, [`Error::UnsupportedFormat`] for a store of another format
+    /// version, [`Error::Storage`] when the directory cannot be created or read.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let dir = tempfile::tempdir()?;
+    /// let store = reliable_queue::Store::builder().path(dir.path()).open()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn open(self) -> Result<Store> {
+        Store::open_with(self.config.validate()?)
+    }
+}

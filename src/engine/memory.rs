@@ -1,0 +1,45 @@
+//! The memory engine: queues in the in-memory core only, nothing on disk.
+//!
+//! A commit applies in the committing thread: its items get ids from a counter and are
+//! published to their queues; its dequeued entries are dropped.
+
+use std::sync::Arc;
+
+use super::catalog::Catalog;
+use super::Work;
+use crate::core::{publish_all, QueueCore};
+use crate::error::Result;
+use crate::sync::process::{AtomicU64, Ordering};
+
+#[derive(Debug, Default)]
+pub(crate) struct Memory {
+    catalog: Catalog,
+    next_id: AtomicU64,
+}
+
+impl Memory {
+    pub(crate) fn new() -> Self {
+        Memory::default()
+    }
+
+    pub(crate) fn catalog(&self) -> &Catalog {
+        &self.catalog
+    }
+
+    pub(crate) fn queue(&self, name: &str) -> Result<Arc<QueueCore>> {
+        self.catalog.open_queue(name, |_| Ok(())).map(|(core, _)| core)
+    }
+
+    /// Applies a commit: ids in commit order, items visible at once.
+    pub(crate) fn commit(&self, work: Work) {
+        let Work {
+            enqueues, dequeued, ..
+        } = work;
+        if !enqueues.is_empty() {
+            let n = u64::try_from(enqueues.len()).unwrap_or(u64::MAX);
+            let first = self.next_id.fetch_add(n, Ordering::Relaxed);
+            publish_all(enqueues, first);
+        }
+        drop(dequeued);
+    }
+}

@@ -1,0 +1,373 @@
+//! The engine seam: the one place where the handles meet the engine that keeps their queues.
+//!
+//! The handles (`Store`, `ReliableConcurrentQueue<T>`, `Transaction` and the futures) hold an
+//! `Arc<Engine>` and call only the methods below; they never look inside an engine. Each engine
+//! is a module of its own with the same method set (the flavors of crossbeam-channel are the
+//! model):
+//!
+//! - [`memory`]: nothing on disk; a commit applies in the committing thread.
+//! - [`sled`]: the embedded engine: a log in sled, written by one committer thread.
+//! - a remote engine (PostgreSQL) fits the same set; ARCHITECTURE.md says how each call maps
+//!   onto it.
+//!
+//! Both embedded engines keep their queues' items in the in-memory core
+//! ([`crate::core`]): dequeues, waiting and aborts are core operations and cost no I/O; only
+//! commits, new queues, fences and flushes reach the log.
+//!
+//! Calls that may wait come in two forms, `async fn name` and `fn blocking_name`; on the
+//! embedded engines every call but a durable commit (and what waits for the committer:
+//! `flush`, `close`, creating a queue) is ready at once in both forms.
+
+pub(crate) mod catalog;
+pub(crate) mod memory;
+pub(crate) mod sled;
+mod wait;
+
+use std::sync::Arc;
+use std::task::{Poll, Waker};
+
+use smallvec::SmallVec;
+
+use self::catalog::Catalog;
+use crate::config::Config;
+use crate::core::{restore_all, Entry, QueueCore, Request};
+use crate::error::{Error, Result};
+use crate::sync::process::{AtomicBool, Ordering};
+
+pub use self::catalog::SetAsideRecord;
+pub(crate) use self::wait::{block_on, park_until, Unparker};
+
+/// Encoded items a transaction enqueues, with their queues. One-item transactions, the most
+/// common kind, keep theirs inline.
+pub(crate) type Enqueues = SmallVec<[(Arc<QueueCore>, Box<[u8]>); 1]>;
+
+/// Items a transaction dequeued and holds, with their queues.
+pub(crate) type Held = SmallVec<[(Arc<QueueCore>, Entry); 1]>;
+
+/// What an open transaction has done so far, as its engine keeps it.
+///
+/// On the embedded engines that is all of it: the encoded items to enqueue and the entries
+/// dequeued (taken out of their queues' cores). On PostgreSQL it would also hold the pooled
+/// connection with its open database transaction, whose `FOR UPDATE SKIP LOCKED` row locks
+/// are the dequeued items.
+#[derive(Debug, Default)]
+pub(crate) struct Work {
+    pub(crate) enqueues: Enqueues,
+    pub(crate) dequeued: Held,
+    /// Sum of the encoded sizes of `enqueues`, checked against the transaction size limit.
+    pub(crate) enqueued_bytes: usize,
+}
+
+impl Work {
+    fn is_empty(&self) -> bool {
+        self.enqueues.is_empty() && self.dequeued.is_empty()
+    }
+}
+
+/// An engine's handle on one named queue.
+#[derive(Debug, Clone)]
+pub(crate) struct QueueRef {
+    core: Arc<QueueCore>,
+}
+
+impl QueueRef {
+    pub(crate) fn name(&self) -> &str {
+        self.core.name()
+    }
+}
+
+/// A dequeue request that may wait, as an engine keeps it. Dropping it withdraws it; an item
+/// already handed to it goes back to the front of its queue (or to the next waiter).
+#[derive(Debug)]
+pub(crate) struct Waiting<'a> {
+    queue: &'a QueueRef,
+    request: Request,
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.queue.core.cancel(&mut self.request);
+    }
+}
+
+/// One open store: its validated settings and the engine that keeps its queues.
+#[derive(Debug)]
+pub(crate) struct Engine {
+    config: Config,
+    /// Set by the first `close`: every later call fails with [`Error::Closed`].
+    closed: AtomicBool,
+    flavor: Flavor,
+}
+
+#[derive(Debug)]
+enum Flavor {
+    Memory(memory::Memory),
+    Sled(sled::Sled),
+}
+
+impl Engine {
+    /// Opens the engine the settings name: on disk in `config.path` (sled), else in memory.
+    pub(crate) fn open(config: Config) -> Result<Engine> {
+        let flavor = match &config.path {
+            Some(path) => Flavor::Sled(sled::Sled::open(path, &config)?),
+            None => Flavor::Memory(memory::Memory::new()),
+        };
+        Ok(Engine {
+            config,
+            closed: AtomicBool::new(false),
+            flavor,
+        })
+    }
+
+    pub(crate) fn config(&self) -> &Config {
+        &self.config
+    }
+
+    fn catalog(&self) -> &Catalog {
+        match &self.flavor {
+            Flavor::Memory(m) => m.catalog(),
+            Flavor::Sled(s) => s.catalog(),
+        }
+    }
+
+    /// Fails with [`Error::Closed`] once the store is closed.
+    pub(crate) fn check_open(&self) -> Result<()> {
+        if self.closed.load(Ordering::Acquire) {
+            Err(Error::Closed)
+        } else {
+            Ok(())
+        }
+    }
+
+    // ---- queues -------------------------------------------------------------------------
+
+    /// Opens the queue `name`, creating it (durably, on disk) if it does not exist yet.
+    pub(crate) async fn queue(&self, name: &str) -> Result<QueueRef> {
+        self.check_open()?;
+        match &self.flavor {
+            Flavor::Memory(m) => m.queue(name),
+            Flavor::Sled(s) => s.queue(name).await,
+        }
+        .map(|core| QueueRef { core })
+    }
+
+    /// [`queue`](Self::queue) for threads.
+    pub(crate) fn blocking_queue(&self, name: &str) -> Result<QueueRef> {
+        self.check_open()?;
+        match &self.flavor {
+            Flavor::Memory(m) => m.queue(name),
+            Flavor::Sled(s) => block_on(s.queue(name)),
+        }
+        .map(|core| QueueRef { core })
+    }
+
+    /// Names of every queue, sorted.
+    pub(crate) fn queue_names(&self) -> Vec<String> {
+        self.catalog().names()
+    }
+
+    /// Records set aside at this or an earlier open.
+    pub(crate) fn set_aside_records(&self) -> Vec<SetAsideRecord> {
+        self.catalog().set_aside_records()
+    }
+
+    /// Lifts the fences on queue `name`, durably.
+    pub(crate) async fn unfence(&self, name: &str) -> Result<()> {
+        self.check_open()?;
+        match &self.flavor {
+            Flavor::Memory(_) => Ok(()),
+            Flavor::Sled(s) => s.unfence(name).await,
+        }
+    }
+
+    /// [`unfence`](Self::unfence) for threads.
+    pub(crate) fn blocking_unfence(&self, name: &str) -> Result<()> {
+        block_on(self.unfence(name))
+    }
+
+    /// Items visible in `queue` now.
+    pub(crate) fn count(&self, queue: &QueueRef) -> Result<u64> {
+        self.check_open()?;
+        Ok(queue.core.count())
+    }
+
+    /// Consumers waiting in `queue` now.
+    pub(crate) fn waiters(&self, queue: &QueueRef) -> usize {
+        queue.core.waiters()
+    }
+
+    // ---- enqueues and dequeues ----
+
+    /// Buffers an encoded item in `work`, within the item and transaction size limits.
+    pub(crate) fn enqueue(&self, queue: &QueueRef, work: &mut Work, bytes: Box<[u8]>) -> Result<()> {
+        let limits = &self.config;
+        if bytes.len() > limits.max_item_size {
+            return Err(Error::ItemTooLarge {
+                queue: queue.name().to_owned(),
+                size: bytes.len(),
+                limit: limits.max_item_size,
+            });
+        }
+        let size = work.enqueued_bytes.saturating_add(bytes.len());
+        if size > limits.max_transaction_size {
+            return Err(Error::TransactionTooLarge {
+                size,
+                limit: limits.max_transaction_size,
+            });
+        }
+        work.enqueued_bytes = size;
+        work.enqueues.push((queue.core.clone(), bytes));
+        Ok(())
+    }
+
+    // ---- dequeues -----------------------------------------------------------------------
+
+    /// Takes the front item of `queue` into `work`, without waiting. Returns a reference to
+    /// the held entry, to decode.
+    pub(crate) fn try_dequeue<'w>(
+        &self,
+        queue: &QueueRef,
+        work: &'w mut Work,
+    ) -> Result<Option<&'w Entry>> {
+        self.check_open()?;
+        Ok(queue.core.try_take().map(|entry| hold(work, queue, entry)))
+    }
+
+    /// A dequeue request on `queue`, not yet in line.
+    pub(crate) fn waiting<'q>(&self, queue: &'q QueueRef) -> Waiting<'q> {
+        Waiting {
+            queue,
+            request: Request::default(),
+        }
+    }
+
+    /// Takes an item for `waiting` into `work`, or puts the request in line to be woken
+    /// through `waker`.
+    pub(crate) fn poll_dequeue<'w>(
+        &self,
+        waiting: &mut Waiting<'_>,
+        work: &'w mut Work,
+        waker: &Waker,
+    ) -> Poll<Result<&'w Entry>> {
+        if let Err(e) = self.check_open() {
+            return Poll::Ready(Err(e));
+        }
+        let queue = waiting.queue;
+        match queue.core.poll_take(&mut waiting.request, waker) {
+            Poll::Ready(Ok(entry)) => Poll::Ready(Ok(hold(work, queue, entry))),
+            Poll::Ready(Err(_closed)) => Poll::Ready(Err(Error::Closed)),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    /// Ends `waiting` at its deadline: an entry handed to it at the last moment is taken into
+    /// `work` (it is the caller's to use); `None` otherwise.
+    pub(crate) fn withdraw<'w>(
+        &self,
+        waiting: &mut Waiting<'_>,
+        work: &'w mut Work,
+    ) -> Option<&'w Entry> {
+        let queue = waiting.queue;
+        let entry = queue.core.withdraw(&mut waiting.request)?;
+        Some(hold(work, queue, entry))
+    }
+
+    // ---- transactions -------------------------------------------------------------------
+
+    /// Applies `work` atomically and durably.
+    pub(crate) async fn commit(&self, work: Work) -> Result<()> {
+        if let Err(e) = self.check_open() {
+            abort(work);
+            return Err(e);
+        }
+        if work.is_empty() {
+            return Ok(());
+        }
+        match &self.flavor {
+            Flavor::Memory(m) => {
+                m.commit(work);
+                Ok(())
+            }
+            Flavor::Sled(s) => s.commit(work).await,
+        }
+    }
+
+    /// [`commit`](Self::commit) for threads.
+    pub(crate) fn blocking_commit(&self, work: Work) -> Result<()> {
+        match &self.flavor {
+            Flavor::Memory(m) if !self.closed.load(Ordering::Acquire) => {
+                m.commit(work);
+                Ok(())
+            }
+            _ => block_on(self.commit(work)),
+        }
+    }
+
+    /// Discards `work`: the enqueues are dropped, the dequeued items go back to the front of
+    /// their queues, visible at once. On the embedded engines this never waits and cannot
+    /// fail; it is also what dropping a transaction does.
+    pub(crate) fn abort(&self, work: Work) {
+        abort(work);
+    }
+
+    // ---- the store ----------------------------------------------------------------------
+
+    /// Makes every commit so far durable.
+    pub(crate) async fn flush(&self) -> Result<()> {
+        self.check_open()?;
+        match &self.flavor {
+            Flavor::Memory(_) => Ok(()),
+            Flavor::Sled(s) => s.flush().await,
+        }
+    }
+
+    /// [`flush`](Self::flush) for threads.
+    pub(crate) fn blocking_flush(&self) -> Result<()> {
+        block_on(self.flush())
+    }
+
+    /// Closes the store for every handle: waiting consumers are woken with
+    /// [`Error::Closed`], commits already submitted finish, the log is flushed and its
+    /// directory released. Returns the final flush's outcome; a second close gets
+    /// [`Error::Closed`].
+    pub(crate) async fn close(&self) -> Result<()> {
+        if self.closed.swap(true, Ordering::AcqRel) {
+            return Err(Error::Closed);
+        }
+        self.catalog().close_queues();
+        match &self.flavor {
+            Flavor::Memory(_) => Ok(()),
+            Flavor::Sled(s) => s.close().await,
+        }
+    }
+
+    /// [`close`](Self::close) for threads.
+    pub(crate) fn blocking_close(&self) -> Result<()> {
+        block_on(self.close())
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        // The last handle is gone: close, if nobody did. There is nobody left to tell about a
+        // failed final flush but the log.
+        if !self.closed.load(Ordering::Acquire) {
+            if let Err(e) = self.blocking_close() {
+                tracing::error!(error = %e, "closing the store failed");
+            }
+        }
+    }
+}
+
+/// Moves a dequeued entry into `work` and returns it there.
+fn hold<'w>(work: &'w mut Work, queue: &QueueRef, entry: Entry) -> &'w Entry {
+    work.dequeued.push((queue.core.clone(), entry));
+    &work.dequeued[work.dequeued.len() - 1].1
+}
+
+/// Gives `work`'s dequeued items back; its enqueues are dropped.
+fn abort(work: Work) {
+    if !work.dequeued.is_empty() {
+        restore_all(work.dequeued);
+    }
+}

@@ -1,0 +1,412 @@
+//! The committer: the one thread that touches sled once the store is open.
+//!
+//! It takes every commit waiting in its channel (up to the group size) as one group, assigns
+//! the new items their ids, writes the group as one or more records in one atomic sled
+//! operation, flushes once under `Durability::Sync`, then makes the enqueued items visible,
+//! marks the dequeued ones acknowledged and answers every commit of the group. After each
+//! group it compacts the front of the log a little (see `compaction`). It owns the
+//! authoritative view of what is live ([`Liveness`]).
+//!
+//! Catalog changes (a new queue, lifted fences), flushes and the close reach it through the
+//! same channel, so they take effect in the order they were sent: a queue is in the catalog
+//! before any record that names it.
+
+use std::path::PathBuf;
+
+use crossbeam_channel::Receiver;
+
+use super::directory::{close_after_failure, wait_until_released, BlobFiles, DirLock, DiskSync, BLOB_CANDIDATE};
+use super::liveness::Liveness;
+use super::record::{Bytes, Op, RecordBuilder};
+use super::recovery::LogState;
+use super::trees::{self, Trees};
+use super::Reply;
+use crate::config::{Config, Durability};
+use crate::core::{publish_all, restore_all, QueueId};
+use crate::engine::{Enqueues, Held};
+use crate::error::{Error, Result};
+
+/// Records larger than this are split: sled 0.34 stores a value over about 128 KiB as a file
+/// of its own and reclaims its space late, while several values of this size in one batch
+/// and one flush go to disk at close to the disk's sequential rate.
+const RECORD_SIZE: usize = 64 << 10;
+
+/// One record of a commit group: enqueues with ids `first .. first + len`, and acks.
+#[derive(Debug)]
+struct Part {
+    record: Vec<u8>,
+    ids: std::ops::Range<u64>,
+}
+
+/// A transaction on its way to the log.
+#[derive(Debug)]
+pub(crate) struct CommitRequest {
+    /// Encoded items to add, in enqueue order.
+    pub(crate) enqueues: Enqueues,
+    /// Items the transaction dequeued; acknowledged on success, given back on failure.
+    pub(crate) dequeued: Held,
+    pub(crate) reply: Reply,
+}
+
+impl CommitRequest {
+    /// Approximate bytes the request adds to a record.
+    fn size(&self) -> usize {
+        let items: usize = self.enqueues.iter().map(|(_, b)| b.len() + 24).sum();
+        items + self.dequeued.len() * 12
+    }
+
+    /// Answers the request with a failure, giving its dequeued items back to their queues.
+    fn fail(self, error: Error) {
+        restore_all(self.dequeued);
+        drop(self.reply.send(Err(error)));
+    }
+}
+
+/// What the committer is asked to do.
+#[derive(Debug)]
+pub(crate) enum Message {
+    Commit(CommitRequest),
+    /// Record a new queue (durably before answering, under `Durability::Sync`).
+    CreateQueue {
+        name: String,
+        id: QueueId,
+        reply: Reply,
+    },
+    /// Lift every fence of a queue, durably.
+    Unfence { queue: QueueId, reply: Reply },
+    /// Flush everything written so far to disk, then answer.
+    Flush(Reply),
+    /// Finish what was sent before, flush, close sled, release the directory, answer with
+    /// the final flush's outcome, and stop.
+    Close(Reply),
+}
+
+impl Message {
+    /// Answers the message with `error` without doing it.
+    pub(crate) fn fail(self, error: Error) {
+        match self {
+            Message::Commit(req) => req.fail(error),
+            Message::CreateQueue { reply, .. }
+            | Message::Unfence { reply, .. }
+            | Message::Flush(reply)
+            | Message::Close(reply) => drop(reply.send(Err(error))),
+        }
+    }
+}
+
+/// The files the committer owns.
+#[derive(Debug)]
+pub(crate) struct Storage {
+    pub(crate) trees: Trees,
+    pub(crate) disk: DiskSync,
+    pub(crate) path: PathBuf,
+    /// Released last, after sled let go of the directory.
+    pub(crate) dir: DirLock,
+}
+
+#[derive(Debug)]
+pub(crate) struct Committer {
+    pub(super) storage: Storage,
+    durability: Durability,
+    group_size: usize,
+    pub(super) compaction_floor: u64,
+    rx: Receiver<Message>,
+    pub(super) liveness: Liveness,
+    next_id: u64,
+    pub(super) next_seq: u64,
+    pub(super) builder: RecordBuilder,
+    /// Set by the first storage failure: sled stops accepting writes after one, so every
+    /// later request fails with [`Error::PreviousFailure`] until the store is reopened.
+    ///
+    /// Once it is set nothing may touch sled again: after some failures sled 0.34 cannot make
+    /// anything stable any more (a failed blob write leaves a log buffer no flush can
+    /// complete), so a flush, including the one sled makes when its last handle is dropped,
+    /// would wait forever.
+    pub(super) failed: Option<Error>,
+    /// Set when compaction met a record it could not read; it then stops for this run.
+    pub(super) compaction_stopped: bool,
+}
+
+/// Answers waiting for the flush that ends the current round.
+#[derive(Debug, Default)]
+struct AfterFlush {
+    /// Answered with the flush's outcome.
+    flushes: Vec<Reply>,
+    close: Option<Reply>,
+}
+
+impl Committer {
+    pub(crate) fn new(
+        storage: Storage,
+        log: LogState,
+        config: &Config,
+        rx: Receiver<Message>,
+    ) -> Self {
+        Committer {
+            storage,
+            durability: config.durability,
+            group_size: config.group_size,
+            compaction_floor: config.compaction_floor,
+            rx,
+            liveness: log.liveness,
+            next_id: log.next_id,
+            next_seq: log.next_seq,
+            builder: RecordBuilder::default(),
+            failed: None,
+            compaction_stopped: false,
+        }
+    }
+
+    /// Serves requests until asked to close (or every sender is gone), then flushes and lets
+    /// the directory go.
+    pub(crate) fn run(mut self) {
+        let mut group = Vec::new();
+        let mut after = AfterFlush::default();
+        while let Ok(first) = self.rx.recv() {
+            let mut size = 0;
+            let mut next = Some(first);
+            while let Some(message) = next.take() {
+                match message {
+                    Message::Commit(req) => {
+                        size += req.size();
+                        group.push(req);
+                    }
+                    Message::CreateQueue { name, id, reply } => {
+                        self.create_queue(&name, id, reply, &mut after);
+                    }
+                    Message::Unfence { queue, reply } => {
+                        match self.usable().and_then(|trees| trees::remove_fences(&trees.meta, queue)) {
+                            Ok(()) => after.flushes.push(reply),
+                            Err(e) => drop(reply.send(Err(e))),
+                        }
+                    }
+                    Message::Flush(reply) => after.flushes.push(reply),
+                    Message::Close(reply) => after.close = Some(reply),
+                }
+                if size < self.group_size && after.close.is_none() {
+                    next = self.rx.try_recv().ok();
+                }
+            }
+            if !group.is_empty() {
+                self.commit_group(std::mem::take(&mut group));
+                self.compact();
+            }
+            if !after.flushes.is_empty() {
+                let flushed = self.flush();
+                for reply in after.flushes.drain(..) {
+                    drop(reply.send(flushed.clone()));
+                }
+            }
+            if let Some(reply) = after.close.take() {
+                return self.close(Some(reply));
+            }
+        }
+        self.close(None);
+    }
+
+    /// Records a new queue; its answer waits for the round's flush under `Sync`.
+    fn create_queue(&mut self, name: &str, id: QueueId, reply: Reply, after: &mut AfterFlush) {
+        match self.usable().and_then(|trees| trees::create_queue(&trees.meta, name, id)) {
+            Ok(()) if self.durability == Durability::Sync => after.flushes.push(reply),
+            Ok(()) => drop(reply.send(Ok(()))),
+            Err(e) => {
+                self.stop(&e);
+                drop(reply.send(Err(e)));
+            }
+        }
+    }
+
+    /// The final flush, then sled closed and the directory released; then `reply` gets the
+    /// flush's outcome and whatever is still in the channel is refused.
+    fn close(self, reply: Option<Reply>) {
+        let flushed = self.flush();
+        if let Err(e) = &flushed {
+            if reply.is_none() {
+                tracing::error!(error = %e, "final flush of the store failed");
+            }
+        }
+        let Storage {
+            trees, path, dir, ..
+        } = self.storage;
+        if self.failed.is_some() {
+            close_after_failure(trees);
+        } else {
+            drop(trees);
+            if !wait_until_released(&path) {
+                tracing::warn!(?path, "sled still holds the directory after closing");
+            }
+        }
+        drop(dir);
+        if let Some(reply) = reply {
+            drop(reply.send(flushed));
+        }
+        // Requests sent after the close: refused. A request that arrives after this drain
+        // finds its reply dropped, which reads as `Closed` too.
+        while let Ok(message) = self.rx.try_recv() {
+            message.fail(Error::Closed);
+        }
+    }
+
+    /// sled's trees, unless a storage failure stopped the store.
+    fn usable(&self) -> Result<&Trees> {
+        match &self.failed {
+            Some(e) => Err(Error::previous(e)),
+            None => Ok(&self.storage.trees),
+        }
+    }
+
+    fn flush(&self) -> Result<()> {
+        let trees = self.usable()?;
+        trees.db.flush()?;
+        self.storage.disk.sync_log()?;
+        Ok(())
+    }
+
+    /// The blob files present now, if any of `sizes` may become one.
+    pub(super) fn blobs_before(
+        &self,
+        sizes: impl IntoIterator<Item = usize>,
+    ) -> Result<Option<BlobFiles>> {
+        if sizes.into_iter().any(|size| size >= BLOB_CANDIDATE) {
+            Ok(Some(self.storage.disk.blob_files()?))
+        } else {
+            Ok(None)
+        }
+    }
+
+    /// Stops writing after a storage failure.
+    pub(super) fn stop(&mut self, e: &Error) {
+        if self.failed.is_none() {
+            self.failed = Some(e.clone());
+        }
+    }
+
+    fn commit_group(&mut self, group: Vec<CommitRequest>) {
+        if let Some(e) = &self.failed {
+            let e = Error::previous(e);
+            group.into_iter().for_each(|req| req.fail(e.clone()));
+            return;
+        }
+        let first = self.next_id;
+        let parts = match self.encode(&group, first) {
+            Ok(parts) => parts,
+            Err(e) => {
+                // Only a bug can get here; fail the group, keep the store going.
+                self.builder.reset();
+                let e = Error::storage(e);
+                group.into_iter().for_each(|req| req.fail(e.clone()));
+                return;
+            }
+        };
+        let seq = self.next_seq;
+        let sizes: Vec<(std::ops::Range<u64>, usize)> =
+            parts.iter().map(|p| (p.ids.clone(), p.record.len())).collect();
+        let written = self
+            .blobs_before(sizes.iter().map(|(_, bytes)| *bytes))
+            .and_then(|blobs| {
+                self.write(seq, parts)?;
+                if self.durability == Durability::Sync {
+                    self.storage.trees.db.flush()?;
+                    self.storage.disk.sync_log()?;
+                }
+                if let Some(before) = &blobs {
+                    self.storage.disk.sync_new_blobs(before)?;
+                }
+                Ok(())
+            });
+        if let Err(e) = written {
+            tracing::error!(error = %e, seq, "writing a commit group failed; the store stops writing");
+            self.stop(&e);
+            group.into_iter().for_each(|req| req.fail(e.clone()));
+            return;
+        }
+        let mut record_seq = seq;
+        for (ids, bytes) in sizes {
+            debug_assert!(ids.start >= self.next_id, "item ids increase");
+            self.next_id = ids.end;
+            self.liveness.add_range(record_seq, ids, u64::try_from(bytes).unwrap_or(u64::MAX));
+            record_seq += 1;
+        }
+        self.next_seq = record_seq;
+        let mut id = first;
+        for req in group {
+            for (_, entry) in &req.dequeued {
+                debug_assert!(entry.id < first, "an ack points to an item of an older record");
+                self.liveness.ack(entry.id);
+            }
+            let n = u64::try_from(req.enqueues.len()).unwrap_or(u64::MAX);
+            publish_all(req.enqueues, id);
+            id += n;
+            drop(req.dequeued);
+            drop(req.reply.send(Ok(())));
+        }
+        debug_assert_eq!(id, self.next_id, "every new id was published");
+    }
+
+    /// Writes the records of a group under consecutive sequence numbers from `seq`,
+    /// atomically.
+    fn write(&self, seq: u64, parts: Vec<Part>) -> sled::Result<()> {
+        let log = &self.storage.trees.log;
+        if let [part] = &parts[..] {
+            return log.insert(seq.to_be_bytes(), &part.record[..]).map(drop);
+        }
+        let mut batch = sled::Batch::default();
+        for (record_seq, part) in (seq..).zip(parts) {
+            batch.insert(&record_seq.to_be_bytes()[..], part.record);
+        }
+        log.apply_batch(batch)
+    }
+
+    /// Encodes a group as one record, or as several when it is larger than [`RECORD_SIZE`].
+    fn encode(&mut self, group: &[CommitRequest], first: u64) -> Result<Vec<Part>, postcard::Error> {
+        let mut parts = Vec::new();
+        let mut id = first;
+        let mut part_first = first;
+        for req in group {
+            for (queue, bytes) in &req.enqueues {
+                self.builder.push(&Op::Enqueue {
+                    queue: queue.id(),
+                    id,
+                    attempts: 0,
+                    not_before: 0,
+                    bytes: Bytes(bytes),
+                })?;
+                id += 1;
+                self.split_if_full(&mut parts, &mut part_first, id)?;
+            }
+            for (queue, entry) in &req.dequeued {
+                self.builder.push(&Op::Ack {
+                    queue: queue.id(),
+                    id: entry.id,
+                })?;
+                self.split_if_full(&mut parts, &mut part_first, id)?;
+            }
+        }
+        if !self.builder.is_empty() || parts.is_empty() {
+            parts.push(self.finish_part(part_first..id)?);
+        }
+        Ok(parts)
+    }
+
+    /// Seals the record being built once it reaches [`RECORD_SIZE`]; `end` is the id the
+    /// next enqueue would get.
+    fn split_if_full(
+        &mut self,
+        parts: &mut Vec<Part>,
+        part_first: &mut u64,
+        end: u64,
+    ) -> Result<(), postcard::Error> {
+        if self.builder.len() >= RECORD_SIZE {
+            parts.push(self.finish_part(*part_first..end)?);
+            *part_first = end;
+        }
+        Ok(())
+    }
+
+    fn finish_part(&mut self, ids: std::ops::Range<u64>) -> Result<Part, postcard::Error> {
+        Ok(Part {
+            record: self.builder.finish()?,
+            ids,
+        })
+    }
+}

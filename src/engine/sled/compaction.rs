@@ -1,0 +1,117 @@
+//! Compaction: keeping the log proportional to the live backlog, not to history.
+//!
+//! After each group the committer deletes the fully acknowledged front of the log. When the
+//! log has grown well past the live backlog (over the compaction floor and over twice the
+//! live bytes), the few live items that pin the oldest record are rewritten into a new record
+//! in the same atomic batch that deletes the old one. A round moves at most
+//! [`REWRITE_BUDGET`] bytes, so no commit waits long behind it.
+
+use super::committer::Committer;
+use super::record::{self, Op};
+use crate::error::{Error, Result};
+
+/// The most live bytes one compaction round moves.
+const REWRITE_BUDGET: u64 = 4 << 20;
+
+impl Committer {
+    /// Deletes the fully acknowledged front of the log, and moves the few live items that
+    /// pin an old record to a new one when the log has grown well past the live backlog.
+    pub(super) fn compact(&mut self) {
+        if self.failed.is_some() || self.compaction_stopped {
+            return;
+        }
+        let mut batch = sled::Batch::default();
+        let mut changed = false;
+        let mut moved_bytes = 0;
+        let mut largest = 0;
+        while let Some(front) = self.liveness.front() {
+            if front.is_last {
+                break;
+            }
+            if front.live == 0 {
+                batch.remove(&front.seq.to_be_bytes()[..]);
+                self.liveness.pop_front();
+                changed = true;
+                continue;
+            }
+            let log = self.liveness.log_bytes();
+            let crowded = log > self.compaction_floor && log > 2 * self.liveness.live_bytes();
+            if !crowded || moved_bytes >= REWRITE_BUDGET {
+                break;
+            }
+            match self.rewrite_front(front.seq, &mut batch) {
+                Ok(bytes) => {
+                    moved_bytes += u64::try_from(bytes).unwrap_or(u64::MAX);
+                    largest = largest.max(bytes);
+                    changed = true;
+                }
+                Err(e) => {
+                    tracing::error!(seq = front.seq, error = %e, "compaction stopped: a record cannot be read");
+                    self.compaction_stopped = true;
+                    break;
+                }
+            }
+        }
+        if changed {
+            // The batch becomes durable with the next group's flush; a record sled keeps as a
+            // file of its own must be synced here, since that flush does not cover it.
+            let applied = self.blobs_before([largest]).and_then(|blobs| {
+                self.storage.trees.log.apply_batch(batch)?;
+                if let Some(before) = &blobs {
+                    self.storage.disk.sync_new_blobs(before)?;
+                }
+                Ok(())
+            });
+            if let Err(e) = applied {
+                tracing::error!(error = %e, "compaction failed; the store stops writing");
+                self.stop(&e);
+            }
+        }
+    }
+
+    /// Copies the live items of the front record into a new record and queues the old one's
+    /// deletion, both in `batch`. Returns the bytes written.
+    fn rewrite_front(&mut self, seq: u64, batch: &mut sled::Batch) -> Result<usize> {
+        let Some(raw) = self.storage.trees.log.get(seq.to_be_bytes())? else {
+            return Err(Error::Bug {
+                invariant: "a live record is in the log",
+            });
+        };
+        let rec = record::decode(&raw).map_err(|damage| {
+            Error::storage(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("record {seq}: {}", damage.reason),
+            ))
+        })?;
+        let live = self.liveness.front_live();
+        let mut kept = Vec::with_capacity(live.len());
+        for op in &rec.ops {
+            if let Op::Enqueue { id, .. } = op {
+                if live.binary_search(id).is_ok() {
+                    if let Err(e) = self.builder.push(op) {
+                        self.builder.reset();
+                        return Err(Error::storage(e));
+                    }
+                    kept.push(*id);
+                }
+            }
+        }
+        kept.sort_unstable();
+        if kept != live {
+            self.builder.reset();
+            return Err(Error::Bug {
+                invariant: "a record holds every item the log counts as live in it",
+            });
+        }
+        let record = self.builder.finish().map_err(Error::storage)?;
+        let bytes = record.len();
+        let new_seq = self.next_seq;
+        batch.insert(&new_seq.to_be_bytes()[..], record);
+        batch.remove(&seq.to_be_bytes()[..]);
+        self.next_seq += 1;
+        self.liveness.pop_front();
+        self.liveness
+            .add_list(new_seq, kept, u64::try_from(bytes).unwrap_or(u64::MAX));
+        Ok(bytes)
+    }
+}

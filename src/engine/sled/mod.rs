@@ -1,0 +1,189 @@
+//! The sled engine: an embedded store in one directory, kept as a log in sled.
+//!
+//! Opening recovers the log into the in-memory core ([`recovery`]) and starts the
+//! [`committer`] thread, which from then on is the only code that touches sled: commits, new
+//! queues, fences, flushes and compaction ([`compaction`]) all reach it as [`Message`]s, in
+//! the order they were sent. Closing (or dropping the last handle) sends it [`Message::Close`]:
+//! it finishes what was sent before, flushes, closes sled and releases the directory, then
+//! answers.
+//!
+//! Files: [`record`] is the log's record format, [`trees`] sled's trees and the `meta` tree's
+//! keys, [`liveness`] what compaction may delete, [`directory`] the directory as sled sees it
+//! (and which directories this process has open).
+
+mod committer;
+mod compaction;
+mod directory;
+mod liveness;
+pub(crate) mod record;
+mod recovery;
+mod trees;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use crossbeam_channel::Sender;
+use tokio::sync::oneshot;
+
+use self::committer::{CommitRequest, Committer, Message};
+use self::directory::{complete_torn_sled_config, create_dir, open_sled, DirLock, DiskSync};
+use self::recovery::recover;
+use self::trees::Trees;
+use super::catalog::Catalog;
+use super::Work;
+use crate::config::{Config, Durability};
+use crate::core::QueueCore;
+use crate::error::{Error, Result};
+use crate::sync::process::Mutex;
+
+/// How the committer answers a request. A reply dropped unanswered (the committer stopped)
+/// reads as [`Error::Closed`].
+pub(crate) type Reply = oneshot::Sender<Result<()>>;
+
+/// Waits for the committer's answer.
+async fn answer(rx: oneshot::Receiver<Result<()>>) -> Result<()> {
+    rx.await.unwrap_or(Err(Error::Closed))
+}
+
+/// An open store directory.
+#[derive(Debug)]
+pub(crate) struct Sled {
+    path: PathBuf,
+    catalog: Catalog,
+    sender: Sender<Message>,
+    committer: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Sled {
+    /// Opens (creating it if need be) the store in directory `path`: takes the directory,
+    /// recovers the log and starts the committer.
+    pub(crate) fn open(path: &Path, config: &Config) -> Result<Sled> {
+        create_dir(path)?;
+        let path = path.canonicalize()?;
+        let dir = DirLock::acquire(path.clone())?;
+        let flush_every = match config.durability {
+            Durability::Sync => None,
+            Durability::Buffered => Some(
+                u64::try_from(config.flush_interval.as_millis())
+                    .unwrap_or(u64::MAX)
+                    .max(1),
+            ),
+        };
+        complete_torn_sled_config(&path)?;
+        let trees = Trees::open(open_sled(&path, config, flush_every)?)?;
+        let disk = DiskSync::open(&path)?;
+        let recovered = recover(&trees, &disk)?;
+        let catalog = Catalog::recovered(
+            recovered.queues,
+            recovered.fences,
+            recovered.set_aside,
+        );
+        let (sender, receiver) = crossbeam_channel::unbounded();
+        let committer = Committer::new(
+            committer::Storage {
+                trees,
+                disk,
+                path: path.clone(),
+                dir,
+            },
+            recovered.log,
+            config,
+            receiver,
+        );
+        let committer = std::thread::Builder::new()
+            .name("reliable-queue-committer".into())
+            .spawn(move || committer.run())?;
+        Ok(Sled {
+            path,
+            catalog,
+            sender,
+            committer: Mutex::new(Some(committer)),
+        })
+    }
+
+    pub(crate) fn catalog(&self) -> &Catalog {
+        &self.catalog
+    }
+
+    /// Sends `message` to the committer; if it is gone, answers the message with
+    /// [`Error::Closed`] (a commit's dequeued items go back).
+    fn send(&self, message: Message) {
+        if let Err(e) = self.sender.send(message) {
+            e.into_inner().fail(Error::Closed);
+        }
+    }
+
+    /// Sends a request and waits for its answer.
+    async fn ask(&self, message: impl FnOnce(Reply) -> Message) -> Result<()> {
+        let (tx, rx) = oneshot::channel();
+        self.send(message(tx));
+        answer(rx).await
+    }
+
+    /// Opens queue `name`, creating it if need be. A new queue is logged before anyone can
+    /// see it; under [`Durability::Sync`] this returns once the catalog change is on disk.
+    pub(crate) async fn queue(&self, name: &str) -> Result<Arc<QueueCore>> {
+        let (core, created) = self.catalog.open_queue(name, |id| {
+            let (tx, rx) = oneshot::channel();
+            self.send(Message::CreateQueue {
+                name: name.to_owned(),
+                id,
+                reply: tx,
+            });
+            Ok(rx)
+        })?;
+        if let Some(rx) = created {
+            answer(rx).await?;
+        }
+        Ok(core)
+    }
+
+    /// Lifts every fence of queue `name`, durably. Unknown or unfenced names are no error.
+    pub(crate) async fn unfence(&self, name: &str) -> Result<()> {
+        let Some(id) = self.catalog.id_of(name) else {
+            return Ok(());
+        };
+        self.ask(|reply| Message::Unfence { queue: id, reply })
+            .await?;
+        self.catalog.remove_fences(id);
+        Ok(())
+    }
+
+    /// Hands a commit to the committer and waits for its group.
+    pub(crate) async fn commit(&self, work: Work) -> Result<()> {
+        let Work {
+            enqueues, dequeued, ..
+        } = work;
+        self.ask(|reply| {
+            Message::Commit(CommitRequest {
+                enqueues,
+                dequeued,
+                reply,
+            })
+        })
+        .await
+    }
+
+    /// Waits until everything committed so far is on disk.
+    pub(crate) async fn flush(&self) -> Result<()> {
+        self.ask(Message::Flush).await
+    }
+
+    /// Lets the committer finish what was sent before, flush, and release the directory.
+    pub(crate) async fn close(&self) -> Result<()> {
+        self.ask(Message::Close).await
+    }
+}
+
+impl Drop for Sled {
+    fn drop(&mut self) {
+        // `Engine` closed the store before dropping this, so the committer is stopping or
+        // stopped.
+        if let Some(thread) = self.committer.lock().take() {
+            if thread.join().is_err() {
+                tracing::error!(path = ?self.path, "the committer thread panicked");
+            }
+        }
+    }
+}
