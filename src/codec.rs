@@ -3,6 +3,16 @@
 //! Items are encoded once, at `enqueue`, so a serialization error surfaces there and the
 //! bytes are what the log, the core and an aborting transaction carry around. They are decoded
 //! once, when a transaction dequeues them.
+//!
+//! Byte-like items (`Vec<u8>`, `Box<[u8]>`, `bytes::Bytes`, `bytes::BytesMut`, `String`,
+//! `Box<str>`) skip serde: postcard writes each of them as a varint length then the raw bytes
+//! (through `serialize_seq` of `u8`s, `serialize_bytes` or `serialize_str` alike), and reads a
+//! `Vec<u8>` one element at a time. [`encode`] and [`decode`] recognize these types by
+//! `TypeId` and copy the bytes in one go instead, writing exactly what postcard writes and
+//! accepting and rejecting exactly what postcard accepts and rejects, with the same errors
+//! (the tests check both against postcard). The envelope is unchanged.
+
+use std::any::{Any, TypeId};
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -63,7 +73,15 @@ thread_local! {
 const SCRATCH_KEEP: usize = 64 << 10;
 
 /// Encodes `item` in the envelope. The result has no spare capacity.
-pub(crate) fn encode<T: Serialize>(item: &T) -> Result<Box<[u8]>, postcard::Error> {
+pub(crate) fn encode<T: Serialize + 'static>(item: &T) -> Result<Box<[u8]>, postcard::Error> {
+    match raw_bytes(item) {
+        Some(raw) => Ok(encode_raw(raw)),
+        None => encode_serde(item),
+    }
+}
+
+/// Encodes `item` in the envelope through serde and postcard.
+fn encode_serde<T: Serialize>(item: &T) -> Result<Box<[u8]>, postcard::Error> {
     fn into_exact(buf: &mut Vec<u8>, item: &impl Serialize) -> Result<Box<[u8]>, postcard::Error> {
         buf.clear();
         buf.push(ENVELOPE_V1);
@@ -81,11 +99,27 @@ pub(crate) fn encode<T: Serialize>(item: &T) -> Result<Box<[u8]>, postcard::Erro
 }
 
 /// Decodes an enveloped item.
-pub(crate) fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, DecodeError> {
+pub(crate) fn decode<T: DeserializeOwned + 'static>(bytes: &[u8]) -> Result<T, DecodeError> {
+    let rest = open_envelope(bytes)?;
+    if let Some(kind) = RawKind::of::<T>() {
+        if let Some(item) = decode_raw(kind, rest) {
+            return item;
+        }
+    }
+    decode_serde(rest)
+}
+
+/// The item's bytes after the envelope's version byte.
+fn open_envelope(bytes: &[u8]) -> Result<&[u8], DecodeError> {
     let (&version, rest) = bytes.split_first().ok_or(DecodeError::Empty)?;
     if version != ENVELOPE_V1 {
         return Err(DecodeError::Version(version));
     }
+    Ok(rest)
+}
+
+/// Decodes an item (without its envelope) through serde and postcard.
+fn decode_serde<T: DeserializeOwned>(rest: &[u8]) -> Result<T, DecodeError> {
     let (item, trailing) = postcard::take_from_bytes(rest)?;
     if !trailing.is_empty() {
         return Err(DecodeError::Trailing(trailing.len()));
@@ -93,9 +127,165 @@ pub(crate) fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, DecodeError
     Ok(item)
 }
 
+/// The raw bytes of `item` if it is of a byte-like type, whose postcard encoding is a varint
+/// length followed by these bytes.
+fn raw_bytes<T: 'static>(item: &T) -> Option<&[u8]> {
+    let item: &dyn Any = item;
+    if let Some(v) = item.downcast_ref::<Vec<u8>>() {
+        Some(v)
+    } else if let Some(s) = item.downcast_ref::<String>() {
+        Some(s.as_bytes())
+    } else if let Some(b) = item.downcast_ref::<bytes::Bytes>() {
+        Some(b)
+    } else if let Some(b) = item.downcast_ref::<Box<[u8]>>() {
+        Some(b)
+    } else if let Some(b) = item.downcast_ref::<bytes::BytesMut>() {
+        Some(b)
+    } else if let Some(s) = item.downcast_ref::<Box<str>>() {
+        Some(s.as_bytes())
+    } else {
+        None
+    }
+}
+
+/// Encodes raw bytes in the envelope as postcard does: version, varint length, bytes. One
+/// allocation of the exact size, one copy.
+fn encode_raw(raw: &[u8]) -> Box<[u8]> {
+    let mut prefix = [0u8; VARINT_MAX];
+    let prefix = put_varint_usize(raw.len(), &mut prefix);
+    let mut out = Vec::with_capacity(1 + prefix.len() + raw.len());
+    out.push(ENVELOPE_V1);
+    out.extend_from_slice(prefix);
+    out.extend_from_slice(raw);
+    out.into_boxed_slice()
+}
+
+/// The byte-like item types decoded without serde.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RawKind {
+    Vec,
+    BoxSlice,
+    Bytes,
+    BytesMut,
+    String,
+    BoxStr,
+}
+
+impl RawKind {
+    /// Which byte-like type `T` is, if any (the comparisons fold away at compile time).
+    fn of<T: 'static>() -> Option<RawKind> {
+        let t = TypeId::of::<T>();
+        if t == TypeId::of::<Vec<u8>>() {
+            Some(RawKind::Vec)
+        } else if t == TypeId::of::<String>() {
+            Some(RawKind::String)
+        } else if t == TypeId::of::<bytes::Bytes>() {
+            Some(RawKind::Bytes)
+        } else if t == TypeId::of::<Box<[u8]>>() {
+            Some(RawKind::BoxSlice)
+        } else if t == TypeId::of::<bytes::BytesMut>() {
+            Some(RawKind::BytesMut)
+        } else if t == TypeId::of::<Box<str>>() {
+            Some(RawKind::BoxStr)
+        } else {
+            None
+        }
+    }
+}
+
+/// Decodes an item of byte-like type `T` (`kind`, from [`RawKind::of::<T>`]) from `rest` (the
+/// bytes after the envelope's version byte), with the checks and errors of the serde path, in
+/// its order: the varint, the length against what is left, UTF-8 for strings, then trailing
+/// bytes. `None` only if `kind` does not name `T`, which `RawKind::of` rules out.
+fn decode_raw<T: 'static>(kind: RawKind, rest: &[u8]) -> Option<Result<T, DecodeError>> {
+    let (len, after) = match take_varint_usize(rest) {
+        Ok(taken) => taken,
+        Err(e) => return Some(Err(e.into())),
+    };
+    if len > after.len() {
+        return Some(Err(postcard::Error::DeserializeUnexpectedEnd.into()));
+    }
+    let (body, trailing) = after.split_at(len);
+    let text = match kind {
+        RawKind::String | RawKind::BoxStr => match std::str::from_utf8(body) {
+            Ok(text) => Some(text),
+            Err(_) => return Some(Err(postcard::Error::DeserializeBadUtf8.into())),
+        },
+        _ => None,
+    };
+    if !trailing.is_empty() {
+        return Some(Err(DecodeError::Trailing(trailing.len())));
+    }
+    let item = match (kind, text) {
+        (RawKind::String, Some(text)) => cast(text.to_owned()),
+        (RawKind::BoxStr, Some(text)) => cast(Box::<str>::from(text)),
+        (RawKind::Vec, _) => cast(body.to_vec()),
+        (RawKind::BoxSlice, _) => cast(Box::<[u8]>::from(body)),
+        (RawKind::Bytes, _) => cast(bytes::Bytes::copy_from_slice(body)),
+        (RawKind::BytesMut, _) => cast(bytes::BytesMut::from(body)),
+        _ => None,
+    };
+    item.map(Ok)
+}
+
+/// Moves `value` out as a `T` when `U` is `T`; `None` (dropping `value`) otherwise.
+fn cast<U: 'static, T: 'static>(value: U) -> Option<T> {
+    (&mut Some(value) as &mut dyn Any)
+        .downcast_mut::<Option<T>>()
+        .and_then(Option::take)
+}
+
+/// Most bytes in the varint of a `usize`, as postcard counts them.
+const VARINT_MAX: usize = (usize::BITS as usize).div_ceil(7);
+
+/// Largest value of the last byte of a `usize` varint of `VARINT_MAX` bytes (the bits left
+/// over), as postcard checks it.
+const VARINT_LAST_MAX: u8 = (1 << (usize::BITS % 7)) - 1;
+
+/// Writes `n` as postcard writes a length: LEB128, 7 bits a byte, least significant first.
+fn put_varint_usize(mut n: usize, out: &mut [u8; VARINT_MAX]) -> &[u8] {
+    let mut used = 0;
+    for byte in out.iter_mut() {
+        used += 1;
+        if n < 0x80 {
+            *byte = n as u8;
+            break;
+        }
+        *byte = (n as u8) | 0x80;
+        n >>= 7;
+    }
+    &out[..used]
+}
+
+/// Reads a length as postcard reads it: at most `VARINT_MAX` bytes, the last one without
+/// bits beyond a `usize`; redundant zero groups are accepted, as postcard does. Errors:
+/// `DeserializeUnexpectedEnd` if `input` ends first, `DeserializeBadVarint` otherwise.
+fn take_varint_usize(input: &[u8]) -> Result<(usize, &[u8]), postcard::Error> {
+    let mut out: usize = 0;
+    for (i, &byte) in input.iter().take(VARINT_MAX).enumerate() {
+        out |= usize::from(byte & 0x7F) << (7 * i);
+        if byte & 0x80 == 0 {
+            if i == VARINT_MAX - 1 && byte > VARINT_LAST_MAX {
+                return Err(postcard::Error::DeserializeBadVarint);
+            }
+            return Ok((out, &input[i + 1..]));
+        }
+    }
+    if input.len() < VARINT_MAX {
+        Err(postcard::Error::DeserializeUnexpectedEnd)
+    } else {
+        Err(postcard::Error::DeserializeBadVarint)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use std::fmt::Debug;
+
+    use bytes::{Bytes, BytesMut};
+    use proptest::prelude::*;
 
     #[test]
     fn round_trip_and_rejects() {
@@ -112,5 +302,428 @@ mod tests {
             decode::<u8>(&[1, 1, 2]),
             Err(DecodeError::Trailing(1))
         ));
+    }
+
+    /// Lengths around every varint boundary, and a large one.
+    const LENGTHS: &[usize] = &[
+        0,
+        1,
+        2,
+        100,
+        126,
+        127,
+        128,
+        129,
+        255,
+        256,
+        300,
+        16_382,
+        16_383,
+        16_384,
+        16_385,
+        65_536,
+        2_097_151,
+        2_097_152,
+        2_097_153,
+        (4 << 20) + 3,
+    ];
+
+    fn pattern(len: usize) -> Vec<u8> {
+        (0..len)
+            .map(|i| (i.wrapping_mul(31) ^ (i >> 8)) as u8)
+            .collect()
+    }
+
+    fn text(len: usize) -> String {
+        // ASCII with a two-byte character wherever it fits, so the byte length is `len`.
+        let mut s = String::with_capacity(len);
+        while s.len() < len {
+            if len - s.len() >= 2 && s.len() % 7 == 3 {
+                s.push('é');
+            } else {
+                s.push(char::from(b'a' + (s.len() % 26) as u8));
+            }
+        }
+        assert_eq!(s.len(), len);
+        s
+    }
+
+    /// What the code before the fast path wrote: the envelope byte, then plain postcard.
+    fn old_encode<T: Serialize + ?Sized>(item: &T) -> Vec<u8> {
+        let mut out = vec![ENVELOPE_V1];
+        out.extend(postcard::to_stdvec(item).unwrap());
+        out
+    }
+
+    /// What the code before the fast path read: the envelope, then plain postcard.
+    fn old_decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, DecodeError> {
+        decode_serde(open_envelope(bytes)?)
+    }
+
+    /// Decoding `input` as a `T` gives the same value or the same error with the fast path
+    /// as through serde and postcard.
+    fn same_decode<T: DeserializeOwned + PartialEq + Debug + 'static>(input: &[u8]) {
+        assert!(RawKind::of::<T>().is_some());
+        let what = || {
+            format!(
+                "{} from {:?} ({} bytes)",
+                std::any::type_name::<T>(),
+                &input[..input.len().min(24)],
+                input.len()
+            )
+        };
+        match (decode::<T>(input), old_decode::<T>(input)) {
+            (Ok(fast), Ok(old)) => assert!(fast == old, "{}: values differ", what()),
+            (Err(fast), Err(old)) => {
+                assert_eq!(format!("{fast:?}"), format!("{old:?}"), "{}", what());
+            }
+            (fast, old) => panic!(
+                "{}: fast path {:?}, serde path {:?}",
+                what(),
+                fast.map(|_| "Ok"),
+                old.map(|_| "Ok")
+            ),
+        }
+    }
+
+    fn same_decode_all(input: &[u8]) {
+        same_decode::<Vec<u8>>(input);
+        same_decode::<Box<[u8]>>(input);
+        same_decode::<Bytes>(input);
+        same_decode::<BytesMut>(input);
+        same_decode::<String>(input);
+        same_decode::<Box<str>>(input);
+    }
+
+    /// The fast path's bytes are postcard's, and both paths read them back.
+    fn check_item<T>(item: T)
+    where
+        T: Serialize + DeserializeOwned + PartialEq + Debug + 'static,
+    {
+        let fast = encode(&item).unwrap();
+        let old = old_encode(&item);
+        assert!(
+            fast[..] == old[..],
+            "{} of {} bytes: fast path differs from postcard",
+            std::any::type_name::<T>(),
+            old.len()
+        );
+        assert_eq!(fast.len(), old.len());
+        assert_eq!(decode::<T>(&fast).unwrap(), item);
+        assert_eq!(old_decode::<T>(&fast).unwrap(), item);
+        assert_eq!(decode::<T>(&old).unwrap(), item);
+        // The same bytes read as every other byte-like type.
+        same_decode_all(&fast);
+    }
+
+    #[test]
+    fn fast_path_covers_the_byte_like_types_only() {
+        assert_eq!(RawKind::of::<Vec<u8>>(), Some(RawKind::Vec));
+        assert_eq!(RawKind::of::<Box<[u8]>>(), Some(RawKind::BoxSlice));
+        assert_eq!(RawKind::of::<Bytes>(), Some(RawKind::Bytes));
+        assert_eq!(RawKind::of::<BytesMut>(), Some(RawKind::BytesMut));
+        assert_eq!(RawKind::of::<String>(), Some(RawKind::String));
+        assert_eq!(RawKind::of::<Box<str>>(), Some(RawKind::BoxStr));
+        assert_eq!(RawKind::of::<Vec<i8>>(), None);
+        assert_eq!(RawKind::of::<Vec<u16>>(), None);
+        assert_eq!(RawKind::of::<[u8; 4]>(), None);
+        assert_eq!(RawKind::of::<(Vec<u8>,)>(), None);
+        assert_eq!(RawKind::of::<Option<Vec<u8>>>(), None);
+        assert!(raw_bytes(&vec![1u8]).is_some());
+        assert!(raw_bytes(&vec![1u16]).is_none());
+        assert!(raw_bytes(&Some(vec![1u8])).is_none());
+        assert!(cast::<u8, u16>(1).is_none());
+        assert_eq!(cast::<u8, u8>(1), Some(1));
+    }
+
+    #[test]
+    fn postcard_writes_seq_bytes_and_str_alike() {
+        for &len in LENGTHS {
+            let raw = pattern(len);
+            let seq = postcard::to_stdvec(&raw).unwrap(); // serialize_seq of u8s
+            let bytes = postcard::to_stdvec(&Bytes::from(raw.clone())).unwrap(); // serialize_bytes
+            assert_eq!(seq, bytes, "len {len}");
+            let mut prefix = [0u8; VARINT_MAX];
+            let prefix = put_varint_usize(len, &mut prefix);
+            assert_eq!(&seq[..prefix.len()], prefix, "len {len}");
+            assert_eq!(&seq[prefix.len()..], &raw[..], "len {len}");
+
+            let s = text(len);
+            let by_str = postcard::to_stdvec(&s).unwrap(); // serialize_str
+            let by_seq = postcard::to_stdvec(&s.as_bytes().to_vec()).unwrap();
+            assert_eq!(by_str, by_seq, "len {len}");
+        }
+    }
+
+    #[test]
+    fn varints_match_postcard() {
+        let mut values: Vec<usize> = vec![usize::MAX, usize::MAX - 1, usize::MAX >> 1];
+        for shift in 0..usize::BITS {
+            let p = 1usize << shift;
+            values.extend([p - 1, p, p + 1]);
+        }
+        for n in values {
+            let mut buf = [0u8; VARINT_MAX];
+            let ours = put_varint_usize(n, &mut buf).to_vec();
+            assert_eq!(ours, postcard::to_stdvec(&n).unwrap(), "{n}");
+            let mut input = ours.clone();
+            input.push(0xEE);
+            assert_eq!(take_varint_usize(&input), Ok((n, &[0xEE][..])), "{n}");
+        }
+    }
+
+    #[test]
+    fn byte_like_items_are_written_as_postcard_writes_them() {
+        for &len in LENGTHS {
+            let raw = pattern(len);
+            check_item(raw.clone());
+            check_item(raw.clone().into_boxed_slice());
+            check_item(Bytes::from(raw.clone()));
+            check_item(BytesMut::from(&raw[..]));
+            check_item(text(len));
+            check_item(text(len).into_boxed_str());
+        }
+        check_item("ünïcödé ✓ \u{1F980}".to_owned());
+        check_item(Bytes::from_static(b"static"));
+        // A `Bytes` that is a slice of a larger buffer encodes its own bytes only.
+        check_item(Bytes::from(pattern(1000)).slice(10..300));
+    }
+
+    #[test]
+    fn other_types_still_go_through_postcard() {
+        fn same<T: Serialize + DeserializeOwned + PartialEq + Debug + 'static>(item: T) {
+            let bytes = encode(&item).unwrap();
+            assert_eq!(&bytes[..], &old_encode(&item)[..]);
+            assert_eq!(decode::<T>(&bytes).unwrap(), item);
+        }
+        same(vec![1u16, 300, 65535]);
+        same(vec![1i8, -1]);
+        same((vec![1u8, 2], "x".to_owned()));
+        same(Some(vec![7u8; 3]));
+        same([1u8, 2, 3, 4]);
+        same(vec![vec![1u8], vec![]]);
+        same(42u64);
+    }
+
+    #[test]
+    fn reads_bytes_written_by_the_old_code() {
+        // Written out by hand: version 1, varint length, bytes.
+        assert_eq!(decode::<Vec<u8>>(&[1, 0]).unwrap(), Vec::<u8>::new());
+        assert_eq!(decode::<Vec<u8>>(&[1, 3, 7, 8, 9]).unwrap(), vec![7, 8, 9]);
+        assert_eq!(decode::<String>(&[1, 3, b'a', b'b', b'c']).unwrap(), "abc");
+        assert_eq!(decode::<String>(&[1, 0]).unwrap(), "");
+        assert_eq!(&decode::<Bytes>(&[1, 2, 0, 255]).unwrap()[..], &[0, 255]);
+        assert_eq!(&*decode::<Box<[u8]>>(&[1, 1, 5]).unwrap(), &[5]);
+        let mut long = vec![1, 0x80, 0x01]; // length 128
+        long.extend(pattern(128));
+        assert_eq!(decode::<Vec<u8>>(&long).unwrap(), pattern(128));
+        // A redundant zero group in the varint: postcard accepts it, so do we.
+        assert_eq!(decode::<Vec<u8>>(&[1, 0x81, 0x00, 9]).unwrap(), vec![9]);
+        same_decode_all(&[1, 0x81, 0x00, 9]);
+
+        // Written by the old encoder (plain postcard, `serialize_seq` for `Vec<u8>`).
+        for &len in LENGTHS {
+            let raw = pattern(len);
+            let s = text(len);
+            assert_eq!(decode::<Vec<u8>>(&old_encode(&raw)).unwrap(), raw);
+            assert_eq!(&decode::<Bytes>(&old_encode(&raw)).unwrap()[..], &raw[..]);
+            assert_eq!(decode::<String>(&old_encode(&s)).unwrap(), s);
+            // A string written as bytes, and bytes written as a string, read back.
+            assert_eq!(decode::<Vec<u8>>(&old_encode(&s)).unwrap(), s.as_bytes());
+            assert_eq!(decode::<String>(&old_encode(s.as_bytes())).unwrap(), s);
+        }
+    }
+
+    fn postcard_error<T: Debug>(result: Result<T, DecodeError>) -> postcard::Error {
+        match result {
+            Err(DecodeError::Postcard(e)) => e,
+            other => panic!("expected a postcard error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn damaged_inputs_fail_as_before() {
+        use postcard::Error::{DeserializeBadUtf8, DeserializeBadVarint, DeserializeUnexpectedEnd};
+
+        // Envelope.
+        assert!(matches!(decode::<Vec<u8>>(&[]), Err(DecodeError::Empty)));
+        assert!(matches!(decode::<String>(&[]), Err(DecodeError::Empty)));
+        assert!(matches!(
+            decode::<Vec<u8>>(&[0, 0]),
+            Err(DecodeError::Version(0))
+        ));
+        assert!(matches!(
+            decode::<Bytes>(&[2, 1, 1]),
+            Err(DecodeError::Version(2))
+        ));
+        assert!(matches!(
+            decode::<String>(&[255]),
+            Err(DecodeError::Version(255))
+        ));
+
+        // Varint: missing, truncated, too long, too large.
+        assert_eq!(
+            postcard_error(decode::<Vec<u8>>(&[1])),
+            DeserializeUnexpectedEnd
+        );
+        assert_eq!(
+            postcard_error(decode::<Vec<u8>>(&[1, 0x80])),
+            DeserializeUnexpectedEnd
+        );
+        assert_eq!(
+            postcard_error(decode::<String>(&[1, 0xFF, 0xFF])),
+            DeserializeUnexpectedEnd
+        );
+        let mut nine = vec![1];
+        nine.extend([0xFF; VARINT_MAX - 1]);
+        assert_eq!(
+            postcard_error(decode::<Vec<u8>>(&nine)),
+            DeserializeUnexpectedEnd
+        );
+        let mut ten = vec![1];
+        ten.extend([0x80; VARINT_MAX]);
+        assert_eq!(postcard_error(decode::<String>(&ten)), DeserializeBadVarint);
+        let mut eleven = vec![1];
+        eleven.extend([0x80; 10]);
+        eleven.push(0);
+        assert_eq!(
+            postcard_error(decode::<Vec<u8>>(&eleven)),
+            DeserializeBadVarint
+        );
+        let mut too_big = vec![1];
+        too_big.extend([0xFF; VARINT_MAX - 1]);
+        too_big.push(VARINT_LAST_MAX + 1);
+        assert_eq!(
+            postcard_error(decode::<Bytes>(&too_big)),
+            DeserializeBadVarint
+        );
+        // The largest length: well formed, and longer than anything that follows.
+        let mut largest = vec![1];
+        largest.extend([0xFF; VARINT_MAX - 1]);
+        largest.push(VARINT_LAST_MAX);
+        largest.extend([0; 16]);
+        assert_eq!(
+            postcard_error(decode::<Vec<u8>>(&largest)),
+            DeserializeUnexpectedEnd
+        );
+
+        // Length longer than the rest, shorter than the rest.
+        assert_eq!(
+            postcard_error(decode::<Vec<u8>>(&[1, 3, 1, 2])),
+            DeserializeUnexpectedEnd
+        );
+        assert_eq!(
+            postcard_error(decode::<String>(&[1, 1])),
+            DeserializeUnexpectedEnd
+        );
+        assert!(matches!(
+            decode::<Vec<u8>>(&[1, 1, 1, 2]),
+            Err(DecodeError::Trailing(1))
+        ));
+        assert!(matches!(
+            decode::<String>(&[1, 0, 0, 0, 0]),
+            Err(DecodeError::Trailing(3))
+        ));
+        assert!(matches!(
+            decode::<Box<[u8]>>(&[1, 0, 9]),
+            Err(DecodeError::Trailing(1))
+        ));
+
+        // UTF-8, checked before trailing bytes.
+        assert_eq!(
+            postcard_error(decode::<String>(&[1, 2, 0xC3, 0x28])),
+            DeserializeBadUtf8
+        );
+        assert_eq!(
+            postcard_error(decode::<Box<str>>(&[1, 1, 0xFF])),
+            DeserializeBadUtf8
+        );
+        assert_eq!(
+            postcard_error(decode::<String>(&[1, 1, 0x80, 0])),
+            DeserializeBadUtf8
+        );
+        // Cut in the middle of a character.
+        let crab = "\u{1F980}".as_bytes();
+        assert_eq!(
+            postcard_error(decode::<String>(&[&[1, 3][..], &crab[..3]].concat())),
+            DeserializeBadUtf8
+        );
+        // Surrogates are not UTF-8.
+        assert_eq!(
+            postcard_error(decode::<String>(&[1, 3, 0xED, 0xA0, 0x80])),
+            DeserializeBadUtf8
+        );
+        // The same bytes are fine as bytes.
+        assert_eq!(
+            decode::<Vec<u8>>(&[1, 2, 0xC3, 0x28]).unwrap(),
+            vec![0xC3, 0x28]
+        );
+
+        for input in [
+            &[][..],
+            &[0, 0],
+            &[1],
+            &[1, 0x80],
+            &[1, 0xFF, 0xFF],
+            &nine,
+            &ten,
+            &eleven,
+            &too_big,
+            &largest,
+            &[1, 3, 1, 2],
+            &[1, 1, 1, 2],
+            &[1, 0, 0, 0, 0],
+            &[1, 2, 0xC3, 0x28],
+            &[1, 1, 0x80, 0],
+            &[1, 3, 0xED, 0xA0, 0x80],
+        ] {
+            same_decode_all(input);
+        }
+    }
+
+    #[test]
+    fn every_short_input_decodes_as_before() {
+        // Every input of up to three bytes after the version byte, over values that matter
+        // to a varint, a length and UTF-8.
+        let interesting = [
+            0x00, 0x01, 0x02, 0x03, 0x41, 0x7F, 0x80, 0x81, 0xC3, 0xED, 0xFF,
+        ];
+        same_decode_all(&[1]);
+        for &a in &interesting {
+            same_decode_all(&[1, a]);
+            for &b in &interesting {
+                same_decode_all(&[1, a, b]);
+                for &c in &interesting {
+                    same_decode_all(&[1, a, b, c]);
+                }
+            }
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn any_input_decodes_as_before(tail in proptest::collection::vec(any::<u8>(), 0..40)) {
+            same_decode_all(&[&[1][..], &tail].concat());
+        }
+
+        #[test]
+        fn any_length_prefix_decodes_as_before(
+            len in 0usize..64,
+            body in proptest::collection::vec(any::<u8>(), 0..64),
+        ) {
+            let mut input = old_encode(&len);
+            input.extend(&body);
+            same_decode_all(&input);
+        }
+
+        #[test]
+        fn any_bytes_round_trip(raw in proptest::collection::vec(any::<u8>(), 0..600)) {
+            check_item(raw);
+        }
+
+        #[test]
+        fn any_string_round_trips(s in ".{0,200}") {
+            check_item(s);
+        }
     }
 }
