@@ -21,7 +21,7 @@ type Source = Arc<dyn std::error::Error + Send + Sync + 'static>;
 /// use reliable_queue::{Error, Store};
 ///
 /// let store = Store::builder().max_item_size(16).open()?;
-/// let queue = store.queue::<String>("mail")?;
+/// let queue = store.blocking_queue::<String>("mail")?;
 /// let mut tx = store.begin();
 /// match queue.enqueue(&mut tx, "x".repeat(100)) {
 ///     Err(Error::ItemTooLarge { size, limit, .. }) => assert!(size > limit),
