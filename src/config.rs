@@ -71,7 +71,6 @@ impl Default for Config {
     }
 }
 
-
 impl Config {
     /// Checks every setting against its documented range.
     pub(crate) fn validate(self) -> Result<Config> {
@@ -91,7 +90,8 @@ impl Config {
         if c.group_size == 0 || c.group_size > SIZE_CEILING {
             return bad("group_size", "between 1 byte and 1 GiB");
         }
-        if c.flush_interval < Duration::from_millis(1) || c.flush_interval > Duration::from_secs(3600)
+        if c.flush_interval < Duration::from_millis(1)
+            || c.flush_interval > Duration::from_secs(3600)
         {
             return bad("flush_interval", "between 1 ms and 1 hour");
         }

@@ -69,7 +69,6 @@
     clippy::cast_lossless
 )]
 
-mod builder;
 mod codec;
 mod config;
 mod core;
@@ -81,11 +80,11 @@ mod store;
 mod sync;
 mod transaction;
 
-pub use crate::builder::Builder;
 pub use crate::config::Durability;
 pub use crate::dequeue::Dequeue;
 pub use crate::engine::SetAsideRecord;
 pub use crate::error::{Error, Result};
 pub use crate::queue::ReliableConcurrentQueue;
+pub use crate::store::Builder;
 pub use crate::store::Store;
 pub use crate::transaction::Transaction;

@@ -9,8 +9,8 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::codec;
-use crate::core::Entry;
-use crate::engine::{Engine, QueueRef};
+
+use crate::engine::{Engine, Entry, QueueRef};
 use crate::error::{Error, Result};
 use crate::transaction::Transaction;
 

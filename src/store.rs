@@ -1,4 +1,9 @@
-//! [`Store`]: the handle on a set of named queues and the engine that keeps them.
+//! [`Store`]: the handle on a set of named queues and the engine that keeps them; its
+//! [`Builder`] is a child module.
+
+mod builder;
+
+pub use self::builder::Builder;
 
 use std::fmt;
 use std::path::Path;
@@ -7,7 +12,6 @@ use std::sync::Arc;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::builder::Builder;
 use crate::config::{Config, Durability};
 use crate::engine::{Engine, SetAsideRecord};
 use crate::error::Result;

@@ -19,7 +19,10 @@ use super::queue::{Closed, QueueCore, Request};
 use super::Entry;
 
 fn queue_with(ids: &[u64]) -> Arc<QueueCore> {
-    let ready: VecDeque<Entry> = ids.iter().map(|&id| Entry::new(id, Box::new([0]))).collect();
+    let ready: VecDeque<Entry> = ids
+        .iter()
+        .map(|&id| Entry::new(id, Box::new([0])))
+        .collect();
     Arc::new(QueueCore::new(0, "q".into(), ready))
 }
 
@@ -86,6 +89,9 @@ fn close_wakes_a_waiter() {
         assert_eq!(q.waiters(), 0);
         let mut late = Request::default();
         let polled = q.poll_take(&mut late, std::task::Waker::noop());
-        assert!(!matches!(polled, Poll::Pending), "nobody waits on a closed queue");
+        assert!(
+            !matches!(polled, Poll::Pending),
+            "nobody waits on a closed queue"
+        );
     });
 }

@@ -223,7 +223,11 @@ pub(crate) struct Locked<'a> {
 
 impl Locked<'_> {
     /// Hands entries to the oldest waiters, one each, while anyone waits; returns the rest.
-    fn serve_waiters<I: Iterator<Item = Entry>>(&mut self, mut entries: I, wake: &mut Vec<Waker>) -> I {
+    fn serve_waiters<I: Iterator<Item = Entry>>(
+        &mut self,
+        mut entries: I,
+        wake: &mut Vec<Waker>,
+    ) -> I {
         while self.state.waiters.any() {
             let Some(entry) = entries.next() else { break };
             if let Ok(waker) = self.state.waiters.hand(entry) {

@@ -47,7 +47,10 @@ impl Waiters {
     pub(crate) fn hand(&mut self, entry: Entry) -> Result<Waker, Entry> {
         match self.waiting.pop_first() {
             Some((ticket, waker)) => {
-                debug_assert!(!self.handed.contains_key(&ticket), "a ticket is served once");
+                debug_assert!(
+                    !self.handed.contains_key(&ticket),
+                    "a ticket is served once"
+                );
                 self.handed.insert(ticket, entry);
                 Ok(waker)
             }

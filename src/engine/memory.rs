@@ -27,7 +27,9 @@ impl Memory {
     }
 
     pub(crate) fn queue(&self, name: &str) -> Result<Arc<QueueCore>> {
-        self.catalog.open_queue(name, |_| Ok(())).map(|(core, _)| core)
+        self.catalog
+            .open_queue(name, |_| Ok(()))
+            .map(|(core, _)| core)
     }
 
     /// Applies a commit: ids in commit order, items visible at once.

@@ -30,7 +30,9 @@ use smallvec::SmallVec;
 
 use self::catalog::Catalog;
 use crate::config::Config;
-use crate::core::{restore_all, Entry, QueueCore, Request};
+use crate::core::{restore_all, QueueCore, Request};
+
+pub(crate) use crate::core::Entry;
 use crate::error::{Error, Result};
 use crate::sync::process::{AtomicBool, Ordering};
 
@@ -199,7 +201,12 @@ impl Engine {
     // ---- enqueues and dequeues ----
 
     /// Buffers an encoded item in `work`, within the item and transaction size limits.
-    pub(crate) fn enqueue(&self, queue: &QueueRef, work: &mut Work, bytes: Box<[u8]>) -> Result<()> {
+    pub(crate) fn enqueue(
+        &self,
+        queue: &QueueRef,
+        work: &mut Work,
+        bytes: Box<[u8]>,
+    ) -> Result<()> {
         let limits = &self.config;
         if bytes.len() > limits.max_item_size {
             return Err(Error::ItemTooLarge {

@@ -15,7 +15,9 @@ use std::path::PathBuf;
 
 use crossbeam_channel::Receiver;
 
-use super::directory::{close_after_failure, wait_until_released, BlobFiles, DirLock, DiskSync, BLOB_CANDIDATE};
+use super::directory::{
+    close_after_failure, wait_until_released, BlobFiles, DirLock, DiskSync, BLOB_CANDIDATE,
+};
 use super::liveness::Liveness;
 use super::record::{Bytes, Op, RecordBuilder};
 use super::recovery::LogState;
@@ -73,7 +75,10 @@ pub(crate) enum Message {
         reply: Reply,
     },
     /// Lift every fence of a queue, durably.
-    Unfence { queue: QueueId, reply: Reply },
+    Unfence {
+        queue: QueueId,
+        reply: Reply,
+    },
     /// Flush everything written so far to disk, then answer.
     Flush(Reply),
     /// Finish what was sent before, flush, close sled, release the directory, answer with
@@ -175,7 +180,10 @@ impl Committer {
                         self.create_queue(&name, id, reply, &mut after);
                     }
                     Message::Unfence { queue, reply } => {
-                        match self.usable().and_then(|trees| trees::remove_fences(&trees.meta, queue)) {
+                        match self
+                            .usable()
+                            .and_then(|trees| trees::remove_fences(&trees.meta, queue))
+                        {
                             Ok(()) => after.flushes.push(reply),
                             Err(e) => drop(reply.send(Err(e))),
                         }
@@ -206,7 +214,10 @@ impl Committer {
 
     /// Records a new queue; its answer waits for the round's flush under `Sync`.
     fn create_queue(&mut self, name: &str, id: QueueId, reply: Reply, after: &mut AfterFlush) {
-        match self.usable().and_then(|trees| trees::create_queue(&trees.meta, name, id)) {
+        match self
+            .usable()
+            .and_then(|trees| trees::create_queue(&trees.meta, name, id))
+        {
             Ok(()) if self.durability == Durability::Sync => after.flushes.push(reply),
             Ok(()) => drop(reply.send(Ok(()))),
             Err(e) => {
@@ -299,8 +310,10 @@ impl Committer {
             }
         };
         let seq = self.next_seq;
-        let sizes: Vec<(std::ops::Range<u64>, usize)> =
-            parts.iter().map(|p| (p.ids.clone(), p.record.len())).collect();
+        let sizes: Vec<(std::ops::Range<u64>, usize)> = parts
+            .iter()
+            .map(|p| (p.ids.clone(), p.record.len()))
+            .collect();
         let written = self
             .blobs_before(sizes.iter().map(|(_, bytes)| *bytes))
             .and_then(|blobs| {
@@ -324,14 +337,18 @@ impl Committer {
         for (ids, bytes) in sizes {
             debug_assert!(ids.start >= self.next_id, "item ids increase");
             self.next_id = ids.end;
-            self.liveness.add_range(record_seq, ids, u64::try_from(bytes).unwrap_or(u64::MAX));
+            self.liveness
+                .add_range(record_seq, ids, u64::try_from(bytes).unwrap_or(u64::MAX));
             record_seq += 1;
         }
         self.next_seq = record_seq;
         let mut id = first;
         for req in group {
             for (_, entry) in &req.dequeued {
-                debug_assert!(entry.id < first, "an ack points to an item of an older record");
+                debug_assert!(
+                    entry.id < first,
+                    "an ack points to an item of an older record"
+                );
                 self.liveness.ack(entry.id);
             }
             let n = u64::try_from(req.enqueues.len()).unwrap_or(u64::MAX);
@@ -358,7 +375,11 @@ impl Committer {
     }
 
     /// Encodes a group as one record, or as several when it is larger than [`RECORD_SIZE`].
-    fn encode(&mut self, group: &[CommitRequest], first: u64) -> Result<Vec<Part>, postcard::Error> {
+    fn encode(
+        &mut self,
+        group: &[CommitRequest],
+        first: u64,
+    ) -> Result<Vec<Part>, postcard::Error> {
         let mut parts = Vec::new();
         let mut id = first;
         let mut part_first = first;

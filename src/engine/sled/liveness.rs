@@ -135,7 +135,10 @@ impl Liveness {
 
     /// Adds record `seq`, of `bytes` bytes, whose items have the ids `ids`, all live.
     pub(crate) fn add_range(&mut self, seq: u64, ids: Range<u64>, bytes: u64) {
-        debug_assert!(ids.start >= self.range_end, "ids increase from record to record");
+        debug_assert!(
+            ids.start >= self.range_end,
+            "ids increase from record to record"
+        );
         let len = ids.end.saturating_sub(ids.start);
         self.ranges.push_back(RangeGroup {
             seq,
@@ -190,9 +193,17 @@ impl Liveness {
             let Ok(index) = group.ids.binary_search(&id) else {
                 return false;
             };
-            (group.bytes, as_u64(group.ids.len()), group.bits.clear(index))
+            (
+                group.bytes,
+                as_u64(group.ids.len()),
+                group.bits.clear(index),
+            )
         } else {
-            let Some(at) = self.ranges.partition_point(|g| g.first <= id).checked_sub(1) else {
+            let Some(at) = self
+                .ranges
+                .partition_point(|g| g.first <= id)
+                .checked_sub(1)
+            else {
                 return false;
             };
             let Some(group) = self.ranges.get_mut(at) else {

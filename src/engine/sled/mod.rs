@@ -74,11 +74,7 @@ impl Sled {
         let trees = Trees::open(open_sled(&path, config, flush_every)?)?;
         let disk = DiskSync::open(&path)?;
         let recovered = recover(&trees, &disk)?;
-        let catalog = Catalog::recovered(
-            recovered.queues,
-            recovered.fences,
-            recovered.set_aside,
-        );
+        let catalog = Catalog::recovered(recovered.queues, recovered.fences, recovered.set_aside);
         let (sender, receiver) = crossbeam_channel::unbounded();
         let committer = Committer::new(
             committer::Storage {

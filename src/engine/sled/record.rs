@@ -214,10 +214,7 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<Record<'_>, Damage> {
         return Err(Damage::new("bad magic"));
     }
     if bytes[4] != RECORD_VERSION {
-        return Err(Damage::new(format!(
-            "unknown record version {}",
-            bytes[4]
-        )));
+        return Err(Damage::new(format!("unknown record version {}", bytes[4])));
     }
     let header_len = to_usize(read_u32(bytes, 8));
     let body_len = to_usize(read_u32(bytes, 12));

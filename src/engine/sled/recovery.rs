@@ -78,7 +78,9 @@ pub(crate) fn recover(trees: &Trees, disk: &DiskSync) -> Result<Recovered> {
     for key in trees.quarantine.iter().keys() {
         last_quarantined = last_quarantined.max(seq_of(&key?));
     }
-    let next_seq = last_seq.max(last_quarantined).map_or(0, |s| s.saturating_add(1));
+    let next_seq = last_seq
+        .max(last_quarantined)
+        .map_or(0, |s| s.saturating_add(1));
     let mut all_bad = Vec::new();
     for kv in trees.quarantine.iter() {
         let (k, v) = kv?;

@@ -119,7 +119,9 @@ pub(crate) fn load_fences(meta: &sled::Tree) -> Result<Vec<Fence>> {
         let (k, v) = kv?;
         let rest = &k[FENCE_PREFIX.len()..];
         let (Some(queue), Some(seq)) = (
-            rest.get(..4).and_then(|b| b.try_into().ok()).map(u32::from_be_bytes),
+            rest.get(..4)
+                .and_then(|b| b.try_into().ok())
+                .map(u32::from_be_bytes),
             rest.get(4..).and_then(seq_of),
         ) else {
             continue;

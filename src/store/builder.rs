@@ -3,9 +3,9 @@
 use std::path::Path;
 use std::time::Duration;
 
+use super::Store;
 use crate::config::{Config, Durability};
 use crate::error::Result;
-use crate::store::Store;
 
 /// Configures and opens a [`Store`].
 ///
