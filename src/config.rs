@@ -29,7 +29,7 @@ pub enum Durability {
     #[default]
     Sync,
     /// `commit` returns once the record is written to the storage engine's buffers; they are
-    /// flushed to disk every [`Builder::flush_interval`]. A crash may lose the commits of the
+    /// flushed to disk every [`Builder::flush_interval`](crate::Builder::flush_interval). A crash may lose the commits of the
     /// last interval, whole transactions only, never part of one.
     Buffered,
 }

@@ -76,7 +76,7 @@ impl Builder {
     }
 
     /// Largest encoded item accepted by `enqueue`, in bytes (default 4 MiB). Larger items get
-    /// [`Error::ItemTooLarge`].
+    /// [`Error::ItemTooLarge`](crate::Error::ItemTooLarge).
     ///
     /// # Examples
     ///
@@ -90,7 +90,7 @@ impl Builder {
     }
 
     /// Largest total of encoded items one transaction may enqueue (default 64 MiB); must be
-    /// at least the item limit. Going over gives [`Error::TransactionTooLarge`].
+    /// at least the item limit. Going over gives [`Error::TransactionTooLarge`](crate::Error::TransactionTooLarge).
     ///
     /// # Examples
     ///
@@ -166,9 +166,9 @@ impl Builder {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidConfig`] for a setting out of range, [`Error::AlreadyOpen`] if the
-    /// directory is in use, [`Error::UnsupportedFormat`] for a store of another format
-    /// version, [`Error::Storage`] when the directory cannot be created or read.
+    /// [`Error::InvalidConfig`](crate::Error::InvalidConfig) for a setting out of range, [`Error::AlreadyOpen`](crate::Error::AlreadyOpen) if the
+    /// directory is in use, [`Error::UnsupportedFormat`](crate::Error::UnsupportedFormat) for a store of another format
+    /// version, [`Error::Storage`](crate::Error::Storage) when the directory cannot be created or read.
     ///
     /// # Examples
     ///

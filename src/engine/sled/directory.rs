@@ -225,7 +225,7 @@ pub(crate) const BLOB_CANDIDATE: usize = 96 << 10;
 /// sled 0.34's `Db::flush` writes its log with `pwrite` and `sync_file_range`: the pages reach
 /// the device, but its write cache is not flushed and a grown file's new size is not committed,
 /// so a power loss could still lose them. It never syncs the files in which it keeps large
-/// values (`blobs/`) either. After sled's flush the committer calls [`DiskSync::sync`], which
+/// values (`blobs/`) either. After sled's flush the committer calls [`DiskSync::sync_log`], which
 /// adds the missing `fdatasync` of the log file; for groups with a large record the committer
 /// also syncs every new blob file and the blob directory.
 #[derive(Debug)]
