@@ -35,7 +35,7 @@ const RECORD_SIZE: usize = 64 << 10;
 
 /// One record of a commit group: enqueues with ids `first .. first + len`, and acks.
 #[derive(Debug)]
-struct Part {
+struct NewRecord {
     record: Vec<u8>,
     ids: std::ops::Range<u64>,
 }
@@ -299,8 +299,8 @@ impl Committer {
             return;
         }
         let first = self.next_id;
-        let parts = match self.encode(&group, first) {
-            Ok(parts) => parts,
+        let records = match self.encode(&group, first) {
+            Ok(records) => records,
             Err(e) => {
                 // Only a bug can get here; fail the group, keep the store going.
                 self.builder.reset();
@@ -310,14 +310,14 @@ impl Committer {
             }
         };
         let seq = self.next_seq;
-        let sizes: Vec<(std::ops::Range<u64>, usize)> = parts
+        let sizes: Vec<(std::ops::Range<u64>, usize)> = records
             .iter()
             .map(|p| (p.ids.clone(), p.record.len()))
             .collect();
         let written = self
             .blobs_before(sizes.iter().map(|(_, bytes)| *bytes))
             .and_then(|blobs| {
-                self.write(seq, parts)?;
+                self.write(seq, records)?;
                 if self.durability == Durability::Sync {
                     self.storage.trees.db.flush()?;
                     self.storage.disk.sync_log()?;
@@ -362,14 +362,14 @@ impl Committer {
 
     /// Writes the records of a group under consecutive sequence numbers from `seq`,
     /// atomically.
-    fn write(&self, seq: u64, parts: Vec<Part>) -> sled::Result<()> {
+    fn write(&self, seq: u64, records: Vec<NewRecord>) -> sled::Result<()> {
         let log = &self.storage.trees.log;
-        if let [part] = &parts[..] {
-            return log.insert(seq.to_be_bytes(), &part.record[..]).map(drop);
+        if let [record] = &records[..] {
+            return log.insert(seq.to_be_bytes(), &record.record[..]).map(drop);
         }
         let mut batch = sled::Batch::default();
-        for (record_seq, part) in (seq..).zip(parts) {
-            batch.insert(&record_seq.to_be_bytes()[..], part.record);
+        for (record_seq, record) in (seq..).zip(records) {
+            batch.insert(&record_seq.to_be_bytes()[..], record.record);
         }
         log.apply_batch(batch)
     }
@@ -379,10 +379,10 @@ impl Committer {
         &mut self,
         group: &[CommitRequest],
         first: u64,
-    ) -> Result<Vec<Part>, postcard::Error> {
-        let mut parts = Vec::new();
+    ) -> Result<Vec<NewRecord>, postcard::Error> {
+        let mut records = Vec::new();
         let mut id = first;
-        let mut part_first = first;
+        let mut record_first = first;
         for req in group {
             for (queue, bytes) in &req.enqueues {
                 self.builder.push(&Op::Enqueue {
@@ -393,39 +393,39 @@ impl Committer {
                     bytes: Bytes(bytes),
                 })?;
                 id += 1;
-                self.split_if_full(&mut parts, &mut part_first, id)?;
+                self.split_if_full(&mut records, &mut record_first, id)?;
             }
             for (queue, entry) in &req.dequeued {
                 self.builder.push(&Op::Ack {
                     queue: queue.id(),
                     id: entry.id,
                 })?;
-                self.split_if_full(&mut parts, &mut part_first, id)?;
+                self.split_if_full(&mut records, &mut record_first, id)?;
             }
         }
-        if !self.builder.is_empty() || parts.is_empty() {
-            parts.push(self.finish_part(part_first..id)?);
+        if !self.builder.is_empty() || records.is_empty() {
+            records.push(self.finish_record(record_first..id)?);
         }
-        Ok(parts)
+        Ok(records)
     }
 
     /// Seals the record being built once it reaches [`RECORD_SIZE`]; `end` is the id the
     /// next enqueue would get.
     fn split_if_full(
         &mut self,
-        parts: &mut Vec<Part>,
-        part_first: &mut u64,
+        records: &mut Vec<NewRecord>,
+        record_first: &mut u64,
         end: u64,
     ) -> Result<(), postcard::Error> {
         if self.builder.len() >= RECORD_SIZE {
-            parts.push(self.finish_part(*part_first..end)?);
-            *part_first = end;
+            records.push(self.finish_record(*record_first..end)?);
+            *record_first = end;
         }
         Ok(())
     }
 
-    fn finish_part(&mut self, ids: std::ops::Range<u64>) -> Result<Part, postcard::Error> {
-        Ok(Part {
+    fn finish_record(&mut self, ids: std::ops::Range<u64>) -> Result<NewRecord, postcard::Error> {
+        Ok(NewRecord {
             record: self.builder.finish()?,
             ids,
         })
