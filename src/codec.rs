@@ -247,11 +247,13 @@ fn put_varint_usize(mut n: usize, out: &mut [u8; VARINT_MAX]) -> &[u8] {
     let mut used = 0;
     for byte in out.iter_mut() {
         used += 1;
+        // The low seven bits, which always fit a byte.
+        let low = u8::try_from(n & 0x7f).unwrap_or(0);
         if n < 0x80 {
-            *byte = n as u8;
+            *byte = low;
             break;
         }
-        *byte = (n as u8) | 0x80;
+        *byte = low | 0x80;
         n >>= 7;
     }
     &out[..used]
@@ -330,7 +332,7 @@ mod tests {
 
     fn pattern(len: usize) -> Vec<u8> {
         (0..len)
-            .map(|i| (i.wrapping_mul(31) ^ (i >> 8)) as u8)
+            .map(|i| (i.wrapping_mul(31) ^ (i >> 8)).to_le_bytes()[0])
             .collect()
     }
 
@@ -341,7 +343,7 @@ mod tests {
             if len - s.len() >= 2 && s.len() % 7 == 3 {
                 s.push('é');
             } else {
-                s.push(char::from(b'a' + (s.len() % 26) as u8));
+                s.push(char::from(b'a' + (s.len() % 26).to_le_bytes()[0]));
             }
         }
         assert_eq!(s.len(), len);

@@ -417,7 +417,7 @@ mod fuzz {
         };
         (0..n)
             .map(|_| {
-                let queue = number(rng, 6) as QueueId;
+                let queue = QueueId::try_from(number(rng, 6)).unwrap_or(QueueId::MAX);
                 let id = number(rng, 10_000);
                 if rng.gen_bool(0.6) {
                     let len = if rng.gen_ratio(1, 50) {
@@ -428,7 +428,7 @@ mod fuzz {
                     OwnedOp::Enqueue {
                         queue,
                         id,
-                        attempts: number(rng, 4) as u32,
+                        attempts: u32::try_from(number(rng, 4)).unwrap_or(u32::MAX),
                         not_before: number(rng, 2),
                         bytes: (0..len).map(|_| rng.gen()).collect(),
                     }
@@ -547,7 +547,7 @@ mod fuzz {
             )
         } else {
             // A real record's parts with a few bytes changed: mostly well-formed postcard.
-            let h = read_u32(good, 8) as usize;
+            let h = to_usize(read_u32(good, 8));
             let mut header = good[FIXED..FIXED + h].to_vec();
             let mut body = good[FIXED + h..].to_vec();
             for _ in 0..rng.gen_range(1..4) {
