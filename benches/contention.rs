@@ -2,11 +2,11 @@
 //!
 //! Workload: the queue is pre-filled (not timed) with as many `u64` items as criterion asks
 //! for; then `consumers` threads, released together by a barrier, each loop over "begin,
-//! `try_dequeue` one item, commit" until the queue is empty. No producer runs during the
-//! measurement, so the figure is the dequeue side alone: the queue lock and the staging path
-//! for `try_dequeue`, plus, on disk, the commit path (group commit: concurrent one-item
-//! commits share one log write and one fsync). Throughput counts committed dequeues; the
-//! clock runs from the barrier to the last consumer's exit.
+//! `blocking_try_dequeue` one item, `blocking_commit`" until the queue is empty. No producer
+//! runs during the measurement, so the figure is the dequeue side alone: the queue lock and
+//! the staging path for `try_dequeue`, plus, on disk, the commit path (group commit:
+//! concurrent one-item commits share one log write and one fsync). Throughput counts committed
+//! dequeues; the clock runs from the barrier to the last consumer's exit.
 //!
 //! Stores: `memory` (`Store::in_memory()`: a commit applies in the caller's thread) and
 //! `disk-sync` (a fresh temporary directory per sample, `Durability::Sync`: every commit is
@@ -70,7 +70,7 @@ fn fill(store: &Store, q: &Queue, items: u64) {
         for item in next..end {
             q.enqueue(&mut tx, item).expect("enqueue");
         }
-        tx.commit().expect("commit the fill");
+        tx.blocking_commit().expect("commit the fill");
         next = end;
     }
 }
@@ -80,9 +80,9 @@ fn consume(store: &Store, q: &Queue) -> u64 {
     let mut taken = 0;
     loop {
         let mut tx = store.begin();
-        match q.try_dequeue(&mut tx).expect("try_dequeue") {
+        match q.blocking_try_dequeue(&mut tx).expect("try_dequeue") {
             Some(_) => {
-                tx.commit().expect("commit the dequeue");
+                tx.blocking_commit().expect("commit the dequeue");
                 taken += 1;
             }
             // No producer runs and nobody aborts: empty now means empty for good.
@@ -94,7 +94,9 @@ fn consume(store: &Store, q: &Queue) -> u64 {
 /// Drains `items` pre-filled items with `consumers` threads; returns the time it took.
 fn sample(kind: Kind, consumers: usize, items: u64) -> Duration {
     let (store, dir) = kind.open();
-    let q = store.queue::<u64>("contention").expect("open the queue");
+    let q = store
+        .blocking_queue::<u64>("contention")
+        .expect("open the queue");
     fill(&store, &q, items);
     let start = Arc::new(Barrier::new(consumers + 1));
     let threads: Vec<_> = (0..consumers)
@@ -114,7 +116,7 @@ fn sample(kind: Kind, consumers: usize, items: u64) -> Duration {
         .sum();
     let elapsed = began.elapsed();
     assert_eq!(taken, items, "every item dequeued exactly once");
-    assert_eq!(q.count(), 0);
+    assert_eq!(q.blocking_count().expect("count"), 0);
     drop((q, store, dir));
     elapsed
 }

@@ -5,8 +5,8 @@
 //! - `durable/16p-16c/1-item-tx`: 16 producer threads commit one-item enqueue transactions,
 //!   16 consumer threads commit one-item dequeue transactions (waiting for items).
 //! - `durable/1024-tasks/1-item-tx`: 1024 tokio tasks on a multi-thread runtime with 2 worker
-//!   threads; each task loops over enqueue one item + `commit_async`, then dequeue one item +
-//!   `commit_async` (every task both produces and consumes).
+//!   threads; each task loops over enqueue one item + `commit().await`, then dequeue one
+//!   item + `commit().await` (every task both produces and consumes).
 //! - `durable/4p-4c/64-item-tx`: 4 producer threads commit 64-item enqueue transactions, 4
 //!   consumer threads commit 64-item dequeue transactions.
 //!

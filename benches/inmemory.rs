@@ -5,6 +5,10 @@
 //!   then dequeue one item + commit.
 //! - `inmemory/64-item-tx/{1,4}-threads`: each thread loops over 64 enqueues + commit, then
 //!   64 dequeues + commit.
+//! - `inmemory/1-item-tx-vec/1-threads`: the `1-item-tx/1-threads` workload with
+//!   `reliable-queue` storing plain `Vec<u8>` items instead of the `Payload` byte-string
+//!   wrapper, against `persistent-queue` over its `MemStore` (whose items are plain bytes in
+//!   every group): the ratio for plain `Vec<u8>` items.
 //!
 //! Peers: `reliable-queue` (`Store::in_memory()`), crossbeam's `SegQueue`, a
 //! `parking_lot::Mutex<VecDeque>`, `persistent-queue` over its `MemStore`. How each maps
@@ -19,7 +23,7 @@ use criterion::{BenchmarkGroup, Criterion, Throughput};
 #[path = "common/mod.rs"]
 mod common;
 
-use common::{round_trips, MutexDequePeer, Ours, Peer, Pq, Queue, SegQueuePeer};
+use common::{round_trips, MutexDequePeer, Ours, OursVec, Peer, Pq, Queue, SegQueuePeer};
 
 fn run<P: Peer>(group: &mut BenchmarkGroup<'_, WallTime>, peer: &P, threads: usize, batch: usize) {
     group.bench_function(peer.name(), |b| {
@@ -45,6 +49,13 @@ fn inmemory(c: &mut Criterion) {
             group.finish();
         }
     }
+    // Plain `Vec<u8>` items: reliable-queue against persistent-queue alone.
+    let (batch, threads) = (1, 1);
+    let mut group = c.benchmark_group(format!("inmemory/{batch}-item-tx-vec/{threads}-threads"));
+    group.throughput(Throughput::Elements(batch as u64));
+    run(&mut group, &OursVec::MEMORY, threads, batch);
+    run(&mut group, &Pq::MEMORY, threads, batch);
+    group.finish();
 }
 
 fn main() {

@@ -62,7 +62,7 @@ fn main() -> Result<(), BoxError> {
     let dir = tempfile::tempdir()?;
     let store = Store::open(dir.path())?;
     for mode in [Mode::AtMostOnce, Mode::AtLeastOnce] {
-        let queue = store.queue::<Event>(&format!("events-{mode:?}"))?;
+        let queue = store.blocking_queue::<Event>(&format!("events-{mode:?}"))?;
         let start = Instant::now();
 
         let producer = {
@@ -71,8 +71,10 @@ fn main() -> Result<(), BoxError> {
         };
         let outcome = consume(&store, &queue, mode, || producer.is_finished())?;
         producer.join().map_err(|_| "the producer panicked")??;
-        report(mode, &outcome, queue.count(), start.elapsed());
+        report(mode, &outcome, queue.blocking_count()?, start.elapsed());
     }
+    // Close the store: its final flush's outcome is reported here (dropping it only logs it).
+    store.blocking_close()?;
     Ok(())
 }
 
@@ -84,7 +86,7 @@ fn produce(store: &Store, queue: &ReliableConcurrentQueue<Event>) -> Result<(), 
             let amount = amount_of(id);
             queue.enqueue(&mut tx, Event { id, amount })?;
         }
-        tx.commit()?;
+        tx.blocking_commit()?;
     }
     Ok(())
 }
@@ -104,7 +106,7 @@ fn consume(
         let batch = take_batch(queue, &mut tx)?;
         if batch.is_empty() {
             // Nothing came within the wait: stop once the producer has finished.
-            if done && queue.count() == 0 {
+            if done && queue.blocking_count()? == 0 {
                 return Ok(outcome);
             }
             continue;
@@ -116,7 +118,7 @@ fn consume(
         match mode {
             Mode::AtMostOnce => {
                 // Commit first: the batch is gone from the queue for good.
-                tx.commit()?;
+                tx.blocking_commit()?;
                 for event in &batch {
                     if fail_here && event.id == FAIL_AT {
                         // A crash here (simulated: we stop processing this batch) loses
@@ -138,11 +140,11 @@ fn consume(
                     process(event, &mut outcome);
                 }
                 if ok {
-                    tx.commit()?;
+                    tx.blocking_commit()?;
                 } else {
                     // The whole batch goes back to the head of the queue; the events already
                     // processed will be processed again.
-                    tx.abort();
+                    tx.blocking_abort()?;
                     outcome.aborted += 1;
                 }
             }
@@ -160,7 +162,7 @@ fn take_batch(
     if let Some(first) = queue.blocking_dequeue_timeout(tx, Duration::from_millis(20))? {
         batch.push(first);
         while batch.len() < BATCH {
-            match queue.try_dequeue(tx)? {
+            match queue.blocking_try_dequeue(tx)? {
                 Some(event) => batch.push(event),
                 None => break,
             }

@@ -1,4 +1,4 @@
-//! Commit latency under load: how long `Transaction::commit` takes with many threads
+//! Commit latency under load: how long `Transaction::blocking_commit` takes with many threads
 //! committing at once to a durable store (`Durability::Sync`, every commit fsync'd).
 //!
 //! ```text
@@ -93,7 +93,7 @@ fn producer(
         let mut tx = store.begin();
         queue.enqueue(&mut tx, Payload(item.clone()))?;
         let began = Instant::now();
-        tx.commit()?;
+        tx.blocking_commit()?;
         hist.saturating_record(micros(began.elapsed()));
     }
     Ok(hist)
@@ -112,10 +112,10 @@ fn consumer(
             Some(item) => {
                 std::hint::black_box(item);
                 let began = Instant::now();
-                tx.commit()?;
+                tx.blocking_commit()?;
                 hist.saturating_record(micros(began.elapsed()));
             }
-            None => tx.abort(),
+            None => tx.blocking_abort()?,
         }
     }
     Ok(hist)
@@ -155,7 +155,7 @@ fn main() -> Result<(), BoxError> {
         .path(dir.path())
         .durability(durability)
         .open()?;
-    let queue = store.queue::<Payload>("latency")?;
+    let queue = store.blocking_queue::<Payload>("latency")?;
     let stop = Arc::new(AtomicBool::new(false));
 
     let producers: Vec<_> = (0..args.producers)
@@ -207,6 +207,8 @@ fn main() -> Result<(), BoxError> {
     row("dequeue", &consumed, seconds);
     row("all", &all, seconds);
     println!();
-    println!("items left in the queue: {}", queue.count());
+    println!("items left in the queue: {}", queue.blocking_count()?);
+    // Close the store: its final flush's outcome is reported here (dropping it only logs it).
+    store.blocking_close()?;
     Ok(())
 }

@@ -30,7 +30,7 @@ type Result<T> = std::result::Result<T, Box<dyn std::error::Error + Send + Sync>
 async fn main() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let store = Store::open(dir.path())?;
-    let emails = store.queue::<Email>("emails")?;
+    let emails = store.queue::<Email>("emails").await?;
     let (stop_tx, stop_rx) = watch::channel(false);
 
     let consumers: Vec<_> = (0..2)
@@ -48,12 +48,12 @@ async fn main() -> Result<()> {
     for consumer in consumers {
         processed += consumer.await??;
     }
-    println!(
-        "produced {produced}, processed {processed}, left {}",
-        emails.count()
-    );
+    let left = emails.count().await?;
+    println!("produced {produced}, processed {processed}, left {left}");
     assert_eq!(processed, produced);
-    assert_eq!(emails.count(), 0);
+    assert_eq!(left, 0);
+    // Close the store: its final flush's outcome is reported here (dropping it only logs it).
+    store.close().await?;
     Ok(())
 }
 
@@ -72,7 +72,7 @@ async fn produce(store: &Store, emails: &ReliableConcurrentQueue<Email>) -> Resu
             )?;
             next += 1;
         }
-        tx.commit_async().await?;
+        tx.commit().await?;
         // The pauses stand for the time between bursts of real traffic; the long one, a
         // lull, lets the consumers' idle timeout fire.
         let pause = if burst == 6 { 250 } else { 20 };
@@ -116,7 +116,7 @@ async fn consume(
         // Top the batch up with whatever else is visible, without waiting.
         let mut batch = vec![first];
         while batch.len() < BATCH {
-            match emails.try_dequeue(&mut tx)? {
+            match emails.try_dequeue(&mut tx).await? {
                 Some(email) => batch.push(email),
                 None => break,
             }
@@ -126,7 +126,7 @@ async fn consume(
         for email in &batch {
             send(email);
         }
-        tx.commit_async().await?;
+        tx.commit().await?;
         processed += batch.len() as u64;
         println!(
             "consumer {n}: sent a batch of {} (first id {})",

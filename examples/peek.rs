@@ -34,7 +34,7 @@ fn now_ms() -> Result<u64, BoxError> {
 fn main() -> Result<(), BoxError> {
     let dir = tempfile::tempdir()?;
     let store = Store::open(dir.path())?;
-    let reminders = store.queue::<Reminder>("reminders")?;
+    let reminders = store.blocking_queue::<Reminder>("reminders")?;
 
     let texts = [
         "stand up",
@@ -52,14 +52,14 @@ fn main() -> Result<(), BoxError> {
         let text = text.to_owned();
         reminders.enqueue(&mut tx, Reminder { id, due_ms, text })?;
     }
-    tx.commit()?;
-    let total = reminders.count();
+    tx.blocking_commit()?;
+    let total = reminders.blocking_count()?;
     println!("{total} reminders queued, one due every 150 ms\n");
 
     let (mut processed, mut peeks) = (0u64, 0u64);
     loop {
         let mut tx = store.begin();
-        let Some(reminder) = reminders.try_dequeue(&mut tx)? else {
+        let Some(reminder) = reminders.blocking_try_dequeue(&mut tx)? else {
             break;
         };
         peeks += 1;
@@ -73,33 +73,35 @@ fn main() -> Result<(), BoxError> {
                 reminder.text,
                 reminder.due_ms - base,
             );
-            tx.commit()?;
+            tx.blocking_commit()?;
             processed += 1;
         } else {
             // Not due: the peek holds it, so `count()` leaves it out until the abort.
-            let held = reminders.count();
-            tx.abort();
+            let held = reminders.blocking_count()?;
+            tx.blocking_abort()?;
             let wait = reminder.due_ms - now;
             if processed == 0 && peeks == 1 {
                 println!(
                     "peeked at reminder {}: due in {wait} ms, so aborted \
                      (count while peeked {held}, after the abort {})",
                     reminder.id,
-                    reminders.count(),
+                    reminders.blocking_count()?,
                 );
             }
             thread::sleep(Duration::from_millis(wait));
         }
     }
 
+    let left = reminders.blocking_count()?;
     println!(
         "\nprocessed {processed} of {total} reminders in {:.2?}, with {peeks} peeks ({} aborted); \
-         {} left in the queue",
+         {left} left in the queue",
         start.elapsed(),
         peeks - processed,
-        reminders.count(),
     );
-    if processed == total && reminders.count() == 0 {
+    // Close the store: its final flush's outcome is reported here (dropping it only logs it).
+    store.blocking_close()?;
+    if processed == total && left == 0 {
         Ok(())
     } else {
         Err("some reminders were not processed".into())

@@ -9,8 +9,8 @@
 //! ```
 //!
 //! Each request runs in its own short transaction inside the handler: `try_dequeue` (a
-//! handler never waits for work to appear) and `commit_async` (the runtime's threads are not
-//! blocked while the log is flushed). Clients in the same program submit and take orders
+//! handler never waits for work to appear) and `commit().await` (the runtime's threads are
+//! not blocked while the log is flushed). Clients in the same program submit and take orders
 //! concurrently; at the end the program checks that every order was handed out exactly once.
 //!
 //! ```text
@@ -72,13 +72,13 @@ impl Service {
                     },
                 )?;
                 // On disk before the client hears OK.
-                tx.commit_async().await?;
+                tx.commit().await?;
                 self.submitted.fetch_add(1, Ordering::Relaxed);
                 out.write_all(b"OK\n").await?;
             }
             (Some("TAKE"), None, None) => {
                 let mut tx = self.store.begin();
-                match self.orders.try_dequeue(&mut tx)? {
+                match self.orders.try_dequeue(&mut tx).await? {
                     Some(order) => {
                         // Reply first, commit second: if the reply cannot be written, `?`
                         // drops `tx`, which aborts it and puts the order back for someone
@@ -87,7 +87,7 @@ impl Service {
                         out.write_all(format!("ORDER {} {}\n", order.id, order.text).as_bytes())
                             .await?;
                         out.flush().await?;
-                        tx.commit_async().await?;
+                        tx.commit().await?;
                         self.handed_out.fetch_add(1, Ordering::Relaxed);
                     }
                     None => {
@@ -146,7 +146,7 @@ async fn main() -> Result<(), BoxError> {
     let dir = tempfile::tempdir()?;
     let store = Store::open(dir.path())?;
     let service = Arc::new(Service {
-        orders: store.queue("orders")?,
+        orders: store.queue("orders").await?,
         store,
         submitted: AtomicU64::new(0),
         handed_out: AtomicU64::new(0),
@@ -246,7 +246,9 @@ async fn main() -> Result<(), BoxError> {
     let duplicated = times_taken.values().filter(|&&n| n > 1).count();
     let submitted = service.submitted.load(Ordering::Relaxed);
     let handed_out = service.handed_out.load(Ordering::Relaxed);
-    let left = service.orders.count();
+    let left = service.orders.count().await?;
+    // Close the store: its final flush's outcome is reported here (dropping it only logs it).
+    service.store.clone().close().await?;
 
     println!("{SUBMITTERS} submitters and {WORKERS} workers, one connection each, {elapsed:.2?}:");
     println!("  SUBMIT requests committed     {submitted}");

@@ -123,8 +123,8 @@ fn run(args: &Args) -> Result<bool, BoxError> {
     }
 
     let store = Store::open(&args.dir)?;
-    let jobs = store.queue::<Job>("jobs")?;
-    let done = store.queue::<JobId>("done")?;
+    let jobs = store.blocking_queue::<Job>("jobs")?;
+    let done = store.blocking_queue::<JobId>("done")?;
 
     // Cursors of this run's producers, and of any producer an earlier run had.
     let mut cursors: BTreeMap<u32, ReliableConcurrentQueue<u64>> = BTreeMap::new();
@@ -133,20 +133,20 @@ fn run(args: &Args) -> Result<bool, BoxError> {
             let n: u32 = n
                 .parse()
                 .map_err(|_| format!("unexpected queue {name:?}"))?;
-            cursors.insert(n, store.queue(&name)?);
+            cursors.insert(n, store.blocking_queue(&name)?);
         }
     }
     for n in 0..args.producers {
         if let Entry::Vacant(slot) = cursors.entry(n) {
-            slot.insert(store.queue(&format!("{CURSOR_PREFIX}{n}"))?);
+            slot.insert(store.blocking_queue(&format!("{CURSOR_PREFIX}{n}"))?);
         }
     }
 
     // Where the store stands before this run (nothing else is using it: the counts are exact).
     let positions_before = read_cursors(&store, &cursors)?;
     let produced_before: u64 = positions_before.values().sum();
-    let backlog_before = jobs.count();
-    let done_before = done.count();
+    let backlog_before = jobs.blocking_count()?;
+    let done_before = done.blocking_count()?;
 
     println!(
         "store {} (durability {:?}): {} jobs produced by earlier runs, {} done, {} waiting",
@@ -225,7 +225,7 @@ fn run(args: &Args) -> Result<bool, BoxError> {
             let processed = stats.processed.load(Ordering::Relaxed);
             let rate = (processed - last.1) as f64 / last.0.elapsed().as_secs_f64();
             last = (Instant::now(), processed);
-            progress(&start, &stats, rate, jobs.count(), args.items);
+            progress(&start, &stats, rate, jobs.blocking_count()?, args.items);
         }
     }
     let elapsed = start.elapsed();
@@ -234,7 +234,7 @@ fn run(args: &Args) -> Result<bool, BoxError> {
         &start,
         &stats,
         processed as f64 / elapsed.as_secs_f64(),
-        jobs.count(),
+        jobs.blocking_count()?,
         args.items,
     );
     println!();
@@ -243,6 +243,8 @@ fn run(args: &Args) -> Result<bool, BoxError> {
     }
 
     let report = verify(&store, &jobs, &done, &cursors)?;
+    // Close the store: its final flush's outcome is reported here (dropping it only logs it).
+    store.blocking_close()?;
     let enqueued = stats.enqueued.load(Ordering::Relaxed);
     let retried = stats.retried.load(Ordering::Relaxed);
     let done_growth = report.done_len as i64 - done_before as i64;
@@ -332,7 +334,7 @@ impl Producer {
             let n = left.min(self.batch);
             let mut tx = self.store.begin();
             // The cursor moves in the same transaction as the jobs: both commit, or neither.
-            let next = self.cursor.try_dequeue(&mut tx)?.unwrap_or(0);
+            let next = self.cursor.blocking_try_dequeue(&mut tx)?.unwrap_or(0);
             if next != self.next {
                 return Err(format!(
                     "producer {}: cursor reads {next}, last committed {}",
@@ -354,7 +356,7 @@ impl Producer {
                 )?;
             }
             self.cursor.enqueue(&mut tx, next + n)?;
-            tx.commit()?;
+            tx.blocking_commit()?;
             self.next = next + n;
             left -= n;
             self.stats.enqueued.fetch_add(n, Ordering::Relaxed);
@@ -386,7 +388,7 @@ impl Consumer {
                 drop(tx);
                 // Jobs held by other consumers are theirs to finish or to retry, so an empty
                 // queue once producers are done means this consumer's work is over.
-                if self.producers_done.load(Ordering::Acquire) && self.jobs.count() == 0 {
+                if self.producers_done.load(Ordering::Acquire) && self.jobs.blocking_count()? == 0 {
                     return Ok(());
                 }
                 continue;
@@ -394,13 +396,13 @@ impl Consumer {
             process(&job, self.work);
             if rng.gen_bool(self.failure_rate) {
                 // Processing failed: the job goes back to the head of the queue for a retry.
-                tx.abort();
+                tx.blocking_abort()?;
                 self.stats.retried.fetch_add(1, Ordering::Relaxed);
                 continue;
             }
             // The job leaves `jobs` and enters `done` in one atomic, durable commit.
             self.done.enqueue(&mut tx, job.id)?;
-            tx.commit()?;
+            tx.blocking_commit()?;
             self.stats.processed.fetch_add(1, Ordering::Relaxed);
         }
     }
@@ -464,12 +466,12 @@ fn read_cursors(
     let mut tx = store.begin();
     let mut positions = BTreeMap::new();
     for (&n, cursor) in cursors {
-        positions.insert(n, cursor.try_dequeue(&mut tx)?.unwrap_or(0));
-        if cursor.try_dequeue(&mut tx)?.is_some() {
+        positions.insert(n, cursor.blocking_try_dequeue(&mut tx)?.unwrap_or(0));
+        if cursor.blocking_try_dequeue(&mut tx)?.is_some() {
             return Err(format!("cursor of producer {n} holds more than one item").into());
         }
     }
-    tx.abort();
+    tx.blocking_abort()?;
     Ok(positions)
 }
 
@@ -514,16 +516,16 @@ fn verify(
 
     let mut tx = store.begin();
     let mut done_len = 0;
-    while let Some(id) = done.try_dequeue(&mut tx)? {
+    while let Some(id) = done.blocking_try_dequeue(&mut tx)? {
         mark(id);
         done_len += 1;
     }
     let mut queued = 0;
-    while let Some(job) = jobs.try_dequeue(&mut tx)? {
+    while let Some(job) = jobs.blocking_try_dequeue(&mut tx)? {
         mark(job.id);
         queued += 1;
     }
-    tx.abort();
+    tx.blocking_abort()?;
 
     let (mut lost, mut duplicated) = (0, 0);
     for count in seen.values().flatten() {

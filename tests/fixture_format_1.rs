@@ -63,7 +63,13 @@ fn expected_records() -> Vec<Job> {
     vec![
         job(2, "resize image", &[], Vec::new(), None),
         job(3, "reindex", &["search"], vec![0xAB; 200], Some(0)),
-        job(4, "follow up", &["mail"], b"hello".to_vec(), Some(1_700_000_600)),
+        job(
+            4,
+            "follow up",
+            &["mail"],
+            b"hello".to_vec(),
+            Some(1_700_000_600),
+        ),
     ]
 }
 
@@ -105,17 +111,32 @@ where
     T: Serialize + DeserializeOwned + Send + Debug + PartialEq + 'static,
 {
     let q = store.blocking_queue::<T>(name)?;
-    assert_eq!(q.blocking_count()?, expected.len() as u64, "count of {name}");
+    assert_eq!(
+        q.blocking_count()?,
+        expected.len() as u64,
+        "count of {name}"
+    );
     let mut tx = store.begin();
     let mut got = Vec::new();
     while let Some(item) = q.blocking_try_dequeue(&mut tx)? {
         got.push(item);
-        assert!(got.len() <= expected.len(), "{name}: more items than expected: {got:?}");
+        assert!(
+            got.len() <= expected.len(),
+            "{name}: more items than expected: {got:?}"
+        );
     }
     assert_eq!(got, expected, "contents of {name}");
-    assert_eq!(q.blocking_count()?, 0, "{name}: all items held by the transaction");
+    assert_eq!(
+        q.blocking_count()?,
+        0,
+        "{name}: all items held by the transaction"
+    );
     tx.blocking_abort()?;
-    assert_eq!(q.blocking_count()?, expected.len() as u64, "{name}: count after abort");
+    assert_eq!(
+        q.blocking_count()?,
+        expected.len() as u64,
+        "{name}: count after abort"
+    );
     Ok(())
 }
 
@@ -129,12 +150,24 @@ where
     let mut tx = store.begin();
     q.enqueue(&mut tx, new)?;
     tx.blocking_commit()?;
-    assert_eq!(q.blocking_count()?, expected.len() as u64 + 1, "{name}: count after enqueue");
+    assert_eq!(
+        q.blocking_count()?,
+        expected.len() as u64 + 1,
+        "{name}: count after enqueue"
+    );
 
     let mut tx = store.begin();
-    assert_eq!(q.blocking_try_dequeue(&mut tx)?.as_ref(), expected.first(), "{name}: front");
+    assert_eq!(
+        q.blocking_try_dequeue(&mut tx)?.as_ref(),
+        expected.first(),
+        "{name}: front"
+    );
     tx.blocking_commit()?;
-    assert_eq!(q.blocking_count()?, expected.len() as u64, "{name}: count after dequeue");
+    assert_eq!(
+        q.blocking_count()?,
+        expected.len() as u64,
+        "{name}: count after dequeue"
+    );
     Ok(())
 }
 
@@ -158,7 +191,11 @@ fn store_written_by_format_1_opens_with_its_items_and_keeps_working() -> TestRes
     // 1. The fixture as written.
     {
         let store = Store::open(&path)?;
-        assert!(store.set_aside_records().is_empty(), "{:?}", store.set_aside_records());
+        assert!(
+            store.set_aside_records().is_empty(),
+            "{:?}",
+            store.set_aside_records()
+        );
         check_contents(&store, "strings", &expected_strings())?;
         check_contents(&store, "numbers", &expected_numbers())?;
         check_contents(&store, "bytes", &expected_bytes())?;
@@ -177,7 +214,11 @@ fn store_written_by_format_1_opens_with_its_items_and_keeps_working() -> TestRes
     // 3. Reopened: old and new items, the dequeued ones gone.
     {
         let store = Store::open(&path)?;
-        assert!(store.set_aside_records().is_empty(), "{:?}", store.set_aside_records());
+        assert!(
+            store.set_aside_records().is_empty(),
+            "{:?}",
+            store.set_aside_records()
+        );
         check_contents(&store, "strings", &after(&expected_strings(), &new_string))?;
         check_contents(&store, "numbers", &after(&expected_numbers(), &new_number))?;
         check_contents(&store, "bytes", &after(&expected_bytes(), &new_bytes))?;

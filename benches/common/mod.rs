@@ -22,6 +22,7 @@ use crossbeam_queue::SegQueue;
 use crossbeam_utils::Backoff;
 use parking_lot::Mutex;
 use reliable_queue::{Durability, ReliableConcurrentQueue, Store};
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// Size of one item, in bytes, unless a workload says otherwise.
@@ -168,9 +169,9 @@ fn poll_until<T>(mut poll: impl FnMut() -> Option<T>) -> T {
 /// `reliable-queue`: `Store::in_memory()` (`durability: None`) or `Store::builder().path(dir)
 /// .durability(d)` with every other setting at its default; one queue of [`Payload`]s.
 ///
-/// `send`: `begin`, `n` × `enqueue`, `commit`. `recv`: `begin`, `n` × (`try_dequeue`, or
-/// `blocking_dequeue` when nothing is visible), `commit`. Async: the same with `dequeue().await`
-/// and `commit_async().await`.
+/// `send`: `begin`, `n` × `enqueue`, `blocking_commit`. `recv`: `begin`, `n` ×
+/// (`blocking_try_dequeue`, or `blocking_dequeue` when nothing is visible), `blocking_commit`.
+/// Async: the same with `try_dequeue().await`, `dequeue().await` and `commit().await`.
 #[derive(Debug, Clone, Copy)]
 pub struct Ours {
     /// `None` for `Store::in_memory()`.
@@ -186,24 +187,67 @@ impl Ours {
     };
 }
 
-/// An open `reliable-queue` store and its one queue.
-#[derive(Debug, Clone)]
-pub struct OursQueue {
-    store: Store,
-    queue: ReliableConcurrentQueue<Payload>,
+/// [`Ours`] with plain `Vec<u8>` items instead of [`Payload`]s (each enqueue still builds its
+/// item from the bytes, `item.to_vec()`, as `Ours` builds a `Payload`): the same calls, so the
+/// difference measures the item type alone.
+#[derive(Debug, Clone, Copy)]
+pub struct OursVec {
+    /// `None` for `Store::in_memory()`.
+    pub durability: Option<Durability>,
 }
 
-impl OursQueue {
-    fn open(ours: &Ours, dir: &Path) -> Self {
-        let store = match ours.durability {
+impl OursVec {
+    /// In memory.
+    pub const MEMORY: OursVec = OursVec { durability: None };
+}
+
+/// An item type the `reliable-queue` peers store: built from the workload's bytes.
+pub trait OursItem: Serialize + DeserializeOwned + Send + Sync + 'static {
+    /// The item holding a copy of `bytes`.
+    fn from_bytes(bytes: &[u8]) -> Self;
+}
+
+impl OursItem for Payload {
+    fn from_bytes(bytes: &[u8]) -> Self {
+        Payload(bytes.to_vec())
+    }
+}
+
+impl OursItem for Vec<u8> {
+    fn from_bytes(bytes: &[u8]) -> Self {
+        bytes.to_vec()
+    }
+}
+
+/// An open `reliable-queue` store and its one queue, of `T`s.
+#[derive(Debug)]
+pub struct OursQueue<T = Payload> {
+    store: Store,
+    queue: ReliableConcurrentQueue<T>,
+}
+
+impl<T> Clone for OursQueue<T> {
+    fn clone(&self) -> Self {
+        OursQueue {
+            store: self.store.clone(),
+            queue: self.queue.clone(),
+        }
+    }
+}
+
+impl<T: OursItem> OursQueue<T> {
+    fn open(durability: Option<Durability>, dir: &Path) -> Self {
+        let store = match durability {
             None => Store::in_memory(),
             Some(durability) => Store::builder().path(dir).durability(durability).open(),
         }
         .expect("open reliable-queue store");
-        let queue = store.queue::<Payload>("bench").expect("open queue");
+        let queue = store.blocking_queue::<T>("bench").expect("open queue");
         OursQueue { store, queue }
     }
+}
 
+impl<T> OursQueue<T> {
     /// The store (for benches that need more than the traits).
     pub fn store(&self) -> &Store {
         &self.store
@@ -216,50 +260,60 @@ impl Peer for Ours {
         "reliable-queue"
     }
     fn open(&self, dir: &Path) -> OursQueue {
-        OursQueue::open(self, dir)
+        OursQueue::open(self.durability, dir)
     }
 }
 
-impl Queue for OursQueue {
-    type Producer = OursQueue;
-    type Consumer = OursQueue;
-    fn producer(&self) -> OursQueue {
+impl Peer for OursVec {
+    type Queue = OursQueue<Vec<u8>>;
+    fn name(&self) -> &'static str {
+        "reliable-queue"
+    }
+    fn open(&self, dir: &Path) -> OursQueue<Vec<u8>> {
+        OursQueue::open(self.durability, dir)
+    }
+}
+
+impl<T: OursItem> Queue for OursQueue<T> {
+    type Producer = OursQueue<T>;
+    type Consumer = OursQueue<T>;
+    fn producer(&self) -> OursQueue<T> {
         self.clone()
     }
-    fn consumer(&self) -> OursQueue {
+    fn consumer(&self) -> OursQueue<T> {
         self.clone()
     }
     fn len(&self) -> u64 {
-        self.queue.count()
+        self.queue.blocking_count().expect("count")
     }
     fn sync(&self) {
-        self.store.flush().expect("flush store");
+        self.store.blocking_flush().expect("flush store");
     }
 }
 
-impl Producer for OursQueue {
+impl<T: OursItem> Producer for OursQueue<T> {
     fn send(&mut self, item: &[u8], n: usize) {
         let mut tx = self.store.begin();
         for _ in 0..n {
             self.queue
-                .enqueue(&mut tx, Payload(item.to_vec()))
+                .enqueue(&mut tx, T::from_bytes(item))
                 .expect("enqueue");
         }
-        tx.commit().expect("commit");
+        tx.blocking_commit().expect("commit");
     }
 }
 
-impl Consumer for OursQueue {
+impl<T: OursItem> Consumer for OursQueue<T> {
     fn recv(&mut self, n: usize) {
         let mut tx = self.store.begin();
         for _ in 0..n {
-            let item = match self.queue.try_dequeue(&mut tx).expect("dequeue") {
+            let item = match self.queue.blocking_try_dequeue(&mut tx).expect("dequeue") {
                 Some(item) => item,
                 None => self.queue.blocking_dequeue(&mut tx).expect("dequeue"),
             };
             std::hint::black_box(item);
         }
-        tx.commit().expect("commit");
+        tx.blocking_commit().expect("commit");
     }
 }
 
@@ -269,44 +323,44 @@ impl AsyncPeer for Ours {
         "reliable-queue"
     }
     fn open_async(&self, dir: &Path, _runtime: &tokio::runtime::Runtime) -> OursQueue {
-        OursQueue::open(self, dir)
+        OursQueue::open(self.durability, dir)
     }
 }
 
-impl AsyncQueue for OursQueue {
-    type Producer = OursQueue;
-    type Consumer = OursQueue;
-    fn producer(&self) -> OursQueue {
+impl<T: OursItem> AsyncQueue for OursQueue<T> {
+    type Producer = OursQueue<T>;
+    type Consumer = OursQueue<T>;
+    fn producer(&self) -> OursQueue<T> {
         self.clone()
     }
-    fn consumer(&self) -> OursQueue {
+    fn consumer(&self) -> OursQueue<T> {
         self.clone()
     }
 }
 
-impl AsyncProducer for OursQueue {
+impl<T: OursItem> AsyncProducer for OursQueue<T> {
     async fn send(&mut self, item: &[u8], n: usize) {
         let mut tx = self.store.begin();
         for _ in 0..n {
             self.queue
-                .enqueue(&mut tx, Payload(item.to_vec()))
+                .enqueue(&mut tx, T::from_bytes(item))
                 .expect("enqueue");
         }
-        tx.commit_async().await.expect("commit");
+        tx.commit().await.expect("commit");
     }
 }
 
-impl AsyncConsumer for OursQueue {
+impl<T: OursItem> AsyncConsumer for OursQueue<T> {
     async fn recv(&mut self, n: usize) {
         let mut tx = self.store.begin();
         for _ in 0..n {
-            let item = match self.queue.try_dequeue(&mut tx).expect("dequeue") {
+            let item = match self.queue.try_dequeue(&mut tx).await.expect("dequeue") {
                 Some(item) => item,
                 None => self.queue.dequeue(&mut tx).await.expect("dequeue"),
             };
             std::hint::black_box(item);
         }
-        tx.commit_async().await.expect("commit");
+        tx.commit().await.expect("commit");
     }
 }
 

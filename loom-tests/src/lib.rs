@@ -62,7 +62,7 @@ mod harness {
     /// A fresh in-memory store with one queue holding `items`, committed in order.
     pub fn store_with(items: &[u32]) -> (Store, Queue) {
         let store = Store::in_memory().expect("open an in-memory store");
-        let queue = store.queue::<u32>("q").expect("open the queue");
+        let queue = store.blocking_queue::<u32>("q").expect("open the queue");
         if !items.is_empty() {
             commit(&store, &queue, items);
         }
@@ -75,7 +75,7 @@ mod harness {
         for &item in items {
             queue.enqueue(&mut tx, item).expect("enqueue");
         }
-        tx.commit().expect("commit");
+        tx.blocking_commit().expect("commit");
     }
 
     /// Takes up to `max` items with `try_dequeue` in one transaction and commits it.
@@ -83,12 +83,12 @@ mod harness {
         let mut tx = store.begin();
         let mut out = Vec::new();
         while out.len() < max {
-            match queue.try_dequeue(&mut tx).expect("try_dequeue") {
+            match queue.blocking_try_dequeue(&mut tx).expect("try_dequeue") {
                 Some(item) => out.push(item),
                 None => break,
             }
         }
-        tx.commit().expect("commit the dequeues");
+        tx.blocking_commit().expect("commit the dequeues");
         out
     }
 

@@ -16,8 +16,11 @@ fn abort_races_try_dequeue() {
             let (store, q) = (store.clone(), q.clone());
             thread::spawn(move || {
                 let mut tx = store.begin();
-                let held = [q.try_dequeue(&mut tx), q.try_dequeue(&mut tx)];
-                tx.abort();
+                let held = [
+                    q.blocking_try_dequeue(&mut tx),
+                    q.blocking_try_dequeue(&mut tx),
+                ];
+                tx.blocking_abort().expect("abort");
                 held.into_iter().flat_map(|r| r.unwrap()).count()
             })
         };
@@ -27,7 +30,7 @@ fn abort_races_try_dequeue() {
         };
         aborter.join().unwrap();
         let got = committer.join().unwrap();
-        let left = q.count();
+        let left = q.blocking_count().unwrap();
         let rest = take_all(&store, &q);
         assert_eq!(left, rest.len() as u64, "count() is what is left");
         assert_exactly_once(&[1, 2], got.into_iter().chain(rest));
@@ -41,20 +44,20 @@ fn abort_hands_returned_item_to_waiter() {
     check(|| {
         let (store, q) = store_with(&[1]);
         let mut held = store.begin();
-        assert_eq!(q.try_dequeue(&mut held).unwrap(), Some(1));
-        let aborter = thread::spawn(move || held.abort());
+        assert_eq!(q.blocking_try_dequeue(&mut held).unwrap(), Some(1));
+        let aborter = thread::spawn(move || held.blocking_abort().expect("abort"));
         let waiter = {
             let (store, q) = (store.clone(), q.clone());
             thread::spawn(move || {
                 let mut tx = store.begin();
                 let item = loom::future::block_on(q.dequeue(&mut tx)).unwrap();
-                tx.commit().unwrap();
+                tx.blocking_commit().unwrap();
                 item
             })
         };
         aborter.join().unwrap();
         assert_eq!(waiter.join().unwrap(), 1);
-        assert_eq!((q.count(), q.waiters()), (0, 0));
+        assert_eq!((q.blocking_count().unwrap(), q.waiters()), (0, 0));
         assert!(take_all(&store, &q).is_empty());
     });
 }
@@ -67,15 +70,15 @@ fn abort_splits_items_between_waiter_and_queue() {
     check(|| {
         let (store, q) = store_with(&[1, 2]);
         let mut held = store.begin();
-        assert_eq!(q.try_dequeue(&mut held).unwrap(), Some(1));
-        assert_eq!(q.try_dequeue(&mut held).unwrap(), Some(2));
-        let aborter = thread::spawn(move || held.abort());
+        assert_eq!(q.blocking_try_dequeue(&mut held).unwrap(), Some(1));
+        assert_eq!(q.blocking_try_dequeue(&mut held).unwrap(), Some(2));
+        let aborter = thread::spawn(move || held.blocking_abort().expect("abort"));
         let waiter = {
             let (store, q) = (store.clone(), q.clone());
             thread::spawn(move || {
                 let mut tx = store.begin();
                 let item = loom::future::block_on(q.dequeue(&mut tx)).unwrap();
-                tx.commit().unwrap();
+                tx.blocking_commit().unwrap();
                 item
             })
         };
@@ -87,7 +90,7 @@ fn abort_splits_items_between_waiter_and_queue() {
         let served = waiter.join().unwrap();
         let taken = taker.join().unwrap();
         assert_eq!(q.waiters(), 0);
-        let left = q.count();
+        let left = q.blocking_count().unwrap();
         let rest = take_all(&store, &q);
         assert_eq!(left, rest.len() as u64, "count() is what is left");
         assert_exactly_once(&[1, 2], [served].into_iter().chain(taken).chain(rest));

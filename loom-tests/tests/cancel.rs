@@ -29,13 +29,13 @@ fn dropped_waiter_races_handoff() {
                     // the future is dropped now, and the transaction aborted below.
                     let _ = poll_once(dequeue);
                 }
-                tx.abort();
+                tx.blocking_abort().expect("abort");
             })
         };
         commit(&store, &q, &[1]);
         quitter.join().unwrap();
         assert_eq!(
-            (q.count(), q.waiters()),
+            (q.blocking_count().unwrap(), q.waiters()),
             (1, 0),
             "the item is visible, nobody waits"
         );
@@ -57,7 +57,7 @@ fn cancelled_waiter_passes_item_to_next() {
                     let dequeue = pin!(q.dequeue(&mut tx));
                     let _ = poll_once(dequeue);
                 }
-                tx.abort();
+                tx.blocking_abort().expect("abort");
             })
         };
         let stayer = {
@@ -65,13 +65,13 @@ fn cancelled_waiter_passes_item_to_next() {
             thread::spawn(move || {
                 let mut tx = store.begin();
                 let item = loom::future::block_on(q.dequeue(&mut tx)).unwrap();
-                tx.commit().unwrap();
+                tx.blocking_commit().unwrap();
                 item
             })
         };
         commit(&store, &q, &[1]);
         quitter.join().unwrap();
         assert_eq!(stayer.join().unwrap(), 1);
-        assert_eq!((q.count(), q.waiters()), (0, 0));
+        assert_eq!((q.blocking_count().unwrap(), q.waiters()), (0, 0));
     });
 }

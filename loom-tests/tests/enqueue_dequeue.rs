@@ -24,10 +24,10 @@ fn commits_race_try_dequeue() {
             .into_iter()
             .flat_map(|c| c.join().unwrap())
             .collect();
-        let left = q.count();
+        let left = q.blocking_count().unwrap();
         let rest = take_all(&store, &q);
         assert_eq!(left, rest.len() as u64, "count() is what is left");
-        assert_eq!(q.count(), 0);
+        assert_eq!(q.blocking_count().unwrap(), 0);
         seen.extend(rest);
         assert_exactly_once(&[1, 2], seen);
     });
@@ -61,26 +61,30 @@ fn one_commit_is_visible_all_at_once() {
 fn commit_across_queues_is_visible_all_at_once() {
     check(|| {
         let store = reliable_queue::Store::in_memory().expect("open an in-memory store");
-        let a = store.queue::<u32>("a").expect("queue a");
-        let b = store.queue::<u32>("b").expect("queue b");
+        let a = store.blocking_queue::<u32>("a").expect("queue a");
+        let b = store.blocking_queue::<u32>("b").expect("queue b");
         let observer = {
             let (store, a, b) = (store.clone(), a.clone(), b.clone());
             thread::spawn(move || {
                 let mut tx = store.begin();
-                let from_a = a.try_dequeue(&mut tx).expect("dequeue a");
-                let from_b = b.try_dequeue(&mut tx).expect("dequeue b");
-                tx.abort();
+                let from_a = a.blocking_try_dequeue(&mut tx).expect("dequeue a");
+                let from_b = b.blocking_try_dequeue(&mut tx).expect("dequeue b");
+                tx.blocking_abort().expect("abort");
                 (from_a, from_b)
             })
         };
         let mut tx = store.begin();
         a.enqueue(&mut tx, 1).expect("enqueue a");
         b.enqueue(&mut tx, 2).expect("enqueue b");
-        tx.commit().expect("commit");
+        tx.blocking_commit().expect("commit");
         let (from_a, from_b) = observer.join().unwrap();
         if from_a.is_some() {
             assert_eq!(from_b, Some(2), "saw the commit on a but not on b");
         }
-        assert_eq!((a.count(), b.count()), (1, 1), "the abort gave both back");
+        assert_eq!(
+            (a.blocking_count().unwrap(), b.blocking_count().unwrap()),
+            (1, 1),
+            "the abort gave both back"
+        );
     });
 }

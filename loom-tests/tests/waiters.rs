@@ -20,7 +20,7 @@ fn spawn_waiter(store: &Store, q: &Queue) -> thread::JoinHandle<u32> {
     thread::spawn(move || {
         let mut tx = store.begin();
         let item = block_on(q.dequeue(&mut tx)).unwrap();
-        tx.commit().unwrap();
+        tx.blocking_commit().unwrap();
         item
     })
 }
@@ -34,7 +34,7 @@ fn registration_races_publish() {
         let waiter = spawn_waiter(&store, &q);
         commit(&store, &q, &[1]);
         assert_eq!(waiter.join().unwrap(), 1);
-        assert_eq!((q.count(), q.waiters()), (0, 0));
+        assert_eq!((q.blocking_count().unwrap(), q.waiters()), (0, 0));
     });
 }
 
@@ -47,7 +47,7 @@ fn two_waiters_two_items() {
         commit(&store, &q, &[1]);
         commit(&store, &q, &[2]);
         assert_exactly_once(&[1, 2], waiters.map(|w| w.join().unwrap()));
-        assert_eq!((q.count(), q.waiters()), (0, 0));
+        assert_eq!((q.blocking_count().unwrap(), q.waiters()), (0, 0));
     });
 }
 
@@ -64,7 +64,7 @@ fn two_waiters_one_item() {
             thread::spawn(move || {
                 let mut tx = store.begin();
                 let item = block_on(dequeue_or_stop(&q, &mut tx, &stop));
-                tx.commit().unwrap();
+                tx.blocking_commit().unwrap();
                 item
             })
         });
@@ -76,7 +76,7 @@ fn two_waiters_one_item() {
             .collect();
         assert!(served.len() <= 1, "one item served twice: {served:?}");
         assert_eq!(q.waiters(), 0);
-        assert_eq!(q.count(), 1 - served.len() as u64);
+        assert_eq!(q.blocking_count().unwrap(), 1 - served.len() as u64);
         let rest = take_all(&store, &q);
         assert_exactly_once(&[1], served.into_iter().chain(rest));
     });
@@ -93,9 +93,9 @@ fn requeue_commit_serves_waiter() {
             let (store, q) = (store.clone(), q.clone());
             thread::spawn(move || {
                 let mut tx = store.begin();
-                let taken = q.try_dequeue(&mut tx).unwrap();
+                let taken = q.blocking_try_dequeue(&mut tx).unwrap();
                 q.enqueue(&mut tx, 2).unwrap();
-                tx.commit().unwrap();
+                tx.blocking_commit().unwrap();
                 taken
             })
         };
@@ -126,8 +126,8 @@ fn repoll_with_new_waker_races_publish() {
             producer
         };
         producer.join().unwrap();
-        tx.commit().unwrap();
-        assert_eq!((q.count(), q.waiters()), (0, 0));
+        tx.blocking_commit().unwrap();
+        assert_eq!((q.blocking_count().unwrap(), q.waiters()), (0, 0));
     });
 }
 
@@ -149,7 +149,7 @@ fn try_dequeue_does_not_jump_the_line() {
                 let (store, q) = (store.clone(), q.clone());
                 thread::spawn(move || {
                     let mut tx = store.begin();
-                    q.try_dequeue(&mut tx).unwrap()
+                    q.blocking_try_dequeue(&mut tx).unwrap()
                 })
             };
             assert_eq!(
@@ -160,8 +160,8 @@ fn try_dequeue_does_not_jump_the_line() {
             producer.join().unwrap();
             assert!(matches!(poll_once(dequeue.as_mut()), Poll::Ready(Ok(1))));
         }
-        tx.commit().unwrap();
-        assert_eq!((q.count(), q.waiters()), (0, 0));
+        tx.blocking_commit().unwrap();
+        assert_eq!((q.blocking_count().unwrap(), q.waiters()), (0, 0));
         assert!(take_all(&store, &q).is_empty());
     });
 }
