@@ -41,7 +41,7 @@ fn on_both_stores(case: impl Fn(&Store)) {
 #[test]
 fn unserialisable_item_is_rejected_and_the_transaction_is_unchanged() {
     on_both_stores(|store| {
-        let queue = store.queue::<Picky>("q").unwrap();
+        let queue = store.blocking_queue::<Picky>("q").unwrap();
         let mut tx = store.begin();
         queue.enqueue(&mut tx, Picky(1)).unwrap();
         match queue.enqueue(&mut tx, Picky(u32::MAX)) {
@@ -50,7 +50,7 @@ fn unserialisable_item_is_rejected_and_the_transaction_is_unchanged() {
         }
         assert_eq!(tx.enqueued(), 1);
         queue.enqueue(&mut tx, Picky(2)).unwrap();
-        tx.commit().unwrap();
+        tx.blocking_commit().unwrap();
         assert_eq!(drain(store, &queue), [Picky(1), Picky(2)]);
     });
 }
@@ -59,7 +59,7 @@ fn unserialisable_item_is_rejected_and_the_transaction_is_unchanged() {
 fn item_failing_halfway_through_serialization_leaves_nothing_behind() {
     on_both_stores(|store| {
         // The failing element comes after two good ones: part of the item was already written.
-        let queue = store.queue::<Vec<Picky>>("q").unwrap();
+        let queue = store.blocking_queue::<Vec<Picky>>("q").unwrap();
         let mut tx = store.begin();
         let err = queue
             .enqueue(&mut tx, vec![Picky(1), Picky(2), Picky(u32::MAX), Picky(3)])
@@ -71,7 +71,7 @@ fn item_failing_halfway_through_serialization_leaves_nothing_behind() {
         );
         assert_eq!(tx.enqueued(), 0);
         queue.enqueue(&mut tx, vec![Picky(7)]).unwrap();
-        tx.commit().unwrap();
+        tx.blocking_commit().unwrap();
         assert_eq!(drain(store, &queue), [vec![Picky(7)]]);
     });
 }
@@ -88,12 +88,15 @@ fn oversized_item_is_rejected_and_the_transaction_keeps_the_rest() {
             .unwrap(),
     ];
     for store in &stores {
-        let queue = store.queue::<Vec<u8>>("q").unwrap();
+        let queue = store.blocking_queue::<Vec<u8>>("q").unwrap();
         let mut held = store.begin();
         let mut setup = store.begin();
         queue.enqueue(&mut setup, vec![1; 10]).unwrap();
-        setup.commit().unwrap();
-        assert_eq!(queue.try_dequeue(&mut held).unwrap(), Some(vec![1; 10]));
+        setup.blocking_commit().unwrap();
+        assert_eq!(
+            queue.blocking_try_dequeue(&mut held).unwrap(),
+            Some(vec![1; 10])
+        );
 
         queue.enqueue(&mut held, vec![2; 40]).unwrap();
         match queue.enqueue(&mut held, vec![3; 100]) {
@@ -108,7 +111,7 @@ fn oversized_item_is_rejected_and_the_transaction_keeps_the_rest() {
             other => panic!("expected ItemTooLarge, got {other:?}"),
         }
         assert_eq!((held.enqueued(), held.dequeued()), (1, 1), "nothing lost");
-        held.commit().unwrap();
+        held.blocking_commit().unwrap();
         assert_eq!(drain(store, &queue), [vec![2; 40]]);
     }
 }
@@ -116,19 +119,19 @@ fn oversized_item_is_rejected_and_the_transaction_keeps_the_rest() {
 #[test]
 fn item_over_the_default_limit_is_rejected() {
     let store = Store::in_memory().unwrap();
-    let queue = store.queue::<Vec<u8>>("big").unwrap();
+    let queue = store.blocking_queue::<Vec<u8>>("big").unwrap();
     let mut tx = store.begin();
     let err = queue.enqueue(&mut tx, vec![0; 5 << 20]).unwrap_err();
     assert!(matches!(err, Error::ItemTooLarge { .. }), "{err:?}");
     queue.enqueue(&mut tx, vec![0; 1 << 20]).unwrap();
-    tx.commit().unwrap();
-    assert_eq!(queue.count(), 1);
+    tx.blocking_commit().unwrap();
+    assert_eq!(queue.blocking_count().unwrap(), 1);
 }
 
 #[test]
 fn transaction_over_its_size_limit_is_rejected_item_by_item() {
     on_limits(|store| {
-        let queue = store.queue::<Vec<u8>>("q").unwrap();
+        let queue = store.blocking_queue::<Vec<u8>>("q").unwrap();
         let mut tx = store.begin();
         queue.enqueue(&mut tx, vec![1; 90]).unwrap();
         queue.enqueue(&mut tx, vec![2; 90]).unwrap();
@@ -142,7 +145,7 @@ fn transaction_over_its_size_limit_is_rejected_item_by_item() {
         assert_eq!(tx.enqueued(), 2);
         // The rejected item was not counted: a small one still fits.
         queue.enqueue(&mut tx, vec![4; 10]).unwrap();
-        tx.commit().unwrap();
+        tx.blocking_commit().unwrap();
         assert_eq!(
             drain(store, &queue),
             [vec![1; 90], vec![2; 90], vec![4; 10]]
@@ -151,8 +154,8 @@ fn transaction_over_its_size_limit_is_rejected_item_by_item() {
         let mut tx = store.begin();
         queue.enqueue(&mut tx, vec![5; 90]).unwrap();
         queue.enqueue(&mut tx, vec![6; 90]).unwrap();
-        tx.commit().unwrap();
-        assert_eq!(queue.count(), 2);
+        tx.blocking_commit().unwrap();
+        assert_eq!(queue.blocking_count().unwrap(), 2);
     });
 }
 
@@ -166,22 +169,22 @@ fn on_limits(case: impl Fn(&Store)) {
 #[test]
 fn item_that_is_not_a_t_gives_deserialize_and_stays_held() {
     on_both_stores(|store| {
-        let as_bytes = store.queue::<Vec<u8>>("mixed").unwrap();
+        let as_bytes = store.blocking_queue::<Vec<u8>>("mixed").unwrap();
         let mut tx = store.begin();
         as_bytes.enqueue(&mut tx, vec![0xff; 20]).unwrap();
-        tx.commit().unwrap();
+        tx.blocking_commit().unwrap();
 
         // The same queue opened with another type.
-        let as_number = store.queue::<u64>("mixed").unwrap();
+        let as_number = store.blocking_queue::<u64>("mixed").unwrap();
         let mut tx = store.begin();
-        match as_number.try_dequeue(&mut tx) {
+        match as_number.blocking_try_dequeue(&mut tx) {
             Err(Error::Deserialize { queue, .. }) => assert_eq!(queue, "mixed"),
             other => panic!("expected Deserialize, got {other:?}"),
         }
         assert_eq!(tx.dequeued(), 1, "the item is held by the transaction");
-        assert_eq!(as_number.count(), 0);
-        tx.abort();
-        assert_eq!(as_number.count(), 1, "abort put it back");
+        assert_eq!(as_number.blocking_count().unwrap(), 0);
+        tx.blocking_abort().expect("abort");
+        assert_eq!(as_number.blocking_count().unwrap(), 1, "abort put it back");
         assert_eq!(drain(store, &as_bytes), [vec![0xff; 20]]);
     });
 }
@@ -189,19 +192,19 @@ fn item_that_is_not_a_t_gives_deserialize_and_stays_held() {
 #[test]
 fn undecodable_item_can_be_discarded_by_commit() {
     on_both_stores(|store| {
-        let as_text = store.queue::<String>("mixed").unwrap();
+        let as_text = store.blocking_queue::<String>("mixed").unwrap();
         let mut tx = store.begin();
-        as_text.enqueue(&mut tx, "not a number".into()).unwrap();
-        as_text.enqueue(&mut tx, "next".into()).unwrap();
-        tx.commit().unwrap();
+        as_text.enqueue(&mut tx, "not a number".to_owned()).unwrap();
+        as_text.enqueue(&mut tx, "next".to_owned()).unwrap();
+        tx.blocking_commit().unwrap();
 
-        let as_pair = store.queue::<(u8, u8)>("mixed").unwrap();
+        let as_pair = store.blocking_queue::<(u8, u8)>("mixed").unwrap();
         let mut tx = store.begin();
         assert!(matches!(
-            as_pair.try_dequeue(&mut tx),
+            as_pair.blocking_try_dequeue(&mut tx),
             Err(Error::Deserialize { .. })
         ));
-        tx.commit().unwrap();
+        tx.blocking_commit().unwrap();
         assert_eq!(drain(store, &as_text), ["next"]);
     });
 }
@@ -210,36 +213,57 @@ fn undecodable_item_can_be_discarded_by_commit() {
 fn invalid_builder_settings_are_rejected() {
     use std::time::Duration;
     let (_guard, path) = temp_dir();
+    // Each case names the builder method whose setting is refused.
     let cases = [
-        ("zero item size", Store::builder().max_item_size(0)),
+        (
+            "zero item size",
+            "max_item_size",
+            Store::builder().max_item_size(0),
+        ),
         (
             "item size over 1 GiB",
+            "max_item_size",
             Store::builder().max_item_size(2 << 30),
         ),
         (
             "transaction smaller than an item",
+            "max_transaction_size",
             Store::builder()
                 .max_item_size(1000)
                 .max_transaction_size(999),
         ),
-        ("zero group size", Store::builder().group_size(0)),
+        (
+            "zero group size",
+            "group_size",
+            Store::builder().group_size(0),
+        ),
         (
             "zero flush interval",
+            "flush_interval",
             Store::builder().flush_interval(Duration::ZERO),
         ),
         (
             "flush interval over an hour",
+            "flush_interval",
             Store::builder().flush_interval(Duration::from_secs(7200)),
         ),
-        ("tiny cache", Store::builder().cache_capacity(1024)),
+        (
+            "tiny cache",
+            "cache_capacity",
+            Store::builder().cache_capacity(1024),
+        ),
         (
             "on disk, zero item size",
+            "max_item_size",
             Store::builder().path(&path).max_item_size(0),
         ),
     ];
-    for (what, builder) in cases {
+    for (what, refused, builder) in cases {
         match builder.open() {
-            Err(Error::InvalidConfig(message)) => assert!(!message.is_empty(), "{what}"),
+            Err(Error::InvalidConfig { setting, expected }) => {
+                assert_eq!(setting, refused, "{what}");
+                assert!(!expected.is_empty(), "{what}");
+            }
             other => panic!("{what}: expected InvalidConfig, got {other:?}"),
         }
     }
@@ -250,15 +274,22 @@ fn invalid_builder_settings_are_rejected() {
 #[test]
 fn bad_queue_names_are_rejected() {
     on_both_stores(|store| {
-        assert!(matches!(
-            store.queue::<u8>(""),
-            Err(Error::InvalidConfig(_))
-        ));
-        assert!(matches!(
-            store.queue::<u8>(&"x".repeat(1025)),
-            Err(Error::InvalidConfig(_))
-        ));
-        store.queue::<u8>(&"x".repeat(1024)).unwrap();
+        for (bad, reported) in [
+            (String::new(), String::new()),
+            ("x".repeat(1025), "x".repeat(64)),
+        ] {
+            match store.blocking_queue::<u8>(&bad) {
+                Err(Error::InvalidQueueName { name, expected }) => {
+                    assert_eq!(name, reported, "the name, cut to its first 64 characters");
+                    assert!(!expected.is_empty());
+                }
+                other => panic!(
+                    "name of {} bytes: expected InvalidQueueName, got {other:?}",
+                    bad.len()
+                ),
+            }
+        }
+        store.blocking_queue::<u8>(&"x".repeat(1024)).unwrap();
         assert_eq!(store.queue_names(), ["x".repeat(1024)]);
     });
 }
@@ -266,7 +297,7 @@ fn bad_queue_names_are_rejected() {
 // ---- damaged records on disk ----
 
 /// Offset of a record's fixed header, its header length field and its body (see the format
-/// at the top of `src/log/record.rs`).
+/// at the top of `src/engine/sled/record.rs`).
 const FIXED: usize = 24;
 
 fn body_start(record: &[u8]) -> usize {
@@ -321,14 +352,14 @@ fn strings(prefix: &str, n: usize) -> Vec<String> {
 /// record will be damaged, more "good" items. Returns (good items, intact bad items).
 fn write_good_and_bad(path: &Path) -> (Vec<String>, Vec<String>) {
     let store = Store::open(path).unwrap();
-    let good = store.queue::<String>("good").unwrap();
-    let bad = store.queue::<String>("bad").unwrap();
+    let good = store.blocking_queue::<String>("good").unwrap();
+    let bad = store.blocking_queue::<String>("bad").unwrap();
     let commit = |queue: &reliable_queue::ReliableConcurrentQueue<String>, items: &[String]| {
         let mut tx = store.begin();
         for item in items {
             queue.enqueue(&mut tx, item.clone()).unwrap();
         }
-        tx.commit().unwrap();
+        tx.blocking_commit().unwrap();
     };
     let kept = strings("bad-kept", 5);
     let good_items = strings("good", 20);
@@ -339,18 +370,18 @@ fn write_good_and_bad(path: &Path) -> (Vec<String>, Vec<String>) {
     (good_items, kept)
 }
 
-fn assert_corrupted(store: &Store, name: &str, seq: u64) {
-    match store.queue::<String>(name) {
-        Err(Error::Corrupted {
+fn assert_fenced(store: &Store, name: &str, seq: u64) {
+    match store.blocking_queue::<String>(name) {
+        Err(Error::Fenced {
             queue,
             record,
             reason,
         }) => {
-            assert_eq!(queue.as_deref(), Some(name));
+            assert_eq!(queue, name);
             assert_eq!(record, seq);
             assert!(!reason.is_empty());
         }
-        other => panic!("queue {name}: expected Corrupted, got {other:?}"),
+        other => panic!("queue {name}: expected Fenced, got {other:?}"),
     }
 }
 
@@ -379,13 +410,13 @@ fn damaged_record_body_fences_its_queue_only() {
         assert_eq!(set_aside[0].queues, Some(vec!["bad".to_owned()]));
         assert!(!set_aside[0].reason.is_empty());
 
-        assert_corrupted(&store, "bad", seq);
-        let good = store.queue::<String>("good").unwrap();
+        assert_fenced(&store, "bad", seq);
+        let good = store.blocking_queue::<String>("good").unwrap();
         assert_eq!(peek_all(&store, &good), good_items);
         // New work on the healthy queue goes on.
         let mut tx = store.begin();
-        good.enqueue(&mut tx, "after".into()).unwrap();
-        tx.commit().unwrap();
+        good.enqueue(&mut tx, "after".to_owned()).unwrap();
+        tx.blocking_commit().unwrap();
     }
 
     // The raw record is kept in quarantine and gone from the log; the fence persists.
@@ -401,14 +432,14 @@ fn damaged_record_body_fences_its_queue_only() {
     }
     let store = Store::open(&path).unwrap();
     assert_eq!(store.set_aside_records().len(), 1);
-    assert_corrupted(&store, "bad", seq);
+    assert_fenced(&store, "bad", seq);
 
-    store.unfence("bad").unwrap();
-    let bad = store.queue::<String>("bad").expect("unfenced");
+    store.blocking_unfence("bad").unwrap();
+    let bad = store.blocking_queue::<String>("bad").expect("unfenced");
     let bad_items = drain(&store, &bad);
     assert_eq!(bad_items, kept, "the intact items of the fenced queue");
     assert_nothing_damaged_is_returned(&bad_items);
-    let good = store.queue::<String>("good").unwrap();
+    let good = store.blocking_queue::<String>("good").unwrap();
     let mut expected = good_items.clone();
     expected.push("after".into());
     assert_eq!(drain(&store, &good), expected);
@@ -416,7 +447,7 @@ fn damaged_record_body_fences_its_queue_only() {
 
     // Unfencing is durable; the record stays listed as set aside.
     let store = Store::open(&path).unwrap();
-    assert!(store.queue::<String>("bad").is_ok());
+    assert!(store.blocking_queue::<String>("bad").is_ok());
     assert_eq!(store.set_aside_records()[0].record, seq);
 }
 
@@ -436,13 +467,13 @@ fn damaged_record_header_fences_every_queue() {
             set_aside[0].queues, None,
             "byte {at}: the header is unreadable"
         );
-        assert_corrupted(&store, "good", seq);
-        assert_corrupted(&store, "bad", seq);
+        assert_fenced(&store, "good", seq);
+        assert_fenced(&store, "bad", seq);
 
-        store.unfence("good").unwrap();
-        store.unfence("bad").unwrap();
-        let good = drain(&store, &store.queue::<String>("good").unwrap());
-        let bad = drain(&store, &store.queue::<String>("bad").unwrap());
+        store.blocking_unfence("good").unwrap();
+        store.blocking_unfence("bad").unwrap();
+        let good = drain(&store, &store.blocking_queue::<String>("good").unwrap());
+        let bad = drain(&store, &store.blocking_queue::<String>("bad").unwrap());
         assert_eq!(good, good_items, "byte {at}");
         assert_eq!(bad, kept, "byte {at}");
         assert_nothing_damaged_is_returned(&bad);
@@ -463,15 +494,15 @@ fn truncated_record_is_set_aside() {
         let set_aside = store.set_aside_records();
         assert_eq!(set_aside.len(), 1, "kept {keep}: {set_aside:?}");
         assert_eq!(set_aside[0].record, seq);
-        assert_corrupted(&store, "good", seq);
-        assert_corrupted(&store, "bad", seq);
-        store.unfence("good").unwrap();
-        store.unfence("bad").unwrap();
+        assert_fenced(&store, "good", seq);
+        assert_fenced(&store, "bad", seq);
+        store.blocking_unfence("good").unwrap();
+        store.blocking_unfence("bad").unwrap();
         assert_eq!(
-            drain(&store, &store.queue::<String>("good").unwrap()),
+            drain(&store, &store.blocking_queue::<String>("good").unwrap()),
             good_items
         );
-        let bad = drain(&store, &store.queue::<String>("bad").unwrap());
+        let bad = drain(&store, &store.blocking_queue::<String>("bad").unwrap());
         assert_eq!(bad, kept);
         assert_nothing_damaged_is_returned(&bad);
     }
@@ -482,22 +513,22 @@ fn damaged_acknowledgement_brings_the_dequeued_item_back_after_unfence() {
     let (_guard, path) = temp_dir();
     {
         let store = Store::open(&path).unwrap();
-        let queue = store.queue::<String>("q").unwrap();
+        let queue = store.blocking_queue::<String>("q").unwrap();
         let mut tx = store.begin();
         for item in strings("item", 3) {
             queue.enqueue(&mut tx, item).unwrap();
         }
-        tx.commit().unwrap();
+        tx.blocking_commit().unwrap();
         // A commit made of one acknowledgement only.
         let mut tx = store.begin();
         assert_eq!(
-            queue.try_dequeue(&mut tx).unwrap().as_deref(),
+            queue.blocking_try_dequeue(&mut tx).unwrap().as_deref(),
             Some("item-000")
         );
-        tx.commit().unwrap();
+        tx.blocking_commit().unwrap();
         let mut tx = store.begin();
-        queue.enqueue(&mut tx, "later".into()).unwrap();
-        tx.commit().unwrap();
+        queue.enqueue(&mut tx, "later".to_owned()).unwrap();
+        tx.blocking_commit().unwrap();
     }
     let ack_seq = {
         let (db, log) = raw(&path);
@@ -524,9 +555,9 @@ fn damaged_acknowledgement_brings_the_dequeued_item_back_after_unfence() {
         store.set_aside_records()[0].queues,
         Some(vec!["q".to_owned()])
     );
-    assert_corrupted(&store, "q", ack_seq);
-    store.unfence("q").unwrap();
-    let queue = store.queue::<String>("q").unwrap();
+    assert_fenced(&store, "q", ack_seq);
+    store.blocking_unfence("q").unwrap();
+    let queue = store.blocking_queue::<String>("q").unwrap();
     assert_eq!(
         drain(&store, &queue),
         ["item-000", "item-001", "item-002", "later"],
@@ -541,7 +572,7 @@ fn a_healthy_store_sets_nothing_aside() {
     let store = Store::open(&path).unwrap();
     assert!(store.set_aside_records().is_empty());
     assert_eq!(
-        drain(&store, &store.queue::<String>("good").unwrap()),
+        drain(&store, &store.blocking_queue::<String>("good").unwrap()),
         good_items
     );
 }
@@ -551,13 +582,13 @@ fn damaged_newest_record_does_not_disturb_later_commits() {
     let (_guard, path) = temp_dir();
     {
         let store = Store::open(&path).unwrap();
-        let queue = store.queue::<String>("q").unwrap();
+        let queue = store.blocking_queue::<String>("q").unwrap();
         for batch in ["first", "newest"] {
             let mut tx = store.begin();
             for item in strings(batch, 3) {
                 queue.enqueue(&mut tx, item).unwrap();
             }
-            tx.commit().unwrap();
+            tx.blocking_commit().unwrap();
         }
     }
     let (seq, _) = damage_record(&path, b"newest-001", |bytes| {
@@ -566,26 +597,28 @@ fn damaged_newest_record_does_not_disturb_later_commits() {
     });
     {
         let store = Store::open(&path).unwrap();
-        assert_corrupted(&store, "q", seq);
-        store.unfence("q").unwrap();
-        let queue = store.queue::<String>("q").unwrap();
+        assert_fenced(&store, "q", seq);
+        store.blocking_unfence("q").unwrap();
+        let queue = store.blocking_queue::<String>("q").unwrap();
         assert_eq!(peek_all(&store, &queue), strings("first", 3));
         // New commits after the set-aside record: an enqueue, and a dequeue of an old item.
         let mut tx = store.begin();
-        queue.enqueue(&mut tx, "fresh".into()).unwrap();
-        tx.commit().unwrap();
+        queue.enqueue(&mut tx, "fresh".to_owned()).unwrap();
+        tx.blocking_commit().unwrap();
         let mut tx = store.begin();
         assert_eq!(
-            queue.try_dequeue(&mut tx).unwrap().as_deref(),
+            queue.blocking_try_dequeue(&mut tx).unwrap().as_deref(),
             Some("first-000")
         );
-        tx.commit().unwrap();
+        tx.blocking_commit().unwrap();
     }
     let store = Store::open(&path).unwrap();
     let set_aside = store.set_aside_records();
     assert_eq!(set_aside.len(), 1);
     assert_eq!(set_aside[0].record, seq);
-    let queue = store.queue::<String>("q").expect("the fence stays lifted");
+    let queue = store
+        .blocking_queue::<String>("q")
+        .expect("the fence stays lifted");
     assert_eq!(
         drain(&store, &queue),
         ["first-001", "first-002", "fresh"],
@@ -598,17 +631,17 @@ fn damaged_move_between_queues_is_undone_as_a_whole() {
     let (_guard, path) = temp_dir();
     {
         let store = Store::open(&path).unwrap();
-        let from = store.queue::<String>("from").unwrap();
-        let to = store.queue::<String>("to").unwrap();
+        let from = store.blocking_queue::<String>("from").unwrap();
+        let to = store.blocking_queue::<String>("to").unwrap();
         let mut tx = store.begin();
         for item in strings("job", 3) {
             from.enqueue(&mut tx, item).unwrap();
         }
-        tx.commit().unwrap();
+        tx.blocking_commit().unwrap();
         let mut tx = store.begin();
-        let job = from.try_dequeue(&mut tx).unwrap().unwrap();
+        let job = from.blocking_try_dequeue(&mut tx).unwrap().unwrap();
         to.enqueue(&mut tx, format!("moved {job}")).unwrap();
-        tx.commit().unwrap();
+        tx.blocking_commit().unwrap();
     }
     let (seq, _) = damage_record(&path, b"moved job-000", |bytes| {
         let last = bytes.len() - 1;
@@ -620,16 +653,16 @@ fn damaged_move_between_queues_is_undone_as_a_whole() {
     let mut named = set_aside[0].queues.clone().expect("the header is intact");
     named.sort();
     assert_eq!(named, ["from", "to"], "the record names both queues");
-    assert_corrupted(&store, "from", seq);
-    assert_corrupted(&store, "to", seq);
-    store.unfence("from").unwrap();
-    store.unfence("to").unwrap();
+    assert_fenced(&store, "from", seq);
+    assert_fenced(&store, "to", seq);
+    store.blocking_unfence("from").unwrap();
+    store.blocking_unfence("to").unwrap();
     // Neither half of the move applies: the job is back where it was, nothing is doubled.
     assert_eq!(
-        drain(&store, &store.queue::<String>("from").unwrap()),
+        drain(&store, &store.blocking_queue::<String>("from").unwrap()),
         strings("job", 3)
     );
-    assert!(drain(&store, &store.queue::<String>("to").unwrap()).is_empty());
+    assert!(drain(&store, &store.blocking_queue::<String>("to").unwrap()).is_empty());
 }
 
 #[test]
@@ -637,13 +670,13 @@ fn log_entry_under_a_foreign_key_is_set_aside_and_sequence_numbers_stay_unique()
     let (_guard, path) = temp_dir();
     {
         let store = Store::open(&path).unwrap();
-        let queue = store.queue::<String>("q").unwrap();
+        let queue = store.blocking_queue::<String>("q").unwrap();
         for batch in ["first", "newest"] {
             let mut tx = store.begin();
             for item in strings(batch, 2) {
                 queue.enqueue(&mut tx, item).unwrap();
             }
-            tx.commit().unwrap();
+            tx.blocking_commit().unwrap();
         }
     }
     // The newest record is damaged, and an entry whose key is no sequence number appears.
@@ -662,19 +695,19 @@ fn log_entry_under_a_foreign_key_is_set_aside_and_sequence_numbers_stay_unique()
         assert_eq!(set_aside.len(), 2, "{set_aside:?}");
         assert!(set_aside.iter().any(|r| r.record == seq));
         assert!(matches!(
-            store.queue::<String>("q"),
-            Err(Error::Corrupted { .. })
+            store.blocking_queue::<String>("q"),
+            Err(Error::Fenced { .. })
         ));
-        store.unfence("q").unwrap();
+        store.blocking_unfence("q").unwrap();
     }
     // Two more opens, each with a commit: new records must not take the set-aside record's
     // sequence number.
     for round in 0..2 {
         let store = Store::open(&path).unwrap();
-        let queue = store.queue::<String>("q").unwrap();
+        let queue = store.blocking_queue::<String>("q").unwrap();
         let mut tx = store.begin();
         queue.enqueue(&mut tx, format!("fresh-{round}")).unwrap();
-        tx.commit().unwrap();
+        tx.blocking_commit().unwrap();
     }
     let (db, log) = raw(&path);
     let quarantine = db.open_tree("quarantine").unwrap();
@@ -689,8 +722,8 @@ fn log_entry_under_a_foreign_key_is_set_aside_and_sequence_numbers_stay_unique()
     );
     drop((quarantine, log, db));
     let store = Store::open(&path).unwrap();
-    store.unfence("q").unwrap();
-    let queue = store.queue::<String>("q").unwrap();
+    store.blocking_unfence("q").unwrap();
+    let queue = store.blocking_queue::<String>("q").unwrap();
     assert_eq!(
         drain(&store, &queue),
         ["first-000", "first-001", "fresh-0", "fresh-1"]
@@ -702,10 +735,10 @@ fn store_of_another_format_version_is_refused_and_released() {
     let (_guard, path) = temp_dir();
     {
         let store = Store::open(&path).unwrap();
-        let queue = store.queue::<u8>("q").unwrap();
+        let queue = store.blocking_queue::<u8>("q").unwrap();
         let mut tx = store.begin();
         queue.enqueue(&mut tx, 1).unwrap();
-        tx.commit().unwrap();
+        tx.blocking_commit().unwrap();
     }
     let set_format = |version: u32| {
         let db = sled::open(&path).unwrap();
@@ -724,7 +757,10 @@ fn store_of_another_format_version_is_refused_and_released() {
     // The refused open let go of the directory, and changed nothing.
     assert_eq!(set_format(current), Some(u32::MAX));
     let store = Store::open(&path).unwrap();
-    assert_eq!(drain(&store, &store.queue::<u8>("q").unwrap()), [1]);
+    assert_eq!(
+        drain(&store, &store.blocking_queue::<u8>("q").unwrap()),
+        [1]
+    );
 }
 
 #[test]

@@ -112,7 +112,7 @@ fn a_recovered_store_reopens_at_once_after_close() {
         failures.extend(log.errors.iter().map(|e| format!("cycle {cycle}: {e}")));
         for _ in 0..3 {
             let reopened = open_store(&path, Durability::Sync)
-                .and_then(|store| store.queue::<u64>("a").map(drop));
+                .and_then(|store| store.blocking_queue::<u64>("a").map(drop));
             if let Err(e) = reopened {
                 failures.push(format!("cycle {cycle}: reopening failed: {e}"));
             }
@@ -134,11 +134,15 @@ fn a_store_killed_in_its_first_open_opens() {
     std::fs::write(path.join("conf"), settings).expect("write the settings");
     for round in 0..2 {
         let store = open_store(&path, Durability::Sync).expect("open after the killed open");
-        let a = store.queue::<u64>("a").expect("open queue a");
-        assert_eq!(a.count(), round, "the item committed before the reopen");
+        let a = store.blocking_queue::<u64>("a").expect("open queue a");
+        assert_eq!(
+            a.blocking_count().expect("count"),
+            round,
+            "the item committed before the reopen"
+        );
         let mut tx = store.begin();
         a.enqueue(&mut tx, round).expect("enqueue");
-        tx.commit().expect("commit");
+        tx.blocking_commit().expect("commit");
     }
 }
 
@@ -426,26 +430,36 @@ impl Parent<'_> {
 /// both queues, then aborts, so the store is left as it was.
 fn inspect(path: &Path, durability: Durability) -> Result<Found, String> {
     let store = open_store(path, durability).map_err(|e| format!("reopening failed: {e:?}"))?;
-    let a = store.queue::<Item>("a").map_err(|e| e.to_string())?;
-    let b = store.queue::<Item>("b").map_err(|e| e.to_string())?;
+    let a = store
+        .blocking_queue::<Item>("a")
+        .map_err(|e| e.to_string())?;
+    let b = store
+        .blocking_queue::<Item>("b")
+        .map_err(|e| e.to_string())?;
     let mut found = Found {
-        count_a: a.count(),
-        count_b: b.count(),
+        count_a: a.blocking_count().map_err(|e| e.to_string())?,
+        count_b: b.blocking_count().map_err(|e| e.to_string())?,
         set_aside: store.set_aside_records().len(),
         ..Found::default()
     };
     let mut tx = store.begin();
     for (queue, ids) in [(&a, &mut found.a), (&b, &mut found.b)] {
-        while let Some(item) = queue.try_dequeue(&mut tx).map_err(|e| e.to_string())? {
+        while let Some(item) = queue
+            .blocking_try_dequeue(&mut tx)
+            .map_err(|e| e.to_string())?
+        {
             if !child::intact(&item) {
                 found.damaged.push(item.0);
             }
             ids.push(item.0);
         }
     }
-    tx.abort();
+    tx.blocking_abort().map_err(|e| e.to_string())?;
     found.blob_files = std::fs::read_dir(path.join("blobs")).map_or(0, |d| d.count());
-    found.count_after_abort = (a.count(), b.count());
+    found.count_after_abort = (
+        a.blocking_count().map_err(|e| e.to_string())?,
+        b.blocking_count().map_err(|e| e.to_string())?,
+    );
     Ok(found)
 }
 
@@ -467,18 +481,18 @@ fn drain_and_reopen(
         let store = open_store(path, durability)?;
         let mut drained = HashMap::new();
         for queue in [Queue::A, Queue::B] {
-            let q = store.queue::<Item>(queue.name())?;
+            let q = store.blocking_queue::<Item>(queue.name())?;
             loop {
                 let mut tx = store.begin();
                 let mut n = 0;
                 while n < 100 {
-                    let Some((id, _)) = q.try_dequeue(&mut tx)? else {
+                    let Some((id, _)) = q.blocking_try_dequeue(&mut tx)? else {
                         break;
                     };
                     drained.insert(id, queue);
                     n += 1;
                 }
-                tx.commit()?;
+                tx.blocking_commit()?;
                 if n == 0 {
                     break;
                 }
@@ -496,9 +510,9 @@ fn drain_and_reopen(
         Err(e) => fail(format!("draining failed: {e}")),
     }
     match open_store(path, durability).and_then(|store| {
-        let a = store.queue::<u64>("a")?;
-        let b = store.queue::<u64>("b")?;
-        Ok((a.count(), b.count()))
+        let a = store.blocking_queue::<u64>("a")?;
+        let b = store.blocking_queue::<u64>("b")?;
+        Ok((a.blocking_count()?, b.blocking_count()?))
     }) {
         Ok((0, 0)) => {}
         Ok(counts) => fail(format!(

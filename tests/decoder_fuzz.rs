@@ -2,13 +2,13 @@
 //! `log` tree of a closed store, then the store reopened.
 //!
 //! The record decoder itself is fuzzed with a million inputs by the unit test at the bottom of
-//! `src/log/record.rs`; this test checks what a user sees. In each round, for a store with a
+//! `src/engine/sled/record.rs`; this test checks what a user sees. In each round, for a store with a
 //! known history:
 //!
 //! - the store opens (no panic, no error);
 //! - exactly the damaged and planted records are reported by `set_aside_records`, are kept
 //!   byte for byte in the `quarantine` tree and are gone from the `log` tree;
-//! - every queue a bad record names is fenced (`Error::Corrupted`) until unfenced;
+//! - every queue a bad record names is fenced (`Error::Fenced`) until unfenced;
 //! - after unfencing, the queues hold exactly the items of the intact records (enqueues not
 //!   acknowledged by an intact record), every item intact: damaged bytes never come back as
 //!   an item.
@@ -107,7 +107,7 @@ fn round(seed: u64) -> (usize, usize) {
             .unwrap();
         let queues: Vec<_> = QUEUES
             .iter()
-            .map(|n| store.queue::<Item>(n).unwrap())
+            .map(|n| store.blocking_queue::<Item>(n).unwrap())
             .collect();
         let mut next_id = 0;
         for _ in 0..COMMITS {
@@ -121,11 +121,11 @@ fn round(seed: u64) -> (usize, usize) {
             }
             for _ in 0..rng.gen_range(0..3) {
                 let q = rng.gen_range(0..QUEUES.len());
-                if let Some(item) = queues[q].try_dequeue(&mut tx).unwrap() {
+                if let Some(item) = queues[q].blocking_try_dequeue(&mut tx).unwrap() {
                     commit.deq.push(item.id);
                 }
             }
-            tx.commit().unwrap();
+            tx.blocking_commit().unwrap();
             commits.push(commit);
         }
     }
@@ -204,16 +204,16 @@ fn round(seed: u64) -> (usize, usize) {
             None => QUEUES.iter().map(|s| s.to_string()).collect(),
         };
         for name in named {
-            match store.queue::<Item>(&name) {
-                Err(Error::Corrupted { .. }) => {}
+            match store.blocking_queue::<Item>(&name) {
+                Err(Error::Fenced { .. }) => {}
                 other => panic!("seed {seed}: queue {name} not fenced by a bad record: {other:?}"),
             }
         }
     }
     let mut found = 0;
     for (q, name) in QUEUES.iter().enumerate() {
-        store.unfence(name).unwrap();
-        let queue = store.queue::<Item>(name).unwrap();
+        store.blocking_unfence(name).unwrap();
+        let queue = store.blocking_queue::<Item>(name).unwrap();
         let items = common::peek_all(&store, &queue);
         for item in &items {
             assert!(

@@ -9,9 +9,10 @@
 //! threads in the concurrent scenario, one elsewhere), then disarms the failpoint, drops the
 //! store and reopens it. It checks:
 //!
-//! - every failure reaches the caller as `Error::Storage` or `Error::Closed`, nothing panics
-//!   (a panic hook counts panics in every thread, the committer's and sled's included) and
-//!   nothing hangs;
+//! - every failure reaches the caller typed: `Error::Storage` for the calls that hit it,
+//!   `Error::PreviousFailure` carrying that same source for every call after the store stopped,
+//!   or `Error::Closed`; nothing panics (a panic hook counts panics in every thread, the
+//!   committer's and sled's included) and nothing hangs;
 //! - a failed commit is rolled back in memory: its dequeued items are visible again and
 //!   `count()` equals the model after every operation;
 //! - after the reopen the queues hold exactly the state reached by replaying a prefix of the
@@ -32,7 +33,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{mpsc, Mutex, MutexGuard, Once};
+use std::sync::{mpsc, Arc, Mutex, MutexGuard, Once};
 use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
@@ -145,6 +146,55 @@ fn replay<'a>(attempts: impl IntoIterator<Item = &'a Attempt>) -> State {
     state
 }
 
+/// The source an `Error::Storage` or `Error::PreviousFailure` carries.
+type Source = Arc<dyn std::error::Error + Send + Sync + 'static>;
+
+/// What the typed failures of one store so far say: the first storage failure stops the store,
+/// the calls that hit it get `Storage`, every later call `PreviousFailure` with its source.
+#[derive(Debug, Default)]
+struct Sticky {
+    /// The source of the failure that stopped the store, once a call reported one.
+    stopped_by: Option<Source>,
+}
+
+impl Sticky {
+    /// Checks a typed failure (`Storage`, `PreviousFailure` or `Closed`) against the ones seen
+    /// before on the same store.
+    fn check(&mut self, e: &Error) -> Result<(), String> {
+        match (e, &self.stopped_by) {
+            (Error::Storage { source }, None) => {
+                self.stopped_by = Some(source.clone());
+                Ok(())
+            }
+            (Error::Storage { .. }, Some(first)) => Err(format!(
+                "Storage after the store stopped on {first:?}: later calls get PreviousFailure, \
+                 got {e:?}"
+            )),
+            // No call saw the failure itself (compaction, which runs after a group was
+            // answered, hit it): the first caller to hear of it gets `PreviousFailure`.
+            (Error::PreviousFailure { source }, None) => {
+                self.stopped_by = Some(source.clone());
+                Ok(())
+            }
+            (Error::PreviousFailure { source }, Some(first)) if !Arc::ptr_eq(source, first) => {
+                Err(format!(
+                    "PreviousFailure with another source than the failure that stopped the \
+                     store ({first:?}): {e:?}"
+                ))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// A failure a fault may cause: storage, the sticky form of an earlier one, or closed.
+fn is_typed(e: &Error) -> bool {
+    matches!(
+        e,
+        Error::Storage { .. } | Error::PreviousFailure { .. } | Error::Closed
+    )
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Scenario {
     /// The failpoint is armed before a new store is created.
@@ -252,6 +302,8 @@ struct Driver {
     violations: Vec<String>,
     /// Where the first error surfaced, if any did.
     fired: Option<&'static str>,
+    /// The typed failures of the store under test so far.
+    sticky: Sticky,
 }
 
 impl Driver {
@@ -264,6 +316,7 @@ impl Driver {
             durable: 0,
             violations: Vec::new(),
             fired: None,
+            sticky: Sticky::default(),
         }
     }
 
@@ -273,17 +326,26 @@ impl Driver {
 
     /// A store error: typed storage failure (a fault fired) or a violation.
     fn storage_error(&mut self, at: &'static str, e: &Error) {
-        match e {
-            Error::Storage { .. } | Error::Closed => {
-                self.fired.get_or_insert(at);
-            }
-            other => self.violation(format!("{at}: untyped failure {other:?}")),
+        if !is_typed(e) {
+            self.violation(format!("{at}: untyped failure {e:?}"));
+            return;
+        }
+        self.fired.get_or_insert(at);
+        if let Err(v) = self.sticky.check(e) {
+            self.violation(format!("{at}: {v}"));
         }
     }
 
     fn check_counts(&mut self, queues: &[ReliableConcurrentQueue<Item>], at: &str) {
         for (i, q) in queues.iter().enumerate() {
-            let (count, model) = (q.count(), self.visible[i].len() as u64);
+            let count = match q.blocking_count() {
+                Ok(count) => count,
+                Err(e) => {
+                    self.violation(format!("{at}: count of {} failed: {e:?}", QUEUES[i]));
+                    continue;
+                }
+            };
+            let model = self.visible[i].len() as u64;
             if count != model {
                 self.violation(format!(
                     "{at}: count of {} is {count}, model {model}",
@@ -300,7 +362,7 @@ impl Driver {
         tx: &mut reliable_queue::Transaction,
         held: &mut Vec<(usize, u64)>,
     ) -> bool {
-        match queues[q].try_dequeue(tx) {
+        match queues[q].blocking_try_dequeue(tx) {
             Ok(Some(item)) => {
                 if !item.is_intact() {
                     self.violation(format!("dequeued a damaged item {}", item.id));
@@ -370,16 +432,16 @@ impl Driver {
         }
         if attempt.enq.is_empty() && attempt.deq.is_empty() {
             // Nothing to commit: `commit` returns at once without the log.
-            tx.commit().expect("an empty commit");
+            tx.blocking_commit().expect("an empty commit");
             return true;
         }
         if self.rng.gen_ratio(1, 8) {
-            tx.abort();
+            tx.blocking_abort().expect("abort");
             self.give_back(&attempt);
             self.check_counts(queues, "after abort");
             return true;
         }
-        let result = tx.commit();
+        let result = tx.blocking_commit();
         let ok = result.is_ok();
         match result {
             Ok(()) => {
@@ -417,7 +479,7 @@ impl Driver {
     }
 
     fn flush(&mut self, store: &Store, buffered: bool) {
-        match store.flush() {
+        match store.blocking_flush() {
             Ok(()) => {
                 if buffered {
                     self.durable = self.history.len();
@@ -480,7 +542,7 @@ impl Driver {
 fn open_queues(store: &Store) -> Result<Vec<ReliableConcurrentQueue<Item>>, Error> {
     QUEUES
         .iter()
-        .map(|name| store.queue::<Item>(name))
+        .map(|name| store.blocking_queue::<Item>(name))
         .collect()
 }
 
@@ -525,7 +587,7 @@ fn prepare_open(
                     .expect("enqueue");
                 attempt.enq.push((q, id));
             }
-            tx.commit().expect("commit during preparation");
+            tx.blocking_commit().expect("commit during preparation");
             for &(q, id) in &attempt.enq {
                 driver.visible[q].insert(id);
             }
@@ -541,7 +603,7 @@ fn prepare_open(
             queues[0]
                 .enqueue(&mut tx, Item::with_len(id, CHURN.small))
                 .expect("enqueue");
-            tx.commit().expect("commit during preparation");
+            tx.blocking_commit().expect("commit during preparation");
             driver.history.push(Attempt {
                 enq: vec![(0, id)],
                 deq: Vec::new(),
@@ -552,7 +614,7 @@ fn prepare_open(
             let mut tx = store.begin();
             let mut deq = Vec::new();
             while deq.len() < 4 {
-                match queues[0].try_dequeue(&mut tx).expect("dequeue") {
+                match queues[0].blocking_try_dequeue(&mut tx).expect("dequeue") {
                     Some(item) => deq.push((0, item.id)),
                     None => break,
                 }
@@ -560,7 +622,7 @@ fn prepare_open(
             if deq.is_empty() {
                 break;
             }
-            tx.commit().expect("commit during preparation");
+            tx.blocking_commit().expect("commit during preparation");
             driver.history.push(Attempt {
                 enq: Vec::new(),
                 deq,
@@ -572,7 +634,7 @@ fn prepare_open(
             driver.transaction(store, queues, MIXED);
         }
     }
-    store.flush().expect("flush during preparation");
+    store.blocking_flush().expect("flush during preparation");
     driver.durable = driver.history.len();
     if !driver.violations.is_empty() || driver.history.iter().any(|a| !a.ok) {
         panic!("preparation failed without faults: {:?}", driver.violations);
@@ -662,7 +724,7 @@ fn run(scenario: Scenario, point: Option<&'static str>, hit: u32, seed: u64) -> 
         _ => {}
     }
     for name in QUEUES {
-        if let Err(e) = store.unfence(name) {
+        if let Err(e) = store.blocking_unfence(name) {
             d.violation(format!("unfence after reopen: {e:?}"));
         }
     }
@@ -694,13 +756,14 @@ fn run(scenario: Scenario, point: Option<&'static str>, hit: u32, seed: u64) -> 
                 ));
             }
         }
-        if q.count() != items.len() as u64 {
-            d.violation(format!(
-                "count of {} after reopen is {}, {} visible",
+        match q.blocking_count() {
+            Ok(count) if count == items.len() as u64 => {}
+            Ok(count) => d.violation(format!(
+                "count of {} after reopen is {count}, {} visible",
                 QUEUES[i],
-                q.count(),
                 items.len()
-            ));
+            )),
+            Err(e) => d.violation(format!("count of {} after reopen: {e:?}", QUEUES[i])),
         }
     }
     d.check_recovered(&found, scenario.buffered());
@@ -734,10 +797,10 @@ fn armed_phase(
             };
             let mut queues = Vec::new();
             for name in QUEUES {
-                let q = match store.queue::<Item>(name) {
-                    Err(Error::Corrupted { .. }) if scenario == Scenario::RecoveryBadRecord => {
-                        match store.unfence(name) {
-                            Ok(()) => store.queue::<Item>(name),
+                let q = match store.blocking_queue::<Item>(name) {
+                    Err(Error::Fenced { .. }) if scenario == Scenario::RecoveryBadRecord => {
+                        match store.blocking_unfence(name) {
+                            Ok(()) => store.blocking_queue::<Item>(name),
                             Err(e) => Err(e),
                         }
                     }
@@ -822,6 +885,8 @@ struct WorkerLog {
     attempts: Vec<Attempt>,
     violations: Vec<String>,
     fired: Option<&'static str>,
+    /// The typed failures this worker saw.
+    sticky: Sticky,
 }
 
 /// One worker: random transactions on the shared queues, its own ids, its own log.
@@ -844,7 +909,7 @@ fn worker(store: &Store, queues: &[ReliableConcurrentQueue<Item>], w: u64, seed:
         }
         for _ in 0..rng.gen_range(0..=3) {
             let q = rng.gen_range(0..2);
-            match queues[q].try_dequeue(&mut tx) {
+            match queues[q].blocking_try_dequeue(&mut tx) {
                 Ok(Some(item)) => {
                     if !item.is_intact() {
                         log.violations
@@ -859,11 +924,14 @@ fn worker(store: &Store, queues: &[ReliableConcurrentQueue<Item>], w: u64, seed:
         if attempt.enq.is_empty() && attempt.deq.is_empty() {
             continue;
         }
-        match tx.commit() {
+        match tx.blocking_commit() {
             Ok(()) => attempt.ok = true,
-            Err(Error::Storage { .. } | Error::Closed) => {
+            Err(e) if is_typed(&e) => {
                 log.fired.get_or_insert("commit");
                 failures += 1;
+                if let Err(v) = log.sticky.check(&e) {
+                    log.violations.push(format!("commit: {v}"));
+                }
             }
             Err(e) => log
                 .violations
@@ -898,7 +966,7 @@ fn run_concurrent(point: Option<&'static str>, hit: u32, seed: u64) -> Outcome {
             .expect("enqueue");
         prep.enq.push((q, id));
     }
-    tx.commit().expect("commit during preparation");
+    tx.blocking_commit().expect("commit during preparation");
 
     if let Some(point) = point {
         sled::fail::set(point, 1 << hit);
@@ -926,12 +994,25 @@ fn run_concurrent(point: Option<&'static str>, hit: u32, seed: u64) -> Outcome {
             .collect()
     });
     let mut fired = logs.iter().find_map(|l| l.fired);
-    if let Err(e) = store.flush() {
-        match e {
-            Error::Storage { .. } | Error::Closed => {
-                fired.get_or_insert("flush");
+    // Every worker heard of the one failure that stopped the store, if any did.
+    let mut sticky = Sticky::default();
+    for source in logs.iter().filter_map(|l| l.sticky.stopped_by.as_ref()) {
+        match &sticky.stopped_by {
+            None => sticky.stopped_by = Some(source.clone()),
+            Some(first) if !Arc::ptr_eq(first, source) => violations.push(format!(
+                "workers were told of different failures: {first:?} and {source:?}"
+            )),
+            Some(_) => {}
+        }
+    }
+    if let Err(e) = store.blocking_flush() {
+        if is_typed(&e) {
+            fired.get_or_insert("flush");
+            if let Err(v) = sticky.check(&e) {
+                violations.push(format!("flush: {v}"));
             }
-            other => violations.push(format!("flush: untyped failure {other:?}")),
+        } else {
+            violations.push(format!("flush: untyped failure {e:?}"));
         }
     }
     sled::fail::reset();
@@ -1142,12 +1223,12 @@ fn a_snapshot_cut_short_does_not_make_the_store_unopenable() {
     let (_guard, path) = temp_dir();
     {
         let store = Store::open(&path).unwrap();
-        let q = store.queue::<u64>("q").unwrap();
+        let q = store.blocking_queue::<u64>("q").unwrap();
         let mut tx = store.begin();
         for i in 0..100 {
             q.enqueue(&mut tx, i).unwrap();
         }
-        tx.commit().unwrap();
+        tx.blocking_commit().unwrap();
     }
     // sled writes a snapshot when it opens a non-empty log.
     drop(Store::open(&path).unwrap());
@@ -1165,7 +1246,7 @@ fn a_snapshot_cut_short_does_not_make_the_store_unopenable() {
     std::fs::write(&torn, &bytes[..bytes.len() / 2]).unwrap();
 
     let store = Store::open(&path).expect("open with a torn snapshot file");
-    let q = store.queue::<u64>("q").unwrap();
+    let q = store.blocking_queue::<u64>("q").unwrap();
     assert_eq!(common::drain(&store, &q), (0..100).collect::<Vec<_>>());
 }
 
@@ -1252,7 +1333,7 @@ struct Filled {
 /// closes the store. Every step must return: a run that does not is reported by its caller.
 fn fill_the_disk(path: &Path, records: Records) -> Filled {
     let store = Store::open(path).expect("open on the tmpfs");
-    let q = store.queue::<Item>("a").expect("queue");
+    let q = store.blocking_queue::<Item>("a").expect("queue");
     let mut filled = Filled::default();
     let mut next_id = 0;
     let mut failure = None;
@@ -1272,7 +1353,7 @@ fn fill_the_disk(path: &Path, records: Records) -> Filled {
             filled.attempted.insert(id);
             ids.push(id);
         }
-        match tx.commit() {
+        match tx.blocking_commit() {
             Ok(()) => filled.acknowledged.extend(ids),
             Err(e) => {
                 failure = Some(e);
@@ -1285,33 +1366,57 @@ fn fill_the_disk(path: &Path, records: Records) -> Filled {
         matches!(failure, Error::Storage { .. }) && is_disk_full(&failure),
         "expected a storage error caused by ENOSPC, got {failure:?}"
     );
-    let count = q.count();
+    let Error::Storage { source: stopped_by } = &failure else {
+        unreachable!("checked above");
+    };
+    // Every later call that needs the log hears of that failure, as `PreviousFailure`.
+    let is_sticky = |e: &Error| match e {
+        Error::PreviousFailure { source } => Arc::ptr_eq(source, stopped_by),
+        _ => false,
+    };
+    let count = q.blocking_count().expect("count");
     assert_eq!(count, filled.acknowledged.len() as u64);
 
     // A transaction holding items when its commit fails gives them back.
     let mut tx = store.begin();
     for _ in 0..3 {
-        q.try_dequeue(&mut tx).expect("dequeue").expect("an item");
+        q.blocking_try_dequeue(&mut tx)
+            .expect("dequeue")
+            .expect("an item");
     }
-    assert_eq!(q.count(), count - 3);
-    let e = tx.commit().expect_err("the store is full and stopped");
+    assert_eq!(q.blocking_count().expect("count"), count - 3);
+    let e = tx
+        .blocking_commit()
+        .expect_err("the store is full and stopped");
     assert!(
-        matches!(e, Error::Storage { .. } | Error::Closed),
-        "untyped {e:?}"
+        is_sticky(&e),
+        "expected PreviousFailure with the ENOSPC source, got {e:?}"
     );
     assert_eq!(
-        q.count(),
+        q.blocking_count().expect("count"),
         count,
         "failed commit did not give its items back"
     );
     // Creating a queue writes to the catalog: it must fail, not wait for a disk that is full.
     let e = store
-        .queue::<Item>("created-after-the-failure")
+        .blocking_queue::<Item>("created-after-the-failure")
         .expect_err("the store is full and stopped");
     assert!(
-        matches!(e, Error::Storage { .. } | Error::Closed),
-        "untyped {e:?}"
+        is_sticky(&e),
+        "expected PreviousFailure with the ENOSPC source, got {e:?}"
     );
+    // A queue whose creation failed is not in the catalog: asking again fails again.
+    assert!(
+        !store
+            .queue_names()
+            .iter()
+            .any(|n| n == "created-after-the-failure"),
+        "a queue whose creation failed is listed"
+    );
+    let again = store
+        .blocking_queue::<Item>("created-after-the-failure")
+        .expect_err("still stopped");
+    assert!(is_sticky(&again), "expected PreviousFailure, got {again:?}");
     drop(q);
     // Closing must return, even when sled cannot write what it buffered.
     drop(store);
@@ -1322,7 +1427,7 @@ fn fill_the_disk(path: &Path, records: Records) -> Filled {
 /// there and nothing else, and that it commits again. Returns the items accounted for.
 fn verify_after_disk_full(path: &Path, filled: &Filled) -> usize {
     let store = Store::open(path).expect("reopen after space was freed");
-    let q = store.queue::<Item>("a").expect("queue");
+    let q = store.blocking_queue::<Item>("a").expect("queue");
     let remaining: Vec<u64> = peek_all(&store, &q)
         .into_iter()
         .map(|item| {
@@ -1335,7 +1440,7 @@ fn verify_after_disk_full(path: &Path, filled: &Filled) -> usize {
     let mut tx = store.begin();
     q.enqueue(&mut tx, Item::new(u64::MAX, false))
         .expect("enqueue");
-    tx.commit().expect("commit after space was freed");
+    tx.blocking_commit().expect("commit after space was freed");
     verdict.ok
 }
 

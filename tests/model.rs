@@ -139,7 +139,11 @@ impl Real {
             _ => Store::in_memory().expect("in-memory store"),
         };
         self.queues = (0..QUEUES)
-            .map(|q| store.queue::<u64>(&format!("q{q}")).expect("queue"))
+            .map(|q| {
+                store
+                    .blocking_queue::<u64>(&format!("q{q}"))
+                    .expect("queue")
+            })
             .collect();
         self.store = Some(store);
     }
@@ -178,7 +182,7 @@ fn dequeue(
 ) -> Result<Option<u64>, TestCaseError> {
     let queue = real.queues[q].clone();
     let got = queue
-        .try_dequeue(real.tx(slot))
+        .blocking_try_dequeue(real.tx(slot))
         .map_err(|e| fail(step, op, format!("try_dequeue failed: {e:?}")))?;
     model.txs[slot].get_or_insert_with(ModelTx::default);
     match got {
@@ -253,14 +257,14 @@ fn step(real: &mut Real, model: &mut Model, step: usize, op: Op) -> Result<(), T
         }
         Op::Commit(s) => {
             if let Some(tx) = real.txs[s].take() {
-                tx.commit()
+                tx.blocking_commit()
                     .map_err(|e| fail(step, op, format!("commit failed: {e:?}")))?;
             }
             model.commit(s);
         }
         Op::Abort(s) => {
             if let Some(tx) = real.txs[s].take() {
-                tx.abort();
+                tx.blocking_abort().expect("abort");
             }
             model.abort(s);
         }
@@ -277,7 +281,10 @@ fn step(real: &mut Real, model: &mut Model, step: usize, op: Op) -> Result<(), T
 
 fn check_counts(real: &Real, model: &Model, step: usize, op: Op) -> Result<(), TestCaseError> {
     for (q, queue) in real.queues.iter().enumerate() {
-        let (count, expected) = (queue.count(), model.visible[q].len() as u64);
+        let count = queue
+            .blocking_count()
+            .map_err(|e| fail(step, op, format!("count of q{q} failed: {e:?}")))?;
+        let expected = model.visible[q].len() as u64;
         if count != expected {
             return Err(fail(
                 step,

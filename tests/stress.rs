@@ -123,8 +123,8 @@ fn run_round(
                     attempted.extend(&ids);
                     if rng.gen_bool(ABORT) {
                         aborts += 1;
-                        tx.abort();
-                    } else if tx.commit().is_ok() {
+                        tx.blocking_abort().expect("abort");
+                    } else if tx.blocking_commit().is_ok() {
                         acknowledged.extend(ids);
                     }
                 }
@@ -161,7 +161,7 @@ fn run_round(
                     let mut taken = vec![first];
                     let want = rng.gen_range(1..=8);
                     while taken.len() < want {
-                        match queue.try_dequeue(&mut tx).unwrap() {
+                        match queue.blocking_try_dequeue(&mut tx).unwrap() {
                             Some(id) => taken.push(id),
                             None => break,
                         }
@@ -169,11 +169,11 @@ fn run_round(
                     if rng.gen_bool(ABORT) {
                         aborts += 1;
                         if rng.gen_bool(0.5) {
-                            tx.abort();
+                            tx.blocking_abort().expect("abort");
                         } else {
                             drop(tx);
                         }
-                    } else if tx.commit().is_ok() {
+                    } else if tx.blocking_commit().is_ok() {
                         consumed.extend(taken);
                     }
                 }
@@ -197,20 +197,24 @@ fn run_round(
 
 /// Checks that the idle queue's count is exact, drains it, and checks the history.
 fn finish(store: &Store, queue: &ReliableConcurrentQueue<u64>, history: &History) {
-    let idle_count = queue.count();
+    let idle_count = queue.blocking_count().unwrap();
     let remaining = drain(store, queue);
     assert_eq!(
         idle_count,
         remaining.len() as u64,
         "count() of an idle queue"
     );
-    assert_eq!(queue.count(), 0, "count() after the drain");
+    assert_eq!(
+        queue.blocking_count().unwrap(),
+        0,
+        "count() after the drain"
+    );
     history.check(&remaining);
 }
 
 fn stress(store: &Store, items_per_producer: u64) {
     let start = Instant::now();
-    let queue = store.queue::<u64>("stress").unwrap();
+    let queue = store.blocking_queue::<u64>("stress").unwrap();
     let mut history = History::default();
     run_round(
         store,
@@ -250,9 +254,13 @@ fn stress_with_restarts(path: &Path, open: impl Fn(&Path) -> Store, items_per_pr
     let mut left_at_close = None;
     for round in 0..3 {
         let store = open(path);
-        let queue = store.queue::<u64>("stress").unwrap();
+        let queue = store.blocking_queue::<u64>("stress").unwrap();
         if let Some(left) = left_at_close {
-            assert_eq!(queue.count(), left, "round {round}: items after reopen");
+            assert_eq!(
+                queue.blocking_count().unwrap(),
+                left,
+                "round {round}: items after reopen"
+            );
         }
         run_round(
             &store,
@@ -270,9 +278,9 @@ fn stress_with_restarts(path: &Path, open: impl Fn(&Path) -> Store, items_per_pr
             queue.enqueue(&mut tx, id).unwrap();
         }
         history.attempted.extend(&tail);
-        tx.commit().unwrap();
+        tx.blocking_commit().unwrap();
         history.acknowledged.extend(tail);
-        let left = queue.count();
+        let left = queue.blocking_count().unwrap();
         assert!(
             left >= 50,
             "round {round} leaves a backlog across the restart"
@@ -280,8 +288,8 @@ fn stress_with_restarts(path: &Path, open: impl Fn(&Path) -> Store, items_per_pr
         left_at_close = Some(left);
     }
     let store = open(path);
-    let queue = store.queue::<u64>("stress").unwrap();
-    assert_eq!(Some(queue.count()), left_at_close);
+    let queue = store.blocking_queue::<u64>("stress").unwrap();
+    assert_eq!(Some(queue.blocking_count().unwrap()), left_at_close);
     finish(&store, &queue, &history);
     eprintln!(
         "{} acknowledged, {} consumed in {:?} with restarts",
@@ -318,8 +326,8 @@ fn concurrent_producers_and_consumers_across_restarts_with_compaction() {
 fn concurrent_moves_between_queues_are_atomic() {
     let (_guard, path) = temp_dir();
     let store = Store::open(&path).unwrap();
-    let inbox = store.queue::<u64>("in").unwrap();
-    let outbox = store.queue::<u64>("out").unwrap();
+    let inbox = store.blocking_queue::<u64>("in").unwrap();
+    let outbox = store.blocking_queue::<u64>("out").unwrap();
     let seed = base_seed().wrapping_add(7_000);
     eprintln!("moves: base seed {seed} (thread seeds seed + index)");
     const ITEMS: u64 = 5000;
@@ -340,8 +348,8 @@ fn concurrent_moves_between_queues_are_atomic() {
                     }
                     attempted.extend(ids);
                     if rng.gen_bool(ABORT) {
-                        tx.abort();
-                    } else if tx.commit().is_ok() {
+                        tx.blocking_abort().expect("abort");
+                    } else if tx.blocking_commit().is_ok() {
                         acknowledged.extend(ids);
                     }
                 }
@@ -370,7 +378,7 @@ fn concurrent_moves_between_queues_are_atomic() {
                     let mut batch = vec![first];
                     let want = rng.gen_range(1..=6);
                     while batch.len() < want {
-                        match inbox.try_dequeue(&mut tx).unwrap() {
+                        match inbox.blocking_try_dequeue(&mut tx).unwrap() {
                             Some(id) => batch.push(id),
                             None => break,
                         }
@@ -379,8 +387,8 @@ fn concurrent_moves_between_queues_are_atomic() {
                         outbox.enqueue(&mut tx, id).unwrap();
                     }
                     if rng.gen_bool(ABORT) {
-                        tx.abort();
-                    } else if tx.commit().is_ok() {
+                        tx.blocking_abort().expect("abort");
+                    } else if tx.blocking_commit().is_ok() {
                         moved += batch.len();
                     }
                 }
@@ -400,9 +408,9 @@ fn concurrent_moves_between_queues_are_atomic() {
 
     // Everything acknowledged is in exactly one of the two queues, after a restart too.
     let store = Store::open(&path).unwrap();
-    let inbox = store.queue::<u64>("in").unwrap();
-    let outbox = store.queue::<u64>("out").unwrap();
-    let out_count = outbox.count();
+    let inbox = store.blocking_queue::<u64>("in").unwrap();
+    let outbox = store.blocking_queue::<u64>("out").unwrap();
+    let out_count = outbox.blocking_count().unwrap();
     let in_remaining = drain(&store, &inbox);
     let out_remaining = drain(&store, &outbox);
     assert_eq!(out_remaining.len(), moved, "every committed move, once");

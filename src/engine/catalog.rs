@@ -124,6 +124,15 @@ impl Catalog {
         Ok((core, Some(recorded)))
     }
 
+    /// Takes back queue `name` (id `id`) when its creation could not be recorded. Its id is
+    /// not given out again.
+    pub(crate) fn forget(&self, name: &str, id: QueueId) {
+        let mut inner = self.0.lock();
+        if inner.queues.get(name).is_some_and(|q| q.id() == id) {
+            inner.queues.remove(name);
+        }
+    }
+
     /// The id of queue `name`, if it exists.
     pub(crate) fn id_of(&self, name: &str) -> Option<QueueId> {
         self.0.lock().queues.get(name).map(|q| q.id())

@@ -98,6 +98,12 @@ impl Workload {
         }
     }
 
+    fn count(&self, queue: Queue) -> Result<u64, String> {
+        self.queue(queue)
+            .blocking_count()
+            .map_err(|e| e.to_string())
+    }
+
     fn fresh_id(&self) -> u64 {
         self.next_id.fetch_add(1, Ordering::Relaxed)
     }
@@ -106,7 +112,7 @@ impl Workload {
     fn commit(&self, tx: Transaction, ops: &[Op]) -> Step {
         let n = self.next_tx.fetch_add(1, Ordering::Relaxed);
         report(&format!("i|{n}|{}", format_ops(ops)));
-        tx.commit()
+        tx.blocking_commit()
             .map_err(|e| format!("commit of transaction {n} failed: {e}"))?;
         report(&format!("a|{n}"));
         Ok(())
@@ -115,12 +121,12 @@ impl Workload {
     /// Commits, or (one time in ten) aborts without a word.
     fn finish(&self, tx: Transaction, ops: &[Op], rng: &mut StdRng) -> Step {
         if ops.is_empty() {
-            tx.abort();
+            tx.blocking_abort().map_err(|e| e.to_string())?;
             return Ok(());
         }
         if rng.gen_ratio(1, 10) {
             if rng.gen() {
-                tx.abort();
+                tx.blocking_abort().map_err(|e| e.to_string())?;
             } else {
                 drop(tx);
             }
@@ -133,7 +139,7 @@ impl Workload {
         let n = self.next_flush.fetch_add(1, Ordering::Relaxed);
         report(&format!("fs|{n}"));
         self.store
-            .flush()
+            .blocking_flush()
             .map_err(|e| format!("flush {n} failed: {e}"))?;
         report(&format!("fd|{n}"));
         Ok(())
@@ -151,7 +157,7 @@ impl Workload {
     }
 
     fn produce(&self, rng: &mut StdRng) -> Step {
-        if self.a.count() + self.b.count() > BACKLOG_LIMIT {
+        if self.count(Queue::A)? + self.count(Queue::B)? > BACKLOG_LIMIT {
             // Consumers fall behind when commits are cheap (Buffered): help them.
             return self.consume(rng);
         }
@@ -177,11 +183,11 @@ impl Workload {
 
     /// Dequeues a batch from both queues, sized to keep the backlog near a thousand items.
     fn consume(&self, rng: &mut StdRng) -> Step {
-        let backlog = self.a.count() + self.b.count();
+        let backlog = self.count(Queue::A)? + self.count(Queue::B)?;
         let want = (backlog / 100).clamp(1, 12) as usize;
         let mut tx = self.store.begin();
         let mut ops = Vec::new();
-        let first = if self.b.count() > 0 && rng.gen() {
+        let first = if self.count(Queue::B)? > 0 && rng.gen() {
             Queue::B
         } else {
             Queue::A
@@ -198,7 +204,7 @@ impl Workload {
             let queue = if rng.gen() { Queue::A } else { Queue::B };
             match self
                 .queue(queue)
-                .try_dequeue(&mut tx)
+                .blocking_try_dequeue(&mut tx)
                 .map_err(|e| e.to_string())?
             {
                 Some((id, _)) => ops.push(Op::Dequeue(queue, id)),
@@ -229,7 +235,11 @@ impl Workload {
         items.push(item);
         let want = rng.gen_range(1..=3);
         while items.len() < want {
-            match self.a.try_dequeue(&mut tx).map_err(|e| e.to_string())? {
+            match self
+                .a
+                .blocking_try_dequeue(&mut tx)
+                .map_err(|e| e.to_string())?
+            {
                 Some(item) => items.push(item),
                 None => break,
             }
@@ -249,8 +259,8 @@ impl Workload {
 pub(crate) fn run(durability: Durability, config: ChildConfig) {
     report("o");
     let opened = crate::open_store(&config.path, durability).and_then(|store| {
-        let a = store.queue::<Item>("a")?;
-        let b = store.queue::<Item>("b")?;
+        let a = store.blocking_queue::<Item>("a")?;
+        let b = store.blocking_queue::<Item>("b")?;
         Ok((store, a, b))
     });
     let (store, a, b) = match opened {

@@ -201,6 +201,7 @@ impl Committer {
             }
             if !after.flushes.is_empty() {
                 let flushed = self.flush();
+                let flushed = self.sticky(flushed);
                 for reply in after.flushes.drain(..) {
                     drop(reply.send(flushed.clone()));
                 }
@@ -229,8 +230,9 @@ impl Committer {
 
     /// The final flush, then sled closed and the directory released; then `reply` gets the
     /// flush's outcome and whatever is still in the channel is refused.
-    fn close(self, reply: Option<Reply>) {
+    fn close(mut self, reply: Option<Reply>) {
         let flushed = self.flush();
+        let flushed = self.sticky(flushed);
         if let Err(e) = &flushed {
             if reply.is_none() {
                 tracing::error!(error = %e, "final flush of the store failed");
@@ -283,6 +285,14 @@ impl Committer {
         } else {
             Ok(None)
         }
+    }
+
+    /// Passes `result` on; a storage failure in it stops the store.
+    fn sticky<T>(&mut self, result: Result<T>) -> Result<T> {
+        if let Err(e @ Error::Storage { .. }) = &result {
+            self.stop(e);
+        }
+        result
     }
 
     /// Stops writing after a storage failure.

@@ -130,7 +130,10 @@ impl Sled {
             Ok(rx)
         })?;
         if let Some(rx) = created {
-            answer(rx).await?;
+            if let Err(e) = answer(rx).await {
+                self.catalog.forget(name, core.id());
+                return Err(e);
+            }
         }
         Ok(core)
     }
