@@ -2,7 +2,8 @@
 //!
 //! These tests pass by compiling: each `require_*` call fails the build if a type loses an
 //! auto trait it promises. The one runtime test builds real values so the checks also cover
-//! the futures returned by `dequeue` and `commit_async` as the compiler infers them.
+//! the futures returned by the async calls (`queue`, `try_dequeue`, `dequeue`, `count`,
+//! `commit`, `abort`, `flush`, `unfence`, `close`) as the compiler infers them.
 
 use std::future::Future;
 
@@ -56,13 +57,23 @@ where
     require_send_future(&dequeue);
     require_unpin(&dequeue);
     drop(dequeue);
-    require_send_future(&tx.commit_async());
+    {
+        let try_dequeue = queue.try_dequeue(&mut tx);
+        require_send_future(&try_dequeue);
+    }
+    require_send_future(&queue.count());
+    require_send_future(&store.queue::<T>("other"));
+    require_send_future(&store.flush());
+    require_send_future(&store.unfence("other"));
+    require_send_future(&store.clone().close());
+    require_send_future(&store.begin().abort());
+    require_send_future(&tx.commit());
 }
 
 #[test]
 fn handles_and_futures_are_send() {
     let store = Store::in_memory().expect("in-memory store");
-    let queue = store.queue::<String>("q").expect("open the queue");
+    let queue = store.blocking_queue::<String>("q").expect("open the queue");
     let builder = Store::builder();
     let error = Error::Closed;
 
@@ -86,8 +97,37 @@ fn handles_and_futures_are_send() {
         require_send_future(&dequeue);
         require_unpin(&dequeue);
     }
-    let commit = tx.commit_async();
+    {
+        let try_dequeue = queue.try_dequeue(&mut tx);
+        require_send_future(&try_dequeue);
+    }
+    // None of these futures is polled: creating them does nothing, dropping them is safe.
+    let count = queue.count();
+    require_send_future(&count);
+    drop(count);
+    let open = store.queue::<u64>("other");
+    require_send_future(&open);
+    drop(open);
+    let flush = store.flush();
+    require_send_future(&flush);
+    drop(flush);
+    let unfence = store.unfence("q");
+    require_send_future(&unfence);
+    drop(unfence);
+    let close = store.clone().close();
+    require_send_future(&close);
+    require_static(&close);
+    // Never polled: the store stays open.
+    drop(close);
+    let abort = store.begin().abort();
+    require_send_future(&abort);
+    drop(abort);
+    let commit = tx.commit();
     require_send_future(&commit);
+    require_static(&commit);
     // Never polled: dropping it aborts the (empty) transaction.
     drop(commit);
+    // The unpolled futures changed nothing: the store is open, the queue was not created.
+    assert_eq!(store.queue_names(), ["q"]);
+    assert_eq!(queue.blocking_count().expect("count"), 0);
 }

@@ -77,7 +77,7 @@ fn enqueue_seqs(store: &Store, queue: &ReliableConcurrentQueue<Item>, seqs: std:
     for seq in seqs {
         queue.enqueue(&mut tx, Item::new(seq)).unwrap();
     }
-    tx.commit().unwrap();
+    tx.blocking_commit().unwrap();
 }
 
 /// Moves `rounds` transactions' worth of items through `queue`: each transaction dequeues
@@ -94,7 +94,10 @@ fn churn(
         let mut tx = store.begin();
         let mut taken = Vec::new();
         for _ in 0..PER_TX {
-            let item = queue.try_dequeue(&mut tx).unwrap().expect("the backlog");
+            let item = queue
+                .blocking_try_dequeue(&mut tx)
+                .unwrap()
+                .expect("the backlog");
             assert_eq!(item, Item::new(item.seq), "item intact");
             taken.push(item.seq);
         }
@@ -102,7 +105,7 @@ fn churn(
             queue.enqueue(&mut tx, Item::new(*next)).unwrap();
             *next += 1;
         }
-        tx.commit().unwrap();
+        tx.blocking_commit().unwrap();
         consumed.extend(taken);
     }
 }
@@ -137,11 +140,11 @@ fn log_stays_proportional_to_the_backlog() {
     let mut next;
     {
         let store = open(&path);
-        let queue = store.queue::<Item>("churn").unwrap();
+        let queue = store.blocking_queue::<Item>("churn").unwrap();
         enqueue_seqs(&store, &queue, 0..BACKLOG);
         next = BACKLOG;
         churn(&store, &queue, &mut next, CHURN / PER_TX, &mut consumed);
-        assert_eq!(queue.count(), BACKLOG);
+        assert_eq!(queue.blocking_count().unwrap(), BACKLOG);
     }
     let (_, log_bytes, db) = raw_log(&path);
     drop(db);
@@ -157,7 +160,7 @@ fn log_stays_proportional_to_the_backlog() {
     );
 
     let store = open(&path);
-    let queue = store.queue::<Item>("churn").unwrap();
+    let queue = store.blocking_queue::<Item>("churn").unwrap();
     assert_exactly_once(next, &consumed, &seqs(drain(&store, &queue)));
 }
 
@@ -172,26 +175,32 @@ fn long_lived_items_are_rewritten_and_survive_restart_once() {
     {
         let store = open(&path);
         // Items nobody dequeues, in a queue of their own...
-        let keep = store.queue::<String>("keep").unwrap();
+        let keep = store.blocking_queue::<String>("keep").unwrap();
         let mut tx = store.begin();
         for i in 0..KEPT {
             keep.enqueue(&mut tx, format!("kept-{i}")).unwrap();
         }
-        tx.commit().unwrap();
+        tx.blocking_commit().unwrap();
         // ...and items held by a transaction open for the whole churn.
-        let queue = store.queue::<Item>("churn").unwrap();
+        let queue = store.blocking_queue::<Item>("churn").unwrap();
         enqueue_seqs(&store, &queue, 0..BACKLOG + HELD);
         setup_groups = 2;
         next = BACKLOG + HELD;
         let mut holder: Transaction = store.begin();
         let held: Vec<u64> = (0..HELD)
-            .map(|_| queue.try_dequeue(&mut holder).unwrap().unwrap().seq)
+            .map(|_| {
+                queue
+                    .blocking_try_dequeue(&mut holder)
+                    .unwrap()
+                    .unwrap()
+                    .seq
+            })
             .collect();
 
         churn(&store, &queue, &mut next, CHURN / PER_TX, &mut consumed);
-        assert_eq!(queue.count(), BACKLOG);
-        holder.abort();
-        assert_eq!(queue.count(), BACKLOG + HELD);
+        assert_eq!(queue.blocking_count().unwrap(), BACKLOG);
+        holder.blocking_abort().expect("abort");
+        assert_eq!(queue.blocking_count().unwrap(), BACKLOG + HELD);
         let visible = seqs(peek_all(&store, &queue));
         assert_eq!(
             &visible[..HELD as usize],
@@ -226,8 +235,8 @@ fn long_lived_items_are_rewritten_and_survive_restart_once() {
 
     for _ in 0..2 {
         let store = open(&path);
-        let keep = store.queue::<String>("keep").unwrap();
-        let queue = store.queue::<Item>("churn").unwrap();
+        let keep = store.blocking_queue::<String>("keep").unwrap();
+        let queue = store.blocking_queue::<Item>("churn").unwrap();
         assert_eq!(peek_all(&store, &keep), ["kept-0", "kept-1", "kept-2"]);
         assert_exactly_once(next, &consumed, &seqs(peek_all(&store, &queue)));
     }
@@ -241,23 +250,23 @@ fn compacted_log_recovers_across_repeated_restarts() {
     let mut next;
     {
         let store = open(&path);
-        let keep = store.queue::<String>("keep").unwrap();
+        let keep = store.blocking_queue::<String>("keep").unwrap();
         let mut tx = store.begin();
         for i in 0..KEPT {
             keep.enqueue(&mut tx, format!("kept-{i}")).unwrap();
         }
-        tx.commit().unwrap();
-        let queue = store.queue::<Item>("churn").unwrap();
+        tx.blocking_commit().unwrap();
+        let queue = store.blocking_queue::<Item>("churn").unwrap();
         enqueue_seqs(&store, &queue, 0..BACKLOG);
         next = BACKLOG;
     }
     // Each leg churns past the floor, so every restart replays rewritten groups.
     for leg in 0..4 {
         let store = open(&path);
-        let keep = store.queue::<String>("keep").unwrap();
-        assert_eq!(keep.count(), KEPT, "leg {leg}");
-        let queue = store.queue::<Item>("churn").unwrap();
-        assert_eq!(queue.count(), BACKLOG, "leg {leg}");
+        let keep = store.blocking_queue::<String>("keep").unwrap();
+        assert_eq!(keep.blocking_count().unwrap(), KEPT, "leg {leg}");
+        let queue = store.blocking_queue::<Item>("churn").unwrap();
+        assert_eq!(queue.blocking_count().unwrap(), BACKLOG, "leg {leg}");
         churn(&store, &queue, &mut next, CHURN / PER_TX / 4, &mut consumed);
         assert_exactly_once(next, &consumed, &seqs(peek_all(&store, &queue)));
         drop((keep, queue, store));
@@ -267,11 +276,11 @@ fn compacted_log_recovers_across_repeated_restarts() {
         assert!(log_bytes <= bound, "leg {leg}: {log_bytes} > {bound}");
     }
     let store = open(&path);
-    let keep = store.queue::<String>("keep").unwrap();
+    let keep = store.blocking_queue::<String>("keep").unwrap();
     assert_eq!(
         drain(&store, &keep),
         (0..KEPT).map(|i| format!("kept-{i}")).collect::<Vec<_>>()
     );
-    let queue = store.queue::<Item>("churn").unwrap();
+    let queue = store.blocking_queue::<Item>("churn").unwrap();
     assert_exactly_once(next, &consumed, &seqs(drain(&store, &queue)));
 }

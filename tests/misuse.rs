@@ -26,12 +26,12 @@ fn assert_wrong_store<T: std::fmt::Debug>(result: reliable_queue::Result<T>, que
 /// Two stores, each with a queue `jobs` holding `a1, a2` and `b1, b2`.
 fn two_stores(first: Store, second: Store) -> [(Store, ReliableConcurrentQueue<String>); 2] {
     [(first, "a"), (second, "b")].map(|(store, prefix)| {
-        let q = store.queue::<String>("jobs").expect("queue");
+        let q = store.blocking_queue::<String>("jobs").expect("queue");
         let mut tx = store.begin();
         for i in 1..=2 {
             q.enqueue(&mut tx, format!("{prefix}{i}")).expect("enqueue");
         }
-        tx.commit().expect("commit");
+        tx.blocking_commit().expect("commit");
         (store, q)
     })
 }
@@ -40,12 +40,15 @@ fn wrong_store_is_refused_and_loses_nothing(first: Store, second: Store) {
     let [(a, qa), (b, qb)] = two_stores(first, second);
     let mut tx = a.begin();
     // Work of `a` already in the transaction must survive the misuse.
-    assert_eq!(qa.try_dequeue(&mut tx).unwrap().as_deref(), Some("a1"));
-    qa.enqueue(&mut tx, "a3".into()).unwrap();
+    assert_eq!(
+        qa.blocking_try_dequeue(&mut tx).unwrap().as_deref(),
+        Some("a1")
+    );
+    qa.enqueue(&mut tx, "a3".to_owned()).unwrap();
 
     // Same queue name, other store: every operation is refused, nothing is taken or added.
-    assert_wrong_store(qb.enqueue(&mut tx, "smuggled".into()), "jobs");
-    assert_wrong_store(qb.try_dequeue(&mut tx), "jobs");
+    assert_wrong_store(qb.enqueue(&mut tx, "smuggled".to_owned()), "jobs");
+    assert_wrong_store(qb.blocking_try_dequeue(&mut tx), "jobs");
     assert_wrong_store(
         qb.blocking_dequeue_timeout(&mut tx, Duration::from_millis(1)),
         "jobs",
@@ -58,10 +61,13 @@ fn wrong_store_is_refused_and_loses_nothing(first: Store, second: Store) {
     // An item is visible in `b`, but the refusal comes first, without waiting.
     assert_wrong_store(runtime.block_on(qb.dequeue(&mut tx)), "jobs");
     assert_eq!((tx.enqueued(), tx.dequeued()), (1, 1));
-    assert_eq!((qa.count(), qb.count()), (1, 2));
+    assert_eq!(
+        (qa.blocking_count().unwrap(), qb.blocking_count().unwrap()),
+        (1, 2)
+    );
     assert_eq!(qb.waiters(), 0, "a refused dequeue left a waiter behind");
 
-    tx.commit().unwrap();
+    tx.blocking_commit().unwrap();
     assert_eq!(drain(&a, &qa), ["a2", "a3"]);
     assert_eq!(drain(&b, &qb), ["b1", "b2"]);
 }
@@ -88,7 +94,14 @@ fn transaction_of_another_store_is_refused_on_disk_and_across_backends() {
     // After a reopen, nothing but what was drained ever reached either log.
     for path in [&p1, &p2] {
         let store = Store::open(path).unwrap();
-        assert_eq!(store.queue::<String>("jobs").unwrap().count(), 0);
+        assert_eq!(
+            store
+                .blocking_queue::<String>("jobs")
+                .unwrap()
+                .blocking_count()
+                .unwrap(),
+            0
+        );
     }
 }
 
@@ -96,17 +109,17 @@ fn transaction_of_another_store_is_refused_on_disk_and_across_backends() {
 fn queue_and_transaction_handles_keep_their_store_open() {
     let (_guard, path) = temp_dir();
     let store = Store::open(&path).unwrap();
-    let q = store.queue::<u32>("q").unwrap();
+    let q = store.blocking_queue::<u32>("q").unwrap();
     let mut tx = store.begin();
     drop(store);
     // The handles keep the store, and so its directory, in use.
     assert!(matches!(Store::open(&path), Err(Error::AlreadyOpen { .. })));
     q.enqueue(&mut tx, 1).unwrap();
-    tx.commit().unwrap();
-    assert_eq!(q.count(), 1);
+    tx.blocking_commit().unwrap();
+    assert_eq!(q.blocking_count().unwrap(), 1);
     drop(q);
     let store = Store::open(&path).unwrap();
-    let q = store.queue::<u32>("q").unwrap();
+    let q = store.blocking_queue::<u32>("q").unwrap();
     assert_eq!(drain(&store, &q), [1]);
 }
 
@@ -130,7 +143,7 @@ fn item_limit_is_exact_and_rejections_leave_the_transaction_whole() {
             .open()
             .unwrap(),
     ] {
-        let q = store.queue::<Vec<u8>>("q").unwrap();
+        let q = store.blocking_queue::<Vec<u8>>("q").unwrap();
         let mut tx = store.begin();
         q.enqueue(&mut tx, vec![1; fits])
             .expect("an item of exactly the limit fits");
@@ -145,7 +158,7 @@ fn item_limit_is_exact_and_rejections_leave_the_transaction_whole() {
             other => panic!("expected ItemTooLarge one byte over, got {other:?}"),
         }
         assert_eq!(tx.enqueued(), 1);
-        tx.commit().unwrap();
+        tx.blocking_commit().unwrap();
         assert_eq!(drain(&store, &q), [vec![1; fits]]);
     }
 }
@@ -158,7 +171,7 @@ fn transaction_limit_is_exact() {
         .max_transaction_size(150)
         .open()
         .unwrap();
-    let q = store.queue::<Vec<u8>>("q").unwrap();
+    let q = store.blocking_queue::<Vec<u8>>("q").unwrap();
     let item = vec![7; 50 - encoded_len(0)];
     let mut tx = store.begin();
     for _ in 0..3 {
@@ -168,8 +181,8 @@ fn transaction_limit_is_exact() {
         Err(Error::TransactionTooLarge { size, limit }) => assert_eq!((size, limit), (152, 150)),
         other => panic!("expected TransactionTooLarge, got {other:?}"),
     }
-    tx.commit().unwrap();
-    assert_eq!(q.count(), 3);
+    tx.blocking_commit().unwrap();
+    assert_eq!(q.blocking_count().unwrap(), 3);
 }
 
 #[test]
@@ -177,10 +190,10 @@ fn items_over_a_lowered_limit_survive_a_reopen_and_can_be_dequeued() {
     let (_guard, path) = temp_dir();
     {
         let store = Store::open(&path).unwrap();
-        let q = store.queue::<Vec<u8>>("q").unwrap();
+        let q = store.blocking_queue::<Vec<u8>>("q").unwrap();
         let mut tx = store.begin();
         q.enqueue(&mut tx, vec![9; 10_000]).unwrap();
-        tx.commit().unwrap();
+        tx.blocking_commit().unwrap();
     }
     // The limit applies to new items only: what is already stored is not lost.
     let store = Store::builder()
@@ -188,15 +201,18 @@ fn items_over_a_lowered_limit_survive_a_reopen_and_can_be_dequeued() {
         .max_item_size(100)
         .open()
         .unwrap();
-    let q = store.queue::<Vec<u8>>("q").unwrap();
+    let q = store.blocking_queue::<Vec<u8>>("q").unwrap();
     assert!(matches!(
         q.enqueue(&mut store.begin(), vec![9; 10_000]),
         Err(Error::ItemTooLarge { .. })
     ));
     let mut tx = store.begin();
-    assert_eq!(q.try_dequeue(&mut tx).unwrap(), Some(vec![9; 10_000]));
+    assert_eq!(
+        q.blocking_try_dequeue(&mut tx).unwrap(),
+        Some(vec![9; 10_000])
+    );
     // Giving it back (abort) is not an enqueue: no limit applies.
-    tx.abort();
+    tx.blocking_abort().expect("abort");
     assert_eq!(drain(&store, &q), [vec![9; 10_000]]);
 }
 
@@ -220,8 +236,8 @@ impl Serialize for Order {
 fn failed_serialization_in_the_middle_of_a_move_loses_nothing() {
     let (_guard, path) = temp_dir();
     for store in [Store::in_memory().unwrap(), Store::open(&path).unwrap()] {
-        let inbox = store.queue::<Order>("inbox").unwrap();
-        let outbox = store.queue::<Order>("outbox").unwrap();
+        let inbox = store.blocking_queue::<Order>("inbox").unwrap();
+        let outbox = store.blocking_queue::<Order>("outbox").unwrap();
         let mut tx = store.begin();
         inbox
             .enqueue(
@@ -232,10 +248,13 @@ fn failed_serialization_in_the_middle_of_a_move_loses_nothing() {
                 },
             )
             .unwrap();
-        tx.commit().unwrap();
+        tx.blocking_commit().unwrap();
 
         let mut tx = store.begin();
-        let mut order = inbox.try_dequeue(&mut tx).unwrap().expect("the order");
+        let mut order = inbox
+            .blocking_try_dequeue(&mut tx)
+            .unwrap()
+            .expect("the order");
         order.poisoned = true;
         match outbox.enqueue(&mut tx, order.clone()) {
             Err(Error::Serialize { queue, .. }) => assert_eq!(queue, "outbox"),
@@ -244,7 +263,13 @@ fn failed_serialization_in_the_middle_of_a_move_loses_nothing() {
         // The transaction still holds the order; dropping it gives the order back.
         assert_eq!((tx.enqueued(), tx.dequeued()), (0, 1));
         drop(tx);
-        assert_eq!((inbox.count(), outbox.count()), (1, 0));
+        assert_eq!(
+            (
+                inbox.blocking_count().unwrap(),
+                outbox.blocking_count().unwrap()
+            ),
+            (1, 0)
+        );
         assert_eq!(
             peek_all(&store, &inbox),
             [Order {
@@ -254,9 +279,12 @@ fn failed_serialization_in_the_middle_of_a_move_loses_nothing() {
         );
         // Retried with a good item, the move goes through.
         let mut tx = store.begin();
-        let order = inbox.try_dequeue(&mut tx).unwrap().expect("the order");
+        let order = inbox
+            .blocking_try_dequeue(&mut tx)
+            .unwrap()
+            .expect("the order");
         outbox.enqueue(&mut tx, order).unwrap();
-        tx.commit().unwrap();
+        tx.blocking_commit().unwrap();
         assert_eq!(
             drain(&store, &outbox),
             [Order {
@@ -264,7 +292,7 @@ fn failed_serialization_in_the_middle_of_a_move_loses_nothing() {
                 poisoned: false
             }]
         );
-        assert_eq!(inbox.count(), 0);
+        assert_eq!(inbox.blocking_count().unwrap(), 0);
     }
 }
 
@@ -274,7 +302,7 @@ fn failed_serialization_in_the_middle_of_a_move_loses_nothing() {
 fn a_directory_open_in_this_process_is_refused_under_any_spelling() {
     let (guard, path) = temp_dir();
     let store = Store::open(&path).unwrap();
-    let q = store.queue::<u32>("q").unwrap();
+    let q = store.blocking_queue::<u32>("q").unwrap();
 
     let dotted = path.join("..").join(path.file_name().expect("name"));
     let link = guard.path().join("link");
@@ -290,11 +318,14 @@ fn a_directory_open_in_this_process_is_refused_under_any_spelling() {
     // The refused opens did not disturb the open store.
     let mut tx = store.begin();
     q.enqueue(&mut tx, 5).unwrap();
-    tx.commit().unwrap();
+    tx.blocking_commit().unwrap();
     drop((q, store));
     // Closed, the directory opens again at once, under any spelling.
     let store = Store::open(&link).unwrap();
-    assert_eq!(drain(&store, &store.queue::<u32>("q").unwrap()), [5]);
+    assert_eq!(
+        drain(&store, &store.blocking_queue::<u32>("q").unwrap()),
+        [5]
+    );
 }
 
 const CHILD_DIR: &str = "RELIABLE_QUEUE_MISUSE_CHILD_DIR";
@@ -307,11 +338,11 @@ fn child_holds_a_store_open_until_stdin_closes() {
         return;
     };
     let store = Store::open(&path).expect("child opens the store");
-    let q = store.queue::<String>("q").expect("queue");
+    let q = store.blocking_queue::<String>("q").expect("queue");
     let mut tx = store.begin();
-    q.enqueue(&mut tx, "from the child".into())
+    q.enqueue(&mut tx, "from the child".to_owned())
         .expect("enqueue");
-    tx.commit().expect("commit");
+    tx.blocking_commit().expect("commit");
     println!("child: ready");
     std::io::stdout().flush().expect("flush stdout");
     let mut rest = String::new();
@@ -375,7 +406,7 @@ fn a_directory_open_in_another_process_is_refused_quickly() {
     let status = child.wait().expect("wait for the child");
     assert!(status.success(), "child failed: {status}");
     let store = Store::open(&path).expect("open once the child is gone");
-    let q = store.queue::<String>("q").unwrap();
+    let q = store.blocking_queue::<String>("q").unwrap();
     assert_eq!(drain(&store, &q), ["from the child"]);
     println!("another process's store refused in {waited:?}");
 }

@@ -25,7 +25,7 @@ fn enqueue_all(store: &Store, queue: &ReliableConcurrentQueue<u32>, items: &[u32
     for &item in items {
         queue.enqueue(&mut tx, item).expect("enqueue");
     }
-    tx.commit().expect("commit enqueues");
+    tx.blocking_commit().expect("commit enqueues");
 }
 
 fn set(items: &[u32]) -> BTreeSet<u32> {
@@ -34,31 +34,35 @@ fn set(items: &[u32]) -> BTreeSet<u32> {
 
 /// A queue holding 10, 20, ..., 60, committed in one transaction.
 fn populated(store: &Store) -> ReliableConcurrentQueue<u32> {
-    let queue = store.queue::<u32>("q").expect("open queue");
+    let queue = store.blocking_queue::<u32>("q").expect("open queue");
     enqueue_all(store, &queue, &[10, 20, 30, 40, 50, 60]);
-    assert_eq!(queue.count(), 6);
+    assert_eq!(queue.blocking_count().unwrap(), 6);
     queue
 }
 
 #[test]
 fn single_enqueue_task_holds_exactly_both_items() {
     on_both_stores(|store| {
-        let queue = store.queue::<u32>("q").unwrap();
+        let queue = store.blocking_queue::<u32>("q").unwrap();
         enqueue_all(store, &queue, &[10, 20]);
-        assert_eq!(queue.count(), 2);
+        assert_eq!(queue.blocking_count().unwrap(), 2);
         let items = peek_all(store, &queue);
         assert!(
             items == [10, 20] || items == [20, 10],
             "queue holds {items:?}"
         );
-        assert_eq!(queue.count(), 2, "peeking consumed nothing");
+        assert_eq!(
+            queue.blocking_count().unwrap(),
+            2,
+            "peeking consumed nothing"
+        );
     });
 }
 
 #[test]
 fn parallel_enqueue_tasks_lose_nothing() {
     on_both_stores(|store| {
-        let queue = store.queue::<u32>("q").unwrap();
+        let queue = store.blocking_queue::<u32>("q").unwrap();
         // Both transactions are open, with their items enqueued, before either commits.
         let ready = Arc::new(Barrier::new(2));
         let tasks: Vec<_> = [[10, 20], [30, 40]]
@@ -71,19 +75,19 @@ fn parallel_enqueue_tasks_lose_nothing() {
                         queue.enqueue(&mut tx, item).unwrap();
                     }
                     ready.wait();
-                    tx.commit().unwrap();
+                    tx.blocking_commit().unwrap();
                 })
             })
             .collect();
         for task in tasks {
             task.join().expect("enqueue task");
         }
-        assert_eq!(queue.count(), 4);
+        assert_eq!(queue.blocking_count().unwrap(), 4);
         let mut items = drain(store, &queue);
         assert_eq!(items.len(), 4, "each item exactly once: {items:?}");
         items.sort_unstable();
         assert_eq!(items, [10, 20, 30, 40]);
-        assert_eq!(queue.count(), 0);
+        assert_eq!(queue.blocking_count().unwrap(), 0);
     });
 }
 
@@ -93,13 +97,18 @@ fn single_dequeue_task_takes_three_distinct_items_and_leaves_the_rest() {
         let queue = populated(store);
         let mut tx = store.begin();
         let taken: Vec<u32> = (0..3)
-            .map(|_| queue.try_dequeue(&mut tx).unwrap().expect("an item"))
+            .map(|_| {
+                queue
+                    .blocking_try_dequeue(&mut tx)
+                    .unwrap()
+                    .expect("an item")
+            })
             .collect();
-        tx.commit().unwrap();
+        tx.blocking_commit().unwrap();
 
         assert_eq!(set(&taken).len(), 3, "distinct items: {taken:?}");
         assert!(set(&taken).is_subset(&set(&[10, 20, 30, 40, 50, 60])));
-        assert_eq!(queue.count(), 3);
+        assert_eq!(queue.blocking_count().unwrap(), 3);
         let rest = drain(store, &queue);
         assert_eq!(rest.len(), 3);
         let mut all = taken.clone();
@@ -120,10 +129,15 @@ fn parallel_dequeue_tasks_take_disjoint_items() {
                 thread::spawn(move || {
                     let mut tx = store.begin();
                     let taken: Vec<u32> = (0..2)
-                        .map(|_| queue.try_dequeue(&mut tx).unwrap().expect("an item"))
+                        .map(|_| {
+                            queue
+                                .blocking_try_dequeue(&mut tx)
+                                .unwrap()
+                                .expect("an item")
+                        })
                         .collect();
                     ready.wait();
-                    tx.commit().unwrap();
+                    tx.blocking_commit().unwrap();
                     taken
                 })
             })
@@ -133,7 +147,7 @@ fn parallel_dequeue_tasks_take_disjoint_items() {
         assert_eq!((first.len(), second.len()), (2, 2), "{lists:?}");
         assert!(first.is_disjoint(&second), "both took an item: {lists:?}");
 
-        assert_eq!(queue.count(), 2);
+        assert_eq!(queue.blocking_count().unwrap(), 2);
         let rest = drain(store, &queue);
         let mut all = lists.concat();
         all.extend(&rest);
@@ -147,26 +161,30 @@ fn abort_puts_dequeued_items_back_at_the_head() {
     on_both_stores(|store| {
         let queue = populated(store);
         let mut tx = store.begin();
-        let first = queue.try_dequeue(&mut tx).unwrap().unwrap();
-        let second = queue.try_dequeue(&mut tx).unwrap().unwrap();
-        assert_eq!(queue.count(), 4);
-        tx.abort();
-        assert_eq!(queue.count(), 6, "returned items are visible at once");
+        let first = queue.blocking_try_dequeue(&mut tx).unwrap().unwrap();
+        let second = queue.blocking_try_dequeue(&mut tx).unwrap().unwrap();
+        assert_eq!(queue.blocking_count().unwrap(), 4);
+        tx.blocking_abort().expect("abort");
+        assert_eq!(
+            queue.blocking_count().unwrap(),
+            6,
+            "returned items are visible at once"
+        );
 
         let mut tx = store.begin();
         let again = [
-            queue.try_dequeue(&mut tx).unwrap().unwrap(),
-            queue.try_dequeue(&mut tx).unwrap().unwrap(),
+            queue.blocking_try_dequeue(&mut tx).unwrap().unwrap(),
+            queue.blocking_try_dequeue(&mut tx).unwrap().unwrap(),
         ];
         assert_eq!(
             set(&again),
             set(&[first, second]),
             "aborted items come first"
         );
-        let next = queue.try_dequeue(&mut tx).unwrap().unwrap();
+        let next = queue.blocking_try_dequeue(&mut tx).unwrap().unwrap();
         assert!(!set(&again).contains(&next));
-        tx.commit().unwrap();
-        assert_eq!(queue.count(), 3);
+        tx.blocking_commit().unwrap();
+        assert_eq!(queue.blocking_count().unwrap(), 3);
     });
 }
 
@@ -176,27 +194,27 @@ fn aborted_items_come_before_items_committed_meanwhile() {
         let queue = populated(store);
         let mut holder = store.begin();
         let held = [
-            queue.try_dequeue(&mut holder).unwrap().unwrap(),
-            queue.try_dequeue(&mut holder).unwrap().unwrap(),
+            queue.blocking_try_dequeue(&mut holder).unwrap().unwrap(),
+            queue.blocking_try_dequeue(&mut holder).unwrap().unwrap(),
         ];
         // Meanwhile the rest is consumed and a newer item committed.
         let mut tx = store.begin();
         let mut others = Vec::new();
-        while let Some(item) = queue.try_dequeue(&mut tx).unwrap() {
+        while let Some(item) = queue.blocking_try_dequeue(&mut tx).unwrap() {
             others.push(item);
         }
-        tx.commit().unwrap();
+        tx.blocking_commit().unwrap();
         enqueue_all(store, &queue, &[70]);
         drop(holder);
 
         let mut tx = store.begin();
         let returned = [
-            queue.try_dequeue(&mut tx).unwrap().unwrap(),
-            queue.try_dequeue(&mut tx).unwrap().unwrap(),
+            queue.blocking_try_dequeue(&mut tx).unwrap().unwrap(),
+            queue.blocking_try_dequeue(&mut tx).unwrap().unwrap(),
         ];
         assert_eq!(set(&returned), set(&held));
-        assert_eq!(queue.try_dequeue(&mut tx).unwrap(), Some(70));
-        tx.commit().unwrap();
+        assert_eq!(queue.blocking_try_dequeue(&mut tx).unwrap(), Some(70));
+        tx.blocking_commit().unwrap();
         assert_eq!(others.len(), 4);
     });
 }
@@ -204,20 +222,24 @@ fn aborted_items_come_before_items_committed_meanwhile() {
 #[test]
 fn dequeued_item_is_hidden_from_others_until_abort() {
     on_both_stores(|store| {
-        let queue = store.queue::<u32>("q").unwrap();
+        let queue = store.blocking_queue::<u32>("q").unwrap();
         enqueue_all(store, &queue, &[10]);
         let mut a = store.begin();
         let mut b = store.begin();
-        assert_eq!(queue.try_dequeue(&mut a).unwrap(), Some(10));
-        assert_eq!(queue.try_dequeue(&mut b).unwrap(), None, "held by a");
-        a.abort();
+        assert_eq!(queue.blocking_try_dequeue(&mut a).unwrap(), Some(10));
         assert_eq!(
-            queue.try_dequeue(&mut b).unwrap(),
+            queue.blocking_try_dequeue(&mut b).unwrap(),
+            None,
+            "held by a"
+        );
+        a.blocking_abort().expect("abort");
+        assert_eq!(
+            queue.blocking_try_dequeue(&mut b).unwrap(),
             Some(10),
             "visible to b at once"
         );
-        b.commit().unwrap();
-        assert_eq!(queue.count(), 0);
+        b.blocking_commit().unwrap();
+        assert_eq!(queue.blocking_count().unwrap(), 0);
         assert!(peek_all(store, &queue).is_empty());
     });
 }
@@ -229,17 +251,20 @@ fn peek_by_dequeue_then_abort_leaves_the_queue_unchanged() {
         let before = peek_all(store, &queue);
 
         let mut tx = store.begin();
-        let peeked = queue.try_dequeue(&mut tx).unwrap().expect("an item");
-        tx.abort();
+        let peeked = queue
+            .blocking_try_dequeue(&mut tx)
+            .unwrap()
+            .expect("an item");
+        tx.blocking_abort().expect("abort");
 
-        assert_eq!(queue.count(), 6);
+        assert_eq!(queue.blocking_count().unwrap(), 6);
         let mut tx = store.begin();
         assert_eq!(
-            queue.try_dequeue(&mut tx).unwrap(),
+            queue.blocking_try_dequeue(&mut tx).unwrap(),
             Some(peeked),
             "the peeked item is still first"
         );
-        tx.abort();
+        tx.blocking_abort().expect("abort");
         assert_eq!(peek_all(store, &queue), before);
     });
 }
@@ -247,18 +272,18 @@ fn peek_by_dequeue_then_abort_leaves_the_queue_unchanged() {
 #[test]
 fn peek_commits_only_when_the_item_is_processed() {
     on_both_stores(|store| {
-        let queue = store.queue::<u32>("q").unwrap();
+        let queue = store.blocking_queue::<u32>("q").unwrap();
         enqueue_all(store, &queue, &[5, 15]);
         // The documented pattern: process (and commit) only values over 10.
         let mut processed = Vec::new();
         for _ in 0..2 {
             let mut tx = store.begin();
-            match queue.try_dequeue(&mut tx).unwrap() {
+            match queue.blocking_try_dequeue(&mut tx).unwrap() {
                 Some(v) if v > 10 => {
                     processed.push(v);
-                    tx.commit().unwrap();
+                    tx.blocking_commit().unwrap();
                 }
-                _ => tx.abort(),
+                _ => tx.blocking_abort().expect("abort"),
             }
         }
         // 5 was peeked and put back twice; 15 was never reached.
@@ -270,7 +295,7 @@ fn peek_commits_only_when_the_item_is_processed() {
 #[test]
 fn batch_dequeue_loop_sees_every_item_exactly_once() {
     on_both_stores(|store| {
-        let queue = store.queue::<u32>("q").unwrap();
+        let queue = store.blocking_queue::<u32>("q").unwrap();
         let items: Vec<u32> = (0..23).collect();
         for chunk in items.chunks(4) {
             enqueue_all(store, &queue, chunk);
@@ -281,12 +306,12 @@ fn batch_dequeue_loop_sees_every_item_exactly_once() {
             let mut batch = Vec::new();
             let mut tx = store.begin();
             while batch.len() < BATCH {
-                match queue.try_dequeue(&mut tx).unwrap() {
+                match queue.blocking_try_dequeue(&mut tx).unwrap() {
                     Some(item) => batch.push(item),
                     None => break,
                 }
             }
-            tx.commit().unwrap();
+            tx.blocking_commit().unwrap();
             assert!(batch.len() <= BATCH);
             if batch.is_empty() {
                 break;
@@ -295,35 +320,35 @@ fn batch_dequeue_loop_sees_every_item_exactly_once() {
         }
         processed.sort_unstable();
         assert_eq!(processed, items);
-        assert_eq!(queue.count(), 0);
+        assert_eq!(queue.blocking_count().unwrap(), 0);
     });
 }
 
 #[test]
 fn count_threshold_processing_takes_full_batches() {
     on_both_stores(|store| {
-        let queue = store.queue::<u32>("q").unwrap();
+        let queue = store.blocking_queue::<u32>("q").unwrap();
         const THRESHOLD: u64 = 5;
         let mut processed = Vec::new();
         for item in 0..17u32 {
             enqueue_all(store, &queue, &[item]);
-            if queue.count() < THRESHOLD {
+            if queue.blocking_count().unwrap() < THRESHOLD {
                 continue;
             }
             let mut tx = store.begin();
             let mut batch = Vec::new();
             while (batch.len() as u64) < THRESHOLD {
-                match queue.try_dequeue(&mut tx).unwrap() {
+                match queue.blocking_try_dequeue(&mut tx).unwrap() {
                     Some(v) => batch.push(v),
                     None => break,
                 }
             }
-            tx.commit().unwrap();
+            tx.blocking_commit().unwrap();
             assert_eq!(batch.len() as u64, THRESHOLD, "count promised a full batch");
             processed.extend(batch);
         }
         assert_eq!(processed.len(), 15);
-        assert_eq!(queue.count(), 2);
+        assert_eq!(queue.blocking_count().unwrap(), 2);
         processed.extend(drain(store, &queue));
         processed.sort_unstable();
         assert_eq!(processed, (0..17).collect::<Vec<_>>());
@@ -333,7 +358,7 @@ fn count_threshold_processing_takes_full_batches() {
 #[test]
 fn best_effort_drain_after_all_tasks_stop_gets_everything() {
     on_both_stores(|store| {
-        let queue = store.queue::<u32>("q").unwrap();
+        let queue = store.blocking_queue::<u32>("q").unwrap();
         // Producers commit; consumers take items and abort, so items go back and forth.
         let tasks: Vec<_> = (0..4u32)
             .map(|task| {
@@ -342,11 +367,11 @@ fn best_effort_drain_after_all_tasks_stop_gets_everything() {
                     for round in 0..25u32 {
                         let mut tx = store.begin();
                         queue.enqueue(&mut tx, task * 1000 + round).unwrap();
-                        tx.commit().unwrap();
+                        tx.blocking_commit().unwrap();
                         let mut tx = store.begin();
-                        let _ = queue.try_dequeue(&mut tx).unwrap();
-                        let _ = queue.try_dequeue(&mut tx).unwrap();
-                        tx.abort();
+                        let _ = queue.blocking_try_dequeue(&mut tx).unwrap();
+                        let _ = queue.blocking_try_dequeue(&mut tx).unwrap();
+                        tx.blocking_abort().expect("abort");
                     }
                 })
             })
@@ -360,7 +385,7 @@ fn best_effort_drain_after_all_tasks_stop_gets_everything() {
             let mut tx = store.begin();
             let mut batch = 0;
             let exhausted = loop {
-                match queue.try_dequeue(&mut tx).unwrap() {
+                match queue.blocking_try_dequeue(&mut tx).unwrap() {
                     Some(v) => {
                         drained.push(v);
                         batch += 1;
@@ -371,7 +396,7 @@ fn best_effort_drain_after_all_tasks_stop_gets_everything() {
                     None => break true,
                 }
             };
-            tx.commit().unwrap();
+            tx.blocking_commit().unwrap();
             if exhausted {
                 break;
             }
@@ -381,40 +406,48 @@ fn best_effort_drain_after_all_tasks_stop_gets_everything() {
             .flat_map(|task| (0..25).map(move |r| task * 1000 + r))
             .collect();
         assert_eq!(drained, expected);
-        assert_eq!(queue.count(), 0);
+        assert_eq!(queue.blocking_count().unwrap(), 0);
     });
 }
 
 #[test]
 fn enqueue_is_invisible_before_commit_even_to_its_own_transaction() {
     on_both_stores(|store| {
-        let queue = store.queue::<u32>("q").unwrap();
+        let queue = store.blocking_queue::<u32>("q").unwrap();
         let mut tx = store.begin();
         queue.enqueue(&mut tx, 10).unwrap();
-        assert_eq!(queue.try_dequeue(&mut tx).unwrap(), None, "own write");
+        assert_eq!(
+            queue.blocking_try_dequeue(&mut tx).unwrap(),
+            None,
+            "own write"
+        );
         let mut other = store.begin();
-        assert_eq!(queue.try_dequeue(&mut other).unwrap(), None, "other reader");
-        assert_eq!(queue.count(), 0);
-        tx.commit().unwrap();
-        assert_eq!(queue.count(), 1);
-        assert_eq!(queue.try_dequeue(&mut other).unwrap(), Some(10));
-        other.commit().unwrap();
+        assert_eq!(
+            queue.blocking_try_dequeue(&mut other).unwrap(),
+            None,
+            "other reader"
+        );
+        assert_eq!(queue.blocking_count().unwrap(), 0);
+        tx.blocking_commit().unwrap();
+        assert_eq!(queue.blocking_count().unwrap(), 1);
+        assert_eq!(queue.blocking_try_dequeue(&mut other).unwrap(), Some(10));
+        other.blocking_commit().unwrap();
     });
 }
 
 #[test]
 fn own_enqueue_is_not_dequeued_after_the_committed_items() {
     on_both_stores(|store| {
-        let queue = store.queue::<u32>("q").unwrap();
+        let queue = store.blocking_queue::<u32>("q").unwrap();
         enqueue_all(store, &queue, &[1, 2]);
         let mut tx = store.begin();
         queue.enqueue(&mut tx, 3).unwrap();
         let mut seen = Vec::new();
-        while let Some(v) = queue.try_dequeue(&mut tx).unwrap() {
+        while let Some(v) = queue.blocking_try_dequeue(&mut tx).unwrap() {
             seen.push(v);
         }
         assert_eq!(set(&seen), set(&[1, 2]), "the uncommitted 3 is not visible");
-        tx.commit().unwrap();
+        tx.blocking_commit().unwrap();
         assert_eq!(peek_all(store, &queue), [3]);
     });
 }
@@ -422,29 +455,33 @@ fn own_enqueue_is_not_dequeued_after_the_committed_items() {
 #[test]
 fn count_is_exact_when_idle_and_excludes_held_items() {
     on_both_stores(|store| {
-        let queue = store.queue::<u32>("q").unwrap();
-        assert_eq!(queue.count(), 0);
+        let queue = store.blocking_queue::<u32>("q").unwrap();
+        assert_eq!(queue.blocking_count().unwrap(), 0);
         enqueue_all(store, &queue, &(0..10).collect::<Vec<_>>());
-        assert_eq!(queue.count(), 10);
+        assert_eq!(queue.blocking_count().unwrap(), 10);
 
         let mut a = store.begin();
         for _ in 0..3 {
-            queue.try_dequeue(&mut a).unwrap().unwrap();
+            queue.blocking_try_dequeue(&mut a).unwrap().unwrap();
         }
-        assert_eq!(queue.count(), 7);
+        assert_eq!(queue.blocking_count().unwrap(), 7);
         let mut b = store.begin();
         for _ in 0..2 {
-            queue.try_dequeue(&mut b).unwrap().unwrap();
+            queue.blocking_try_dequeue(&mut b).unwrap().unwrap();
         }
         queue.enqueue(&mut b, 99).unwrap();
-        assert_eq!(queue.count(), 5, "held and uncommitted items are excluded");
+        assert_eq!(
+            queue.blocking_count().unwrap(),
+            5,
+            "held and uncommitted items are excluded"
+        );
 
-        a.commit().unwrap();
-        assert_eq!(queue.count(), 5);
-        b.abort();
-        assert_eq!(queue.count(), 7);
+        a.blocking_commit().unwrap();
+        assert_eq!(queue.blocking_count().unwrap(), 5);
+        b.blocking_abort().expect("abort");
+        assert_eq!(queue.blocking_count().unwrap(), 7);
         assert_eq!(drain(store, &queue).len(), 7);
-        assert_eq!(queue.count(), 0);
+        assert_eq!(queue.blocking_count().unwrap(), 0);
     });
 }
 
@@ -454,12 +491,12 @@ fn dropping_a_transaction_aborts_it() {
         let queue = populated(store);
         {
             let mut tx = store.begin();
-            queue.try_dequeue(&mut tx).unwrap().unwrap();
-            queue.try_dequeue(&mut tx).unwrap().unwrap();
+            queue.blocking_try_dequeue(&mut tx).unwrap().unwrap();
+            queue.blocking_try_dequeue(&mut tx).unwrap().unwrap();
             queue.enqueue(&mut tx, 70).unwrap();
-            assert_eq!(queue.count(), 4);
+            assert_eq!(queue.blocking_count().unwrap(), 4);
         }
-        assert_eq!(queue.count(), 6);
+        assert_eq!(queue.blocking_count().unwrap(), 6);
         let mut items = drain(store, &queue);
         items.sort_unstable();
         assert_eq!(items, [10, 20, 30, 40, 50, 60], "70 was never committed");
@@ -473,14 +510,14 @@ fn a_transaction_dropped_in_another_thread_gives_its_items_back() {
         let (store2, queue2) = (store.clone(), queue.clone());
         let taken = thread::spawn(move || {
             let mut tx = store2.begin();
-            let item = queue2.try_dequeue(&mut tx).unwrap().unwrap();
-            assert_eq!(queue2.count(), 5);
+            let item = queue2.blocking_try_dequeue(&mut tx).unwrap().unwrap();
+            assert_eq!(queue2.blocking_count().unwrap(), 5);
             item
             // tx dropped here, in this thread
         })
         .join()
         .unwrap();
-        assert_eq!(queue.count(), 6);
+        assert_eq!(queue.blocking_count().unwrap(), 6);
         assert!(peek_all(store, &queue).contains(&taken));
     });
 }

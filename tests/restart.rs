@@ -17,12 +17,12 @@ fn enqueue_all<T>(store: &Store, name: &str, items: impl IntoIterator<Item = T>)
 where
     T: Serialize + serde::de::DeserializeOwned + Send + 'static,
 {
-    let queue = store.queue::<T>(name).unwrap();
+    let queue = store.blocking_queue::<T>(name).unwrap();
     let mut tx = store.begin();
     for item in items {
         queue.enqueue(&mut tx, item).unwrap();
     }
-    tx.commit().unwrap();
+    tx.blocking_commit().unwrap();
 }
 
 /// Opens `path` in another thread and returns its outcome, failing the test if the open
@@ -57,8 +57,8 @@ fn committed_enqueues_survive_a_reopen() {
         enqueue_all(&store, "q", 100..150u32);
     }
     let store = Store::open(&path).unwrap();
-    let queue = store.queue::<u32>("q").unwrap();
-    assert_eq!(queue.count(), 150);
+    let queue = store.blocking_queue::<u32>("q").unwrap();
+    assert_eq!(queue.blocking_count().unwrap(), 150);
     assert_eq!(drain(&store, &queue), (0..150).collect::<Vec<_>>());
 }
 
@@ -68,27 +68,34 @@ fn committed_dequeues_do_not_come_back() {
     {
         let store = Store::open(&path).unwrap();
         enqueue_all(&store, "q", 0..10u32);
-        let queue = store.queue::<u32>("q").unwrap();
+        let queue = store.blocking_queue::<u32>("q").unwrap();
         let mut tx = store.begin();
         for _ in 0..4 {
-            queue.try_dequeue(&mut tx).unwrap().unwrap();
+            queue.blocking_try_dequeue(&mut tx).unwrap().unwrap();
         }
-        tx.commit().unwrap();
-        assert_eq!(queue.count(), 6);
+        tx.blocking_commit().unwrap();
+        assert_eq!(queue.blocking_count().unwrap(), 6);
     }
     for _ in 0..2 {
         let store = Store::open(&path).unwrap();
-        let queue = store.queue::<u32>("q").unwrap();
-        assert_eq!(queue.count(), 6);
+        let queue = store.blocking_queue::<u32>("q").unwrap();
+        assert_eq!(queue.blocking_count().unwrap(), 6);
         assert_eq!(peek_all(&store, &queue), (4..10).collect::<Vec<_>>());
     }
     {
         let store = Store::open(&path).unwrap();
-        let queue = store.queue::<u32>("q").unwrap();
+        let queue = store.blocking_queue::<u32>("q").unwrap();
         assert_eq!(drain(&store, &queue).len(), 6);
     }
     let store = Store::open(&path).unwrap();
-    assert_eq!(store.queue::<u32>("q").unwrap().count(), 0);
+    assert_eq!(
+        store
+            .blocking_queue::<u32>("q")
+            .unwrap()
+            .blocking_count()
+            .unwrap(),
+        0
+    );
 }
 
 #[test]
@@ -97,10 +104,10 @@ fn transaction_open_at_close_is_undone() {
     {
         let store = Store::open(&path).unwrap();
         enqueue_all(&store, "q", [1u32, 2, 3]);
-        let queue = store.queue::<u32>("q").unwrap();
+        let queue = store.blocking_queue::<u32>("q").unwrap();
         let mut open = store.begin();
-        assert_eq!(queue.try_dequeue(&mut open).unwrap(), Some(1));
-        assert_eq!(queue.try_dequeue(&mut open).unwrap(), Some(2));
+        assert_eq!(queue.blocking_try_dequeue(&mut open).unwrap(), Some(1));
+        assert_eq!(queue.blocking_try_dequeue(&mut open).unwrap(), Some(2));
         queue.enqueue(&mut open, 4).unwrap();
         // The transaction is the last handle: the store closes when it goes.
         drop(queue);
@@ -108,8 +115,8 @@ fn transaction_open_at_close_is_undone() {
         drop(open);
     }
     let store = Store::open(&path).unwrap();
-    let queue = store.queue::<u32>("q").unwrap();
-    assert_eq!(queue.count(), 3);
+    let queue = store.blocking_queue::<u32>("q").unwrap();
+    assert_eq!(queue.blocking_count().unwrap(), 3);
     assert_eq!(drain(&store, &queue), [1, 2, 3]);
 }
 
@@ -119,14 +126,14 @@ fn items_given_back_before_close_are_there_after() {
     {
         let store = Store::open(&path).unwrap();
         enqueue_all(&store, "q", 0..5u32);
-        let queue = store.queue::<u32>("q").unwrap();
+        let queue = store.blocking_queue::<u32>("q").unwrap();
         let mut tx = store.begin();
-        queue.try_dequeue(&mut tx).unwrap().unwrap();
-        queue.try_dequeue(&mut tx).unwrap().unwrap();
-        tx.abort();
+        queue.blocking_try_dequeue(&mut tx).unwrap().unwrap();
+        queue.blocking_try_dequeue(&mut tx).unwrap().unwrap();
+        tx.blocking_abort().expect("abort");
     }
     let store = Store::open(&path).unwrap();
-    let queue = store.queue::<u32>("q").unwrap();
+    let queue = store.blocking_queue::<u32>("q").unwrap();
     assert_eq!(drain(&store, &queue), (0..5).collect::<Vec<_>>());
 }
 
@@ -136,22 +143,22 @@ fn order_after_restart_follows_commit_order() {
     let before;
     {
         let store = Store::open(&path).unwrap();
-        let queue = store.queue::<String>("q").unwrap();
+        let queue = store.blocking_queue::<String>("q").unwrap();
         // Begun first, committed last.
         let mut late = store.begin();
-        queue.enqueue(&mut late, "late".into()).unwrap();
+        queue.enqueue(&mut late, "late".to_owned()).unwrap();
         let mut early = store.begin();
-        queue.enqueue(&mut early, "early-1".into()).unwrap();
-        queue.enqueue(&mut early, "early-2".into()).unwrap();
-        early.commit().unwrap();
+        queue.enqueue(&mut early, "early-1".to_owned()).unwrap();
+        queue.enqueue(&mut early, "early-2".to_owned()).unwrap();
+        early.blocking_commit().unwrap();
         enqueue_all(&store, "q", ["middle".to_owned()]);
-        late.commit().unwrap();
+        late.blocking_commit().unwrap();
         enqueue_all(&store, "q", ["last".to_owned()]);
         before = peek_all(&store, &queue);
     }
     assert_eq!(before, ["early-1", "early-2", "middle", "late", "last"]);
     let store = Store::open(&path).unwrap();
-    let queue = store.queue::<String>("q").unwrap();
+    let queue = store.blocking_queue::<String>("q").unwrap();
     assert_eq!(peek_all(&store, &queue), before);
 
     // New items go after the recovered ones.
@@ -170,27 +177,27 @@ fn items_enqueued_after_a_restart_are_not_confused_with_old_ones() {
     }
     {
         let store = Store::open(&path).unwrap();
-        let queue = store.queue::<u32>("q").unwrap();
+        let queue = store.blocking_queue::<u32>("q").unwrap();
         enqueue_all(&store, "q", 3..6u32);
         // Hold the old items aside and acknowledge only the new ones: their acks must not
         // remove old items, at this open or the next.
         let mut old = store.begin();
         let held: Vec<u32> = (0..3)
-            .map(|_| queue.try_dequeue(&mut old).unwrap().unwrap())
+            .map(|_| queue.blocking_try_dequeue(&mut old).unwrap().unwrap())
             .collect();
         assert_eq!(held, [0, 1, 2]);
         let mut new = store.begin();
         let taken: Vec<u32> = (0..3)
-            .map(|_| queue.try_dequeue(&mut new).unwrap().unwrap())
+            .map(|_| queue.blocking_try_dequeue(&mut new).unwrap().unwrap())
             .collect();
         assert_eq!(taken, [3, 4, 5]);
-        new.commit().unwrap();
-        old.abort();
+        new.blocking_commit().unwrap();
+        old.blocking_abort().expect("abort");
         enqueue_all(&store, "q", 6..8u32);
         assert_eq!(peek_all(&store, &queue), [0, 1, 2, 6, 7]);
     }
     let store = Store::open(&path).unwrap();
-    let queue = store.queue::<u32>("q").unwrap();
+    let queue = store.blocking_queue::<u32>("q").unwrap();
     assert_eq!(drain(&store, &queue), [0, 1, 2, 6, 7]);
 }
 
@@ -209,14 +216,14 @@ fn buffered_commits_survive_flush_and_reopen() {
         let store = open();
         assert_eq!(store.durability(), Durability::Buffered);
         enqueue_all(&store, "q", 0..20u32);
-        let queue = store.queue::<u32>("q").unwrap();
+        let queue = store.blocking_queue::<u32>("q").unwrap();
         let mut tx = store.begin();
-        queue.try_dequeue(&mut tx).unwrap().unwrap();
-        tx.commit().unwrap();
-        store.flush().unwrap();
+        queue.blocking_try_dequeue(&mut tx).unwrap().unwrap();
+        tx.blocking_commit().unwrap();
+        store.blocking_flush().unwrap();
     }
     let store = open();
-    let queue = store.queue::<u32>("q").unwrap();
+    let queue = store.blocking_queue::<u32>("q").unwrap();
     assert_eq!(drain(&store, &queue), (1..20).collect::<Vec<_>>());
 }
 
@@ -234,7 +241,7 @@ fn dropping_a_buffered_store_flushes_it() {
         enqueue_all(&store, "q", ["a".to_owned(), "b".to_owned()]);
     }
     let store = Store::open(&path).unwrap();
-    let queue = store.queue::<String>("q").unwrap();
+    let queue = store.blocking_queue::<String>("q").unwrap();
     assert_eq!(drain(&store, &queue), ["a", "b"]);
 }
 
@@ -243,14 +250,14 @@ fn reopening_in_the_same_process_after_dropping_all_handles_works() {
     let (_guard, path) = temp_dir();
     for round in 0..5u32 {
         let store = Store::open(&path).unwrap();
-        let queue = store.queue::<u32>("q").unwrap();
-        assert_eq!(queue.count(), u64::from(round));
+        let queue = store.blocking_queue::<u32>("q").unwrap();
+        assert_eq!(queue.blocking_count().unwrap(), u64::from(round));
         let mut tx = store.begin();
         queue.enqueue(&mut tx, round).unwrap();
-        tx.commit().unwrap();
+        tx.blocking_commit().unwrap();
     }
     let store = Store::open(&path).unwrap();
-    let queue = store.queue::<u32>("q").unwrap();
+    let queue = store.blocking_queue::<u32>("q").unwrap();
     assert_eq!(drain(&store, &queue), [0, 1, 2, 3, 4]);
 }
 
@@ -258,7 +265,7 @@ fn reopening_in_the_same_process_after_dropping_all_handles_works() {
 fn a_queue_handle_keeps_the_store_open() {
     let (_guard, path) = temp_dir();
     let store = Store::open(&path).unwrap();
-    let queue = store.queue::<u32>("q").unwrap();
+    let queue = store.blocking_queue::<u32>("q").unwrap();
     drop(store);
     let again = path.clone();
     assert_already_open(open_elsewhere(move || Store::open(again)), &path);
@@ -289,7 +296,7 @@ fn second_open_of_a_directory_in_use_is_refused() {
     assert_already_open(open_elsewhere(move || Store::open(again)), &path);
 
     // The store in use is unharmed.
-    let queue = store.queue::<u8>("q").unwrap();
+    let queue = store.blocking_queue::<u8>("q").unwrap();
     assert_eq!(peek_all(&store, &queue), [1]);
 }
 
@@ -298,15 +305,29 @@ fn queues_created_before_a_restart_are_listed() {
     let (_guard, path) = temp_dir();
     {
         let store = Store::open(&path).unwrap();
-        store.queue::<u32>("zeta").unwrap();
-        store.queue::<String>("alpha").unwrap();
+        store.blocking_queue::<u32>("zeta").unwrap();
+        store.blocking_queue::<String>("alpha").unwrap();
         enqueue_all(&store, "mid", [1u64]);
         assert_eq!(store.queue_names(), ["alpha", "mid", "zeta"]);
     }
     let store = Store::open(&path).unwrap();
     assert_eq!(store.queue_names(), ["alpha", "mid", "zeta"]);
-    assert_eq!(store.queue::<u64>("mid").unwrap().count(), 1);
-    assert_eq!(store.queue::<String>("alpha").unwrap().count(), 0);
+    assert_eq!(
+        store
+            .blocking_queue::<u64>("mid")
+            .unwrap()
+            .blocking_count()
+            .unwrap(),
+        1
+    );
+    assert_eq!(
+        store
+            .blocking_queue::<String>("alpha")
+            .unwrap()
+            .blocking_count()
+            .unwrap(),
+        0
+    );
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -351,40 +372,46 @@ fn a_store_with_many_queues_of_different_types_round_trips() {
         // A transaction over many queues of one type.
         let mut tx = store.begin();
         for q in 0..30u64 {
-            let queue = store.queue::<u64>(&format!("n/{q:02}")).unwrap();
+            let queue = store.blocking_queue::<u64>(&format!("n/{q:02}")).unwrap();
             for i in 0..q {
                 queue.enqueue(&mut tx, q * 1000 + i).unwrap();
             }
             numbers.insert(format!("n/{q:02}"), (0..q).map(|i| q * 1000 + i).collect());
         }
-        tx.commit().unwrap();
+        tx.blocking_commit().unwrap();
     }
     let store = Store::open(&path).unwrap();
     assert_eq!(store.queue_names().len(), 36);
     assert_eq!(
-        drain(&store, &store.queue::<Order>("orders").unwrap()),
+        drain(&store, &store.blocking_queue::<Order>("orders").unwrap()),
         orders
     );
     assert_eq!(
-        drain(&store, &store.queue::<Event>("events").unwrap()),
+        drain(&store, &store.blocking_queue::<Event>("events").unwrap()),
         events
     );
     assert_eq!(
-        drain(&store, &store.queue::<Vec<u8>>("blobs").unwrap()),
+        drain(&store, &store.blocking_queue::<Vec<u8>>("blobs").unwrap()),
         blobs
     );
-    assert_eq!(drain(&store, &store.queue::<()>("unit").unwrap()).len(), 2);
     assert_eq!(
-        drain(&store, &store.queue::<(i8, char)>("pairs").unwrap()),
+        drain(&store, &store.blocking_queue::<()>("unit").unwrap()).len(),
+        2
+    );
+    assert_eq!(
+        drain(
+            &store,
+            &store.blocking_queue::<(i8, char)>("pairs").unwrap()
+        ),
         [(1, 'x'), (-1, 'y')]
     );
-    let floats = drain(&store, &store.queue::<f64>("floats").unwrap());
+    let floats = drain(&store, &store.blocking_queue::<f64>("floats").unwrap());
     assert_eq!(floats.len(), 3);
     assert_eq!(floats[0], 1.5);
     assert!(floats[1] == 0.0 && floats[1].is_sign_negative());
     assert_eq!(floats[2], f64::MAX);
     for (name, expected) in numbers {
-        let got: Vec<u64> = drain(&store, &store.queue::<u64>(&name).unwrap());
+        let got: Vec<u64> = drain(&store, &store.blocking_queue::<u64>(&name).unwrap());
         assert_eq!(got, expected, "queue {name}");
     }
 }
@@ -408,21 +435,21 @@ fn snapshot(from: &Path, to: &Path) {
 fn sync_commit_is_on_disk_when_it_returns() {
     let (guard, path) = temp_dir();
     let store = Store::open(&path).unwrap();
-    let queue = store.queue::<u32>("q").unwrap();
+    let queue = store.blocking_queue::<u32>("q").unwrap();
     let mut tx = store.begin();
     for i in 0..10 {
         queue.enqueue(&mut tx, i).unwrap();
     }
-    tx.commit().unwrap();
+    tx.blocking_commit().unwrap();
     let mut tx = store.begin();
-    assert_eq!(queue.try_dequeue(&mut tx).unwrap(), Some(0));
-    tx.commit().unwrap();
+    assert_eq!(queue.blocking_try_dequeue(&mut tx).unwrap(), Some(0));
+    tx.blocking_commit().unwrap();
 
     // No flush, no close: the store is still open when its files are copied.
     let copy = guard.path().join("copy");
     snapshot(&path, &copy);
     let recovered = Store::open(&copy).unwrap();
-    let queue = recovered.queue::<u32>("q").unwrap();
+    let queue = recovered.blocking_queue::<u32>("q").unwrap();
     assert_eq!(drain(&recovered, &queue), (1..10).collect::<Vec<_>>());
     drop(store);
 }
@@ -436,18 +463,18 @@ fn buffered_commit_is_on_disk_after_flush() {
         .flush_interval(Duration::from_secs(3600))
         .open()
         .unwrap();
-    let queue = store.queue::<u32>("q").unwrap();
+    let queue = store.blocking_queue::<u32>("q").unwrap();
     let mut tx = store.begin();
     for i in 0..10 {
         queue.enqueue(&mut tx, i).unwrap();
     }
-    tx.commit().unwrap();
-    store.flush().unwrap();
+    tx.blocking_commit().unwrap();
+    store.blocking_flush().unwrap();
 
     let copy = guard.path().join("copy");
     snapshot(&path, &copy);
     let recovered = Store::open(&copy).unwrap();
-    let queue = recovered.queue::<u32>("q").unwrap();
+    let queue = recovered.blocking_queue::<u32>("q").unwrap();
     assert_eq!(drain(&recovered, &queue), (0..10).collect::<Vec<_>>());
     drop(store);
 }
@@ -466,15 +493,18 @@ fn a_transaction_larger_than_one_record_survives_whole_and_in_order() {
         .collect();
     {
         let store = Store::open(&path).unwrap();
-        let q = store.queue::<Vec<u8>>("big").unwrap();
+        let q = store.blocking_queue::<Vec<u8>>("big").unwrap();
         let mut tx = store.begin();
         for item in &items {
             q.enqueue(&mut tx, item.clone()).unwrap();
         }
-        tx.commit().unwrap();
+        tx.blocking_commit().unwrap();
         let mut tx = store.begin();
-        assert_eq!(q.try_dequeue(&mut tx).unwrap().as_ref(), Some(&items[0]));
-        tx.commit().unwrap();
+        assert_eq!(
+            q.blocking_try_dequeue(&mut tx).unwrap().as_ref(),
+            Some(&items[0])
+        );
+        tx.blocking_commit().unwrap();
     }
     {
         let db = common::open_raw_sled(&path);
@@ -486,8 +516,8 @@ fn a_transaction_larger_than_one_record_survives_whole_and_in_order() {
         );
     }
     let store = Store::open(&path).unwrap();
-    let q = store.queue::<Vec<u8>>("big").unwrap();
-    assert_eq!(q.count(), items.len() as u64 - 1);
+    let q = store.blocking_queue::<Vec<u8>>("big").unwrap();
+    assert_eq!(q.blocking_count().unwrap(), items.len() as u64 - 1);
     assert_eq!(drain(&store, &q), items[1..]);
 }
 
@@ -500,30 +530,33 @@ fn a_large_log_recovers_and_the_store_keeps_working() {
     let items: Vec<(u32, Vec<u8>)> = (0..40_000u32).map(|i| (i, vec![i as u8; 100])).collect();
     {
         let store = Store::open(&path).unwrap();
-        let q = store.queue::<(u32, Vec<u8>)>("q").unwrap();
+        let q = store.blocking_queue::<(u32, Vec<u8>)>("q").unwrap();
         for chunk in items.chunks(5_000) {
             let mut tx = store.begin();
             for item in chunk {
                 q.enqueue(&mut tx, item.clone()).unwrap();
             }
-            tx.commit().unwrap();
+            tx.blocking_commit().unwrap();
         }
     }
     {
         let store = Store::open(&path).unwrap();
-        let q = store.queue::<(u32, Vec<u8>)>("q").unwrap();
-        assert_eq!(q.count(), items.len() as u64);
+        let q = store.blocking_queue::<(u32, Vec<u8>)>("q").unwrap();
+        assert_eq!(q.blocking_count().unwrap(), items.len() as u64);
         let mut tx = store.begin();
         for expected in &items[..10] {
-            assert_eq!(q.try_dequeue(&mut tx).unwrap().as_ref(), Some(expected));
+            assert_eq!(
+                q.blocking_try_dequeue(&mut tx).unwrap().as_ref(),
+                Some(expected)
+            );
         }
-        tx.commit().unwrap();
+        tx.blocking_commit().unwrap();
         let mut tx = store.begin();
         q.enqueue(&mut tx, (u32::MAX, vec![1])).unwrap();
-        tx.commit().unwrap();
+        tx.blocking_commit().unwrap();
     }
     let store = Store::open(&path).unwrap();
-    let q = store.queue::<(u32, Vec<u8>)>("q").unwrap();
+    let q = store.blocking_queue::<(u32, Vec<u8>)>("q").unwrap();
     let mut expected = items[10..].to_vec();
     expected.push((u32::MAX, vec![1]));
     assert_eq!(drain(&store, &q), expected);

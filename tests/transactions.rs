@@ -43,19 +43,26 @@ enum Outcome {
 #[test]
 fn move_between_queues_aborted_leaves_both_unchanged() {
     on_both_stores(|store| {
-        let a = store.queue::<u64>("a").unwrap();
-        let b = store.queue::<u64>("b").unwrap();
+        let a = store.blocking_queue::<u64>("a").unwrap();
+        let b = store.blocking_queue::<u64>("b").unwrap();
         let mut tx = store.begin();
         a.enqueue(&mut tx, 7).unwrap();
-        tx.commit().unwrap();
+        tx.blocking_commit().unwrap();
 
         let mut tx = store.begin();
-        let item = a.try_dequeue(&mut tx).unwrap().unwrap();
+        let item = a.blocking_try_dequeue(&mut tx).unwrap().unwrap();
         b.enqueue(&mut tx, item).unwrap();
-        assert_eq!((a.count(), b.count()), (0, 0), "in flight");
-        tx.abort();
+        assert_eq!(
+            (a.blocking_count().unwrap(), b.blocking_count().unwrap()),
+            (0, 0),
+            "in flight"
+        );
+        tx.blocking_abort().expect("abort");
 
-        assert_eq!((a.count(), b.count()), (1, 0));
+        assert_eq!(
+            (a.blocking_count().unwrap(), b.blocking_count().unwrap()),
+            (1, 0)
+        );
         assert_eq!(peek_all(store, &a), [7]);
         assert!(peek_all(store, &b).is_empty());
     });
@@ -64,18 +71,21 @@ fn move_between_queues_aborted_leaves_both_unchanged() {
 #[test]
 fn move_between_queues_committed_moves_the_item() {
     on_both_stores(|store| {
-        let a = store.queue::<u64>("a").unwrap();
-        let b = store.queue::<u64>("b").unwrap();
+        let a = store.blocking_queue::<u64>("a").unwrap();
+        let b = store.blocking_queue::<u64>("b").unwrap();
         let mut tx = store.begin();
         a.enqueue(&mut tx, 7).unwrap();
-        tx.commit().unwrap();
+        tx.blocking_commit().unwrap();
 
         let mut tx = store.begin();
-        let item = a.try_dequeue(&mut tx).unwrap().unwrap();
+        let item = a.blocking_try_dequeue(&mut tx).unwrap().unwrap();
         b.enqueue(&mut tx, item).unwrap();
-        tx.commit().unwrap();
+        tx.blocking_commit().unwrap();
 
-        assert_eq!((a.count(), b.count()), (0, 1));
+        assert_eq!(
+            (a.blocking_count().unwrap(), b.blocking_count().unwrap()),
+            (0, 1)
+        );
         assert!(drain(store, &a).is_empty());
         assert_eq!(drain(store, &b), [7]);
     });
@@ -84,33 +94,39 @@ fn move_between_queues_committed_moves_the_item() {
 #[test]
 fn move_between_queues_of_different_item_types() {
     on_both_stores(|store| {
-        let jobs = store.queue::<Job>("jobs").unwrap();
-        let outcomes = store.queue::<Outcome>("outcomes").unwrap();
+        let jobs = store.blocking_queue::<Job>("jobs").unwrap();
+        let outcomes = store.blocking_queue::<Outcome>("outcomes").unwrap();
         let job = Job {
             id: 3,
             name: "resize".into(),
         };
         let mut tx = store.begin();
         jobs.enqueue(&mut tx, job.clone()).unwrap();
-        tx.commit().unwrap();
+        tx.blocking_commit().unwrap();
 
         // Aborted: the job stays, no outcome.
         let mut tx = store.begin();
-        let got = jobs.try_dequeue(&mut tx).unwrap().unwrap();
+        let got = jobs.blocking_try_dequeue(&mut tx).unwrap().unwrap();
         assert_eq!(got, job);
         outcomes.enqueue(&mut tx, Outcome::Failed(got.id)).unwrap();
         drop(tx);
-        assert_eq!((jobs.count(), outcomes.count()), (1, 0));
+        assert_eq!(
+            (
+                jobs.blocking_count().unwrap(),
+                outcomes.blocking_count().unwrap()
+            ),
+            (1, 0)
+        );
 
         // Committed: the job is gone, the outcome is there.
         let mut tx = store.begin();
-        let got = jobs.try_dequeue(&mut tx).unwrap().unwrap();
+        let got = jobs.blocking_try_dequeue(&mut tx).unwrap().unwrap();
         let done = Outcome::Done {
             job: got.id,
             note: format!("{} ok", got.name),
         };
         outcomes.enqueue(&mut tx, done.clone()).unwrap();
-        tx.commit().unwrap();
+        tx.blocking_commit().unwrap();
         assert!(drain(store, &jobs).is_empty());
         assert_eq!(drain(store, &outcomes), [done]);
     });
@@ -121,20 +137,20 @@ fn committed_move_survives_a_restart() {
     let (_guard, path) = temp_dir();
     {
         let store = Store::open(&path).unwrap();
-        let a = store.queue::<u64>("a").unwrap();
-        let b = store.queue::<String>("b").unwrap();
+        let a = store.blocking_queue::<u64>("a").unwrap();
+        let b = store.blocking_queue::<String>("b").unwrap();
         let mut tx = store.begin();
         a.enqueue(&mut tx, 1).unwrap();
         a.enqueue(&mut tx, 2).unwrap();
-        tx.commit().unwrap();
+        tx.blocking_commit().unwrap();
         let mut tx = store.begin();
-        let item = a.try_dequeue(&mut tx).unwrap().unwrap();
+        let item = a.blocking_try_dequeue(&mut tx).unwrap().unwrap();
         b.enqueue(&mut tx, format!("moved {item}")).unwrap();
-        tx.commit().unwrap();
+        tx.blocking_commit().unwrap();
     }
     let store = Store::open(&path).unwrap();
-    let a = store.queue::<u64>("a").unwrap();
-    let b = store.queue::<String>("b").unwrap();
+    let a = store.blocking_queue::<u64>("a").unwrap();
+    let b = store.blocking_queue::<String>("b").unwrap();
     assert_eq!(drain(&store, &a), [2]);
     assert_eq!(drain(&store, &b), ["moved 1"]);
 }
@@ -142,30 +158,51 @@ fn committed_move_survives_a_restart() {
 #[test]
 fn three_queue_transaction_commits_all_or_nothing() {
     on_both_stores(|store| {
-        let inbox = store.queue::<u32>("inbox").unwrap();
-        let audit = store.queue::<String>("audit").unwrap();
-        let out = store.queue::<(u32, bool)>("out").unwrap();
+        let inbox = store.blocking_queue::<u32>("inbox").unwrap();
+        let audit = store.blocking_queue::<String>("audit").unwrap();
+        let out = store.blocking_queue::<(u32, bool)>("out").unwrap();
         let mut tx = store.begin();
         inbox.enqueue(&mut tx, 1).unwrap();
         inbox.enqueue(&mut tx, 2).unwrap();
-        tx.commit().unwrap();
+        tx.blocking_commit().unwrap();
 
         let work = |store: &Store| {
             let mut tx = store.begin();
-            let x = inbox.try_dequeue(&mut tx).unwrap().unwrap();
+            let x = inbox.blocking_try_dequeue(&mut tx).unwrap().unwrap();
             audit.enqueue(&mut tx, format!("saw {x}")).unwrap();
             out.enqueue(&mut tx, (x, true)).unwrap();
-            assert_eq!((inbox.count(), audit.count(), out.count()), (1, 0, 0));
+            assert_eq!(
+                (
+                    inbox.blocking_count().unwrap(),
+                    audit.blocking_count().unwrap(),
+                    out.blocking_count().unwrap()
+                ),
+                (1, 0, 0)
+            );
             (tx, x)
         };
 
         let (tx, _) = work(store);
-        tx.abort();
-        assert_eq!((inbox.count(), audit.count(), out.count()), (2, 0, 0));
+        tx.blocking_abort().expect("abort");
+        assert_eq!(
+            (
+                inbox.blocking_count().unwrap(),
+                audit.blocking_count().unwrap(),
+                out.blocking_count().unwrap()
+            ),
+            (2, 0, 0)
+        );
 
         let (tx, x) = work(store);
-        tx.commit().unwrap();
-        assert_eq!((inbox.count(), audit.count(), out.count()), (1, 1, 1));
+        tx.blocking_commit().unwrap();
+        assert_eq!(
+            (
+                inbox.blocking_count().unwrap(),
+                audit.blocking_count().unwrap(),
+                out.blocking_count().unwrap()
+            ),
+            (1, 1, 1)
+        );
         assert_eq!(drain(store, &audit), [format!("saw {x}")]);
         assert_eq!(drain(store, &out), [(x, true)]);
         let rest = drain(store, &inbox);
@@ -185,11 +222,11 @@ fn transaction_of_another_store_is_rejected_and_changes_nothing() {
     for pair in [(0, 1), (1, 0), (0, 2)] {
         let (mine, theirs) = (&stores[pair.0], &stores[pair.1]);
         let queue = theirs
-            .queue::<u32>(&format!("q{}{}", pair.0, pair.1))
+            .blocking_queue::<u32>(&format!("q{}{}", pair.0, pair.1))
             .unwrap();
         let mut setup = theirs.begin();
         queue.enqueue(&mut setup, 5).unwrap();
-        setup.commit().unwrap();
+        setup.blocking_commit().unwrap();
 
         let mut tx = mine.begin();
         match queue.enqueue(&mut tx, 6) {
@@ -197,7 +234,7 @@ fn transaction_of_another_store_is_rejected_and_changes_nothing() {
             other => panic!("enqueue with a foreign transaction: {other:?}"),
         }
         assert!(matches!(
-            queue.try_dequeue(&mut tx),
+            queue.blocking_try_dequeue(&mut tx),
             Err(Error::WrongStore { .. })
         ));
         assert!(matches!(
@@ -205,8 +242,12 @@ fn transaction_of_another_store_is_rejected_and_changes_nothing() {
             Err(Error::WrongStore { .. })
         ));
         assert_eq!((tx.enqueued(), tx.dequeued()), (0, 0));
-        assert_eq!(queue.count(), 1, "the foreign queue kept its item");
-        tx.commit().unwrap();
+        assert_eq!(
+            queue.blocking_count().unwrap(),
+            1,
+            "the foreign queue kept its item"
+        );
+        tx.blocking_commit().unwrap();
         assert_eq!(peek_all(theirs, &queue), [5]);
     }
 }
@@ -215,43 +256,50 @@ fn transaction_of_another_store_is_rejected_and_changes_nothing() {
 fn a_clone_of_the_store_is_the_same_store() {
     on_both_stores(|store| {
         let other = store.clone();
-        let queue = other.queue::<u32>("q").unwrap();
+        let queue = other.blocking_queue::<u32>("q").unwrap();
         let mut tx = store.begin();
         queue.enqueue(&mut tx, 1).unwrap();
-        tx.commit().unwrap();
-        assert_eq!(store.queue::<u32>("q").unwrap().count(), 1);
+        tx.blocking_commit().unwrap();
+        assert_eq!(
+            store
+                .blocking_queue::<u32>("q")
+                .unwrap()
+                .blocking_count()
+                .unwrap(),
+            1
+        );
     });
 }
 
 #[test]
 fn committing_an_empty_transaction_is_ok() {
     on_both_stores(|store| {
-        let queue = store.queue::<u32>("q").unwrap();
-        store.begin().commit().unwrap();
+        let queue = store.blocking_queue::<u32>("q").unwrap();
+        store.begin().blocking_commit().unwrap();
 
         // A transaction whose dequeue found nothing is empty too.
         let mut tx = store.begin();
-        assert_eq!(queue.try_dequeue(&mut tx).unwrap(), None);
-        tx.commit().unwrap();
+        assert_eq!(queue.blocking_try_dequeue(&mut tx).unwrap(), None);
+        tx.blocking_commit().unwrap();
 
         let runtime = tokio::runtime::Builder::new_current_thread()
             .build()
             .unwrap();
-        runtime.block_on(store.begin().commit_async()).unwrap();
-        assert_eq!(queue.count(), 0);
+        runtime.block_on(store.begin().commit()).unwrap();
+        assert_eq!(queue.blocking_count().unwrap(), 0);
     });
 }
 
 #[test]
-fn commit_async_applies_the_transaction() {
+fn async_commit_applies_the_transaction() {
     on_both_stores(|store| {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
             .build()
             .unwrap();
-        let queue = store.queue::<u64>("q").unwrap();
-        let done = store.queue::<u64>("done").unwrap();
+        let queue = store.blocking_queue::<u64>("q").unwrap();
+        let done = store.blocking_queue::<u64>("done").unwrap();
         runtime.block_on(async {
             // Consumers wait for items; producers commit asynchronously.
             let consumers: Vec<_> = (0..2)
@@ -262,7 +310,7 @@ fn commit_async_applies_the_transaction() {
                             let mut tx = store.begin();
                             let item = queue.dequeue(&mut tx).await.unwrap();
                             done.enqueue(&mut tx, item).unwrap();
-                            tx.commit_async().await.unwrap();
+                            tx.commit().await.unwrap();
                         }
                     })
                 })
@@ -274,7 +322,7 @@ fn commit_async_applies_the_transaction() {
                         for i in 0..5 {
                             let mut tx = store.begin();
                             queue.enqueue(&mut tx, p * 100 + i).unwrap();
-                            tx.commit_async().await.unwrap();
+                            tx.commit().await.unwrap();
                         }
                     })
                 })
@@ -286,7 +334,7 @@ fn commit_async_applies_the_transaction() {
                     .unwrap();
             }
         });
-        assert_eq!(queue.count(), 0);
+        assert_eq!(queue.blocking_count().unwrap(), 0);
         let mut moved = drain(store, &done);
         moved.sort_unstable();
         let expected: Vec<u64> = (0..4)
@@ -299,7 +347,7 @@ fn commit_async_applies_the_transaction() {
 #[test]
 fn blocking_dequeue_timeout_gives_none_on_an_empty_queue() {
     on_both_stores(|store| {
-        let queue = store.queue::<u32>("q").unwrap();
+        let queue = store.blocking_queue::<u32>("q").unwrap();
         let mut tx = store.begin();
         let start = Instant::now();
         let got = queue
@@ -312,14 +360,14 @@ fn blocking_dequeue_timeout_gives_none_on_an_empty_queue() {
         );
         assert_eq!(tx.dequeued(), 0);
         assert_eq!(queue.waiters(), 0, "the request was withdrawn");
-        tx.commit().unwrap();
+        tx.blocking_commit().unwrap();
     });
 }
 
 #[test]
 fn blocking_dequeue_timeout_gets_an_item_once_committed() {
     on_both_stores(|store| {
-        let queue = store.queue::<u32>("q").unwrap();
+        let queue = store.blocking_queue::<u32>("q").unwrap();
         let consumer = {
             let (store, queue) = (store.clone(), queue.clone());
             thread::spawn(move || {
@@ -327,7 +375,7 @@ fn blocking_dequeue_timeout_gets_an_item_once_committed() {
                 let got = queue
                     .blocking_dequeue_timeout(&mut tx, Duration::from_secs(30))
                     .unwrap();
-                tx.commit().unwrap();
+                tx.blocking_commit().unwrap();
                 got
             })
         };
@@ -335,9 +383,9 @@ fn blocking_dequeue_timeout_gets_an_item_once_committed() {
         let mut tx = store.begin();
         queue.enqueue(&mut tx, 42).unwrap();
         assert_eq!(queue.waiters(), 1, "an uncommitted item wakes nobody");
-        tx.commit().unwrap();
+        tx.blocking_commit().unwrap();
         assert_eq!(consumer.join().unwrap(), Some(42));
-        assert_eq!(queue.count(), 0);
+        assert_eq!(queue.blocking_count().unwrap(), 0);
         assert!(drain(store, &queue).is_empty());
     });
 }
@@ -345,25 +393,25 @@ fn blocking_dequeue_timeout_gets_an_item_once_committed() {
 #[test]
 fn waiting_consumer_gets_an_item_another_transaction_aborts() {
     on_both_stores(|store| {
-        let queue = store.queue::<u32>("q").unwrap();
+        let queue = store.blocking_queue::<u32>("q").unwrap();
         let mut tx = store.begin();
         queue.enqueue(&mut tx, 9).unwrap();
-        tx.commit().unwrap();
+        tx.blocking_commit().unwrap();
 
         let mut holder = store.begin();
-        assert_eq!(queue.try_dequeue(&mut holder).unwrap(), Some(9));
+        assert_eq!(queue.blocking_try_dequeue(&mut holder).unwrap(), Some(9));
         let consumer = {
             let (store, queue) = (store.clone(), queue.clone());
             thread::spawn(move || {
                 let mut tx = store.begin();
                 let got = queue.blocking_dequeue(&mut tx).unwrap();
-                tx.commit().unwrap();
+                tx.blocking_commit().unwrap();
                 got
             })
         };
         wait_until("the consumer to wait", || queue.waiters() == 1);
-        holder.abort();
+        holder.blocking_abort().expect("abort");
         assert_eq!(consumer.join().unwrap(), 9);
-        assert_eq!(queue.count(), 0);
+        assert_eq!(queue.blocking_count().unwrap(), 0);
     });
 }

@@ -50,7 +50,7 @@ impl Fixture {
                 (Some(dir), Some(path), store)
             }
         };
-        let q = store.queue::<u64>("jobs").expect("open the queue");
+        let q = store.blocking_queue::<u64>("jobs").expect("open the queue");
         Fixture {
             store,
             q,
@@ -64,7 +64,7 @@ impl Fixture {
         for &item in items {
             self.q.enqueue(&mut tx, item).expect("enqueue");
         }
-        tx.commit().expect("commit");
+        tx.blocking_commit().expect("commit");
     }
 
     async fn commit_async(&self, items: &[u64]) {
@@ -72,7 +72,7 @@ impl Fixture {
         for &item in items {
             self.q.enqueue(&mut tx, item).expect("enqueue");
         }
-        tx.commit_async().await.expect("commit");
+        tx.commit().await.expect("commit");
     }
 }
 
@@ -161,7 +161,7 @@ fn spawn_waiter(f: &Fixture) -> tokio::task::JoinHandle<u64> {
     tokio::spawn(async move {
         let mut tx = store.begin();
         let item = q.dequeue(&mut tx).await.expect("dequeue");
-        tx.commit_async().await.expect("commit the dequeue");
+        tx.commit().await.expect("commit the dequeue");
         item
     })
 }
@@ -170,17 +170,17 @@ async fn waiter_is_woken_by_commit(kind: Kind) {
     let f = Fixture::new(kind);
     let waiter = spawn_waiter(&f);
     until_waiters(&f.q, 1).await;
-    assert_eq!(f.q.count(), 0);
+    assert_eq!(f.q.count().await.unwrap(), 0);
     f.commit_async(&[7]).await;
     assert_eq!(waiter.await.expect("waiter task"), 7);
-    assert_eq!((f.q.count(), f.q.waiters()), (0, 0));
+    assert_eq!((f.q.count().await.unwrap(), f.q.waiters()), (0, 0));
 
     // With an item visible, `dequeue` does not wait at all.
     f.commit_async(&[8]).await;
     let mut tx = f.store.begin();
     let first = poll_once(pin!(f.q.dequeue(&mut tx)));
     assert!(matches!(first, Poll::Ready(Ok(8))), "{first:?}");
-    tx.commit_async().await.expect("commit");
+    tx.commit().await.expect("commit");
     assert_eq!(f.q.waiters(), 0);
 }
 
@@ -208,7 +208,7 @@ async fn each_of_64_waiters_is_served_once(kind: Kind) {
         (0..N).collect::<Vec<_>>(),
         "each item to exactly one waiter"
     );
-    assert_eq!((f.q.count(), f.q.waiters()), (0, 0));
+    assert_eq!((f.q.count().await.unwrap(), f.q.waiters()), (0, 0));
     assert!(drain(&f.store, &f.q).is_empty());
 }
 
@@ -224,7 +224,7 @@ async fn waiters_are_served_first_come_first_served(kind: Kind) {
         waiters.push(tokio::spawn(async move {
             let mut tx = store.begin();
             let item = q.dequeue(&mut tx).await.expect("dequeue");
-            tx.commit_async().await.expect("commit the dequeue");
+            tx.commit().await.expect("commit the dequeue");
             served_tx.send((place, item)).expect("report");
         }));
         until_waiters(&f.q, place as usize + 1).await;
@@ -241,7 +241,7 @@ async fn waiters_are_served_first_come_first_served(kind: Kind) {
     for waiter in waiters {
         waiter.await.expect("waiter task");
     }
-    assert_eq!((f.q.count(), f.q.waiters()), (0, 0));
+    assert_eq!((f.q.count().await.unwrap(), f.q.waiters()), (0, 0));
 }
 
 /// Consumers that give up at random moments (a timeout around `dequeue`), and sometimes
@@ -283,11 +283,11 @@ async fn consumers_timing_out_lose_nothing(kind: Kind) {
                         Ok(item) if abort => {
                             item.expect("dequeue");
                             aborts += 1;
-                            tx.abort();
+                            tx.abort().await.expect("abort");
                         }
                         Ok(item) => {
                             let item = item.expect("dequeue");
-                            tx.commit_async().await.expect("commit the dequeue");
+                            tx.commit().await.expect("commit the dequeue");
                             consumed.lock().unwrap().push(item);
                         }
                     }
@@ -331,7 +331,7 @@ async fn consumers_timing_out_lose_nothing(kind: Kind) {
         0,
         "a consumer that gave up is still registered"
     );
-    let count = f.q.count();
+    let count = f.q.count().await.unwrap();
     let remaining = drain(&f.store, &f.q);
     assert_eq!(count, remaining.len() as u64, "count() is what is left");
     let acknowledged = acknowledged.lock().unwrap();
@@ -355,21 +355,22 @@ async fn dropping_a_served_future_puts_the_item_back(kind: Kind) {
         assert_eq!(f.q.waiters(), 1);
         f.commit_async(&[42]).await;
         // Handed to the registered request: neither visible nor waiting.
-        assert_eq!((f.q.count(), f.q.waiters()), (0, 0));
+        assert_eq!((f.q.count().await.unwrap(), f.q.waiters()), (0, 0));
     }
     assert_eq!(
         tx.dequeued(),
         0,
         "the dropped future left the transaction untouched"
     );
-    assert_eq!((f.q.count(), f.q.waiters()), (1, 0));
+    assert_eq!((f.q.count().await.unwrap(), f.q.waiters()), (1, 0));
     let mut other = f.store.begin();
-    assert_eq!(f.q.try_dequeue(&mut other).expect("try_dequeue"), Some(42));
-    other.commit_async().await.expect("commit");
-    tx.commit_async()
-        .await
-        .expect("commit the empty transaction");
-    assert_eq!(f.q.count(), 0);
+    assert_eq!(
+        f.q.try_dequeue(&mut other).await.expect("try_dequeue"),
+        Some(42)
+    );
+    other.commit().await.expect("commit");
+    tx.commit().await.expect("commit the empty transaction");
+    assert_eq!(f.q.count().await.unwrap(), 0);
 }
 
 /// While a consumer waits, a committed item goes to it, not to a `try_dequeue` that comes
@@ -380,15 +381,18 @@ async fn try_dequeue_does_not_jump_the_line(kind: Kind) {
     until_waiters(&f.q, 1).await;
     f.commit_async(&[5]).await;
     let mut tx = f.store.begin();
-    assert_eq!(f.q.try_dequeue(&mut tx).expect("try_dequeue"), None);
-    tx.abort();
+    assert_eq!(f.q.try_dequeue(&mut tx).await.expect("try_dequeue"), None);
+    tx.abort().await.expect("abort");
     assert_eq!(waiter.await.expect("waiter task"), 5);
     // With nobody waiting, `try_dequeue` takes the next item at once.
     f.commit_async(&[6]).await;
     let mut tx = f.store.begin();
-    assert_eq!(f.q.try_dequeue(&mut tx).expect("try_dequeue"), Some(6));
-    tx.commit_async().await.expect("commit");
-    assert_eq!((f.q.count(), f.q.waiters()), (0, 0));
+    assert_eq!(
+        f.q.try_dequeue(&mut tx).await.expect("try_dequeue"),
+        Some(6)
+    );
+    tx.commit().await.expect("commit");
+    assert_eq!((f.q.count().await.unwrap(), f.q.waiters()), (0, 0));
 }
 
 fn blocking_dequeue_is_woken_by_commit(kind: Kind) {
@@ -400,7 +404,7 @@ fn blocking_dequeue_is_woken_by_commit(kind: Kind) {
         std::thread::spawn(move || {
             let mut tx = store.begin();
             let item = q.blocking_dequeue(&mut tx).expect("blocking_dequeue");
-            tx.commit().expect("commit the dequeue");
+            tx.blocking_commit().expect("commit the dequeue");
             served_tx.send(item).expect("report");
         });
     }
@@ -417,7 +421,7 @@ fn blocking_dequeue_is_woken_by_commit(kind: Kind) {
         .collect();
     served.sort_unstable();
     assert_eq!(served, (0..THREADS).collect::<Vec<_>>());
-    assert_eq!((f.q.count(), f.q.waiters()), (0, 0));
+    assert_eq!((f.q.blocking_count().unwrap(), f.q.waiters()), (0, 0));
 }
 
 fn blocking_dequeue_timeout_gives_up(kind: Kind) {
@@ -435,11 +439,11 @@ fn blocking_dequeue_timeout_gives_up(kind: Kind) {
         start.elapsed()
     );
     assert_eq!((f.q.waiters(), tx.dequeued()), (0, 0));
-    tx.abort();
+    tx.blocking_abort().expect("abort");
 
     // An item committed afterwards is visible to everyone, not held for the one that left.
     f.commit(&[3]);
-    assert_eq!(f.q.count(), 1);
+    assert_eq!(f.q.blocking_count().unwrap(), 1);
 }
 
 fn blocking_dequeue_timeout_is_woken_by_commit(kind: Kind) {
@@ -455,7 +459,7 @@ fn blocking_dequeue_timeout_is_woken_by_commit(kind: Kind) {
                 .blocking_dequeue_timeout(&mut tx, patience)
                 .expect("blocking_dequeue_timeout");
             let waited = start.elapsed();
-            tx.commit().expect("commit the dequeue");
+            tx.blocking_commit().expect("commit the dequeue");
             result_tx.send((got, waited)).expect("report");
         });
     }
@@ -466,13 +470,13 @@ fn blocking_dequeue_timeout_is_woken_by_commit(kind: Kind) {
         .expect("the consumer never returned");
     assert_eq!(got, Some(11));
     assert!(waited < patience, "woken by the commit, not by the timeout");
-    assert_eq!((f.q.count(), f.q.waiters()), (0, 0));
+    assert_eq!((f.q.blocking_count().unwrap(), f.q.waiters()), (0, 0));
 }
 
-/// Many tasks committing with `commit_async` on a multi-thread runtime: every commit is
+/// Many tasks committing with `commit().await` on a multi-thread runtime: every commit is
 /// durable, and all of them are there after the store is reopened.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn commit_async_from_many_tasks_is_durable() {
+async fn async_commit_from_many_tasks_is_durable() {
     const TASKS: u64 = 64;
     const COMMITS: u64 = 8;
     let f = Fixture::new(Kind::Disk);
@@ -484,7 +488,7 @@ async fn commit_async_from_many_tasks_is_durable() {
                 for c in 0..COMMITS {
                     let mut tx = store.begin();
                     q.enqueue(&mut tx, t * 100 + c).expect("enqueue");
-                    tx.commit_async().await.expect("commit_async");
+                    tx.commit().await.expect("commit");
                 }
             })
         })
@@ -496,12 +500,12 @@ async fn commit_async_from_many_tasks_is_durable() {
     })
     .await
     .expect("the commits did not finish in time");
-    assert_eq!(f.q.count(), TASKS * COMMITS);
+    assert_eq!(f.q.count().await.unwrap(), TASKS * COMMITS);
     let Fixture { store, q, _dir, .. } = f;
     drop((store, q));
 
     let store = Store::open(&path).expect("reopen the store");
-    let q = store.queue::<u64>("jobs").expect("open the queue");
+    let q = store.queue::<u64>("jobs").await.expect("open the queue");
     let mut found = drain(&store, &q);
     found.sort_unstable();
     let expected: Vec<u64> = (0..TASKS)

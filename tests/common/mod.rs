@@ -25,7 +25,7 @@ where
         let mut tx = store.begin();
         let mut got = 0;
         while got < 256 {
-            match queue.try_dequeue(&mut tx).expect("dequeue") {
+            match queue.blocking_try_dequeue(&mut tx).expect("dequeue") {
                 Some(item) => {
                     out.push(item);
                     got += 1;
@@ -33,7 +33,7 @@ where
                 None => break,
             }
         }
-        tx.commit().expect("commit drain");
+        tx.blocking_commit().expect("commit drain");
         if got == 0 {
             return out;
         }
@@ -47,10 +47,10 @@ where
 {
     let mut tx = store.begin();
     let mut out = Vec::new();
-    while let Some(item) = queue.try_dequeue(&mut tx).expect("dequeue") {
+    while let Some(item) = queue.blocking_try_dequeue(&mut tx).expect("dequeue") {
         out.push(item);
     }
-    tx.abort();
+    tx.blocking_abort().expect("abort");
     out
 }
 
