@@ -130,21 +130,17 @@ fn decode_serde<T: DeserializeOwned>(rest: &[u8]) -> Result<T, DecodeError> {
 /// The raw bytes of `item` if it is of a byte-like type, whose postcard encoding is a varint
 /// length followed by these bytes.
 fn raw_bytes<T: 'static>(item: &T) -> Option<&[u8]> {
+    // `RawKind::of` compares constant type ids and folds away for every other `T`, so they
+    // pay nothing here; only a byte-like `T` goes through `Any`.
+    let kind = RawKind::of::<T>()?;
     let item: &dyn Any = item;
-    if let Some(v) = item.downcast_ref::<Vec<u8>>() {
-        Some(v)
-    } else if let Some(s) = item.downcast_ref::<String>() {
-        Some(s.as_bytes())
-    } else if let Some(b) = item.downcast_ref::<bytes::Bytes>() {
-        Some(b)
-    } else if let Some(b) = item.downcast_ref::<Box<[u8]>>() {
-        Some(b)
-    } else if let Some(b) = item.downcast_ref::<bytes::BytesMut>() {
-        Some(b)
-    } else if let Some(s) = item.downcast_ref::<Box<str>>() {
-        Some(s.as_bytes())
-    } else {
-        None
+    match kind {
+        RawKind::Vec => item.downcast_ref::<Vec<u8>>().map(Vec::as_slice),
+        RawKind::String => item.downcast_ref::<String>().map(String::as_bytes),
+        RawKind::Bytes => item.downcast_ref::<bytes::Bytes>().map(|b| &b[..]),
+        RawKind::BoxSlice => item.downcast_ref::<Box<[u8]>>().map(|b| &b[..]),
+        RawKind::BytesMut => item.downcast_ref::<bytes::BytesMut>().map(|b| &b[..]),
+        RawKind::BoxStr => item.downcast_ref::<Box<str>>().map(|s| s.as_bytes()),
     }
 }
 
