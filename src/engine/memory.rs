@@ -5,6 +5,8 @@
 
 use std::sync::Arc;
 
+use crossbeam_utils::CachePadded;
+
 use super::catalog::Catalog;
 use super::Work;
 use crate::core::{publish_all, QueueCore};
@@ -14,7 +16,8 @@ use crate::sync::process::{AtomicU64, Ordering};
 #[derive(Debug, Default)]
 pub(crate) struct Memory {
     catalog: Catalog,
-    next_id: AtomicU64,
+    /// The id of the next committed item; written by every commit, so on a line of its own.
+    next_id: CachePadded<AtomicU64>,
 }
 
 impl Memory {

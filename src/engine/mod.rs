@@ -26,6 +26,7 @@ mod wait;
 use std::sync::Arc;
 use std::task::{Poll, Waker};
 
+use crossbeam_utils::CachePadded;
 use smallvec::SmallVec;
 
 use self::catalog::Catalog;
@@ -96,9 +97,21 @@ impl Drop for Waiting<'_> {
 #[derive(Debug)]
 pub(crate) struct Engine {
     config: Config,
+    /// What every call reads: padded so that the counters written on every commit (the
+    /// `Arc`'s, the memory engine's ids) do not share its cache line.
+    hot: CachePadded<Hot>,
+    flavor: Flavor,
+}
+
+/// The engine's state read on every call and (almost) never written.
+#[derive(Debug)]
+struct Hot {
     /// Set by the first `close`: every later call fails with [`Error::Closed`].
     closed: AtomicBool,
-    flavor: Flavor,
+    /// `Config::max_item_size`.
+    max_item_size: usize,
+    /// `Config::max_transaction_size`.
+    max_transaction_size: usize,
 }
 
 #[derive(Debug)]
@@ -115,8 +128,12 @@ impl Engine {
             None => Flavor::Memory(memory::Memory::new()),
         };
         Ok(Engine {
+            hot: CachePadded::new(Hot {
+                closed: AtomicBool::new(false),
+                max_item_size: config.max_item_size,
+                max_transaction_size: config.max_transaction_size,
+            }),
             config,
-            closed: AtomicBool::new(false),
             flavor,
         })
     }
@@ -134,7 +151,7 @@ impl Engine {
 
     /// Fails with [`Error::Closed`] once the store is closed.
     pub(crate) fn check_open(&self) -> Result<()> {
-        if self.closed.load(Ordering::Acquire) {
+        if self.hot.closed.load(Ordering::Acquire) {
             Err(Error::Closed)
         } else {
             Ok(())
@@ -207,7 +224,7 @@ impl Engine {
         work: &mut Work,
         bytes: Box<[u8]>,
     ) -> Result<()> {
-        let limits = &self.config;
+        let limits = &*self.hot;
         if bytes.len() > limits.max_item_size {
             return Err(Error::ItemTooLarge {
                 queue: queue.name().to_owned(),
@@ -302,7 +319,7 @@ impl Engine {
     /// [`commit`](Self::commit) for threads.
     pub(crate) fn blocking_commit(&self, work: Work) -> Result<()> {
         match &self.flavor {
-            Flavor::Memory(m) if !self.closed.load(Ordering::Acquire) => {
+            Flavor::Memory(m) if !self.hot.closed.load(Ordering::Acquire) => {
                 m.commit(work);
                 Ok(())
             }
@@ -338,7 +355,7 @@ impl Engine {
     /// directory released. Returns the final flush's outcome; a second close gets
     /// [`Error::Closed`].
     pub(crate) async fn close(&self) -> Result<()> {
-        if self.closed.swap(true, Ordering::AcqRel) {
+        if self.hot.closed.swap(true, Ordering::AcqRel) {
             return Err(Error::Closed);
         }
         self.catalog().close_queues();
@@ -358,7 +375,7 @@ impl Drop for Engine {
     fn drop(&mut self) {
         // The last handle is gone: close, if nobody did. There is nobody left to tell about a
         // failed final flush but the log.
-        if !self.closed.load(Ordering::Acquire) {
+        if !self.hot.closed.load(Ordering::Acquire) {
             if let Err(e) = self.blocking_close() {
                 tracing::error!(error = %e, "closing the store failed");
             }
