@@ -124,8 +124,7 @@ impl Transaction {
     /// # Ok(()) }
     /// ```
     pub async fn commit(mut self) -> Result<()> {
-        let work = std::mem::take(&mut self.work);
-        self.engine.commit(work).await
+        self.engine.commit(&mut self.work).await
     }
 
     /// [`commit`](Transaction::commit) for threads: blocks until the commit is durable.
@@ -147,8 +146,7 @@ impl Transaction {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn blocking_commit(mut self) -> Result<()> {
-        let work = std::mem::take(&mut self.work);
-        self.engine.blocking_commit(work)
+        self.engine.blocking_commit(&mut self.work)
     }
 
     /// Discards the enqueues and puts the dequeued items back at the front of their queues,

@@ -35,16 +35,15 @@ impl Memory {
             .map(|(core, _)| core)
     }
 
-    /// Applies a commit: ids in commit order, items visible at once.
-    pub(crate) fn commit(&self, work: Work) {
-        let Work {
-            enqueues, dequeued, ..
-        } = work;
-        if !enqueues.is_empty() {
-            let n = u64::try_from(enqueues.len()).unwrap_or(u64::MAX);
+    /// Applies a commit, leaving `work` empty: ids in commit order, items visible at once.
+    #[inline]
+    pub(crate) fn commit(&self, work: &mut Work) {
+        if !work.enqueues.is_empty() {
+            let n = u64::try_from(work.enqueues.len()).unwrap_or(u64::MAX);
             let first = self.next_id.fetch_add(n, Ordering::Relaxed);
-            publish_all(enqueues, first);
+            publish_all(std::mem::take(&mut work.enqueues), first);
         }
-        drop(dequeued);
+        work.dequeued.clear();
+        work.enqueued_bytes = 0;
     }
 }

@@ -138,6 +138,7 @@ impl Engine {
         })
     }
 
+    #[inline]
     pub(crate) fn config(&self) -> &Config {
         &self.config
     }
@@ -150,6 +151,7 @@ impl Engine {
     }
 
     /// Fails with [`Error::Closed`] once the store is closed.
+    #[inline]
     pub(crate) fn check_open(&self) -> Result<()> {
         if self.hot.closed.load(Ordering::Acquire) {
             Err(Error::Closed)
@@ -205,6 +207,7 @@ impl Engine {
     }
 
     /// Items visible in `queue` now.
+    #[inline]
     pub(crate) fn count(&self, queue: &QueueRef) -> Result<u64> {
         self.check_open()?;
         Ok(queue.core.count())
@@ -218,6 +221,7 @@ impl Engine {
     // ---- enqueues and dequeues ----
 
     /// Buffers an encoded item in `work`, within the item and transaction size limits.
+    #[inline]
     pub(crate) fn enqueue(
         &self,
         queue: &QueueRef,
@@ -248,6 +252,7 @@ impl Engine {
 
     /// Takes the front item of `queue` into `work`, without waiting. Returns a reference to
     /// the held entry, to decode.
+    #[inline]
     pub(crate) fn try_dequeue<'w>(
         &self,
         queue: &QueueRef,
@@ -298,10 +303,11 @@ impl Engine {
 
     // ---- transactions -------------------------------------------------------------------
 
-    /// Applies `work` atomically and durably.
-    pub(crate) async fn commit(&self, work: Work) -> Result<()> {
+    /// Applies `work` atomically and durably, leaving it empty. On failure its dequeued
+    /// items are back in their queues.
+    pub(crate) async fn commit(&self, work: &mut Work) -> Result<()> {
         if let Err(e) = self.check_open() {
-            abort(work);
+            abort(std::mem::take(work));
             return Err(e);
         }
         if work.is_empty() {
@@ -312,12 +318,13 @@ impl Engine {
                 m.commit(work);
                 Ok(())
             }
-            Flavor::Sled(s) => s.commit(work).await,
+            Flavor::Sled(s) => s.commit(std::mem::take(work)).await,
         }
     }
 
     /// [`commit`](Self::commit) for threads.
-    pub(crate) fn blocking_commit(&self, work: Work) -> Result<()> {
+    #[inline]
+    pub(crate) fn blocking_commit(&self, work: &mut Work) -> Result<()> {
         match &self.flavor {
             Flavor::Memory(m) if !self.hot.closed.load(Ordering::Acquire) => {
                 m.commit(work);
@@ -330,6 +337,7 @@ impl Engine {
     /// Discards `work`: the enqueues are dropped, the dequeued items go back to the front of
     /// their queues, visible at once. On the embedded engines this never waits and cannot
     /// fail; it is also what dropping a transaction does.
+    #[inline]
     pub(crate) fn abort(&self, work: Work) {
         abort(work);
     }
@@ -384,6 +392,7 @@ impl Drop for Engine {
 }
 
 /// Moves a dequeued entry into `work` and returns it there.
+#[inline]
 fn hold<'w>(work: &'w mut Work, queue: &QueueRef, entry: Entry) -> &'w Entry {
     work.dequeued.push((queue.core.clone(), entry));
     &work.dequeued[work.dequeued.len() - 1].1
