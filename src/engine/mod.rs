@@ -306,31 +306,39 @@ impl Engine {
     /// Applies `work` atomically and durably, leaving it empty. On failure its dequeued
     /// items are back in their queues.
     pub(crate) async fn commit(&self, work: &mut Work) -> Result<()> {
-        if let Err(e) = self.check_open() {
-            abort(std::mem::take(work));
-            return Err(e);
-        }
-        if work.is_empty() {
-            return Ok(());
-        }
-        match &self.flavor {
-            Flavor::Memory(m) => {
-                m.commit(work);
-                Ok(())
-            }
-            Flavor::Sled(s) => s.commit(std::mem::take(work)).await,
+        // Everything but the wait happens before the first await, so the future keeps only
+        // the reply's receiver across it, not the work.
+        match self.start_commit(work) {
+            Committing::Done(outcome) => outcome,
+            Committing::Waiting(reply) => sled::answer(reply).await,
         }
     }
 
     /// [`commit`](Self::commit) for threads.
     #[inline]
     pub(crate) fn blocking_commit(&self, work: &mut Work) -> Result<()> {
+        match self.start_commit(work) {
+            Committing::Done(outcome) => outcome,
+            Committing::Waiting(reply) => block_on(sled::answer(reply)),
+        }
+    }
+
+    /// Applies `work` where that needs no waiting, or hands it to the engine.
+    #[inline]
+    fn start_commit(&self, work: &mut Work) -> Committing {
+        if let Err(e) = self.check_open() {
+            abort(std::mem::take(work));
+            return Committing::Done(Err(e));
+        }
+        if work.is_empty() {
+            return Committing::Done(Ok(()));
+        }
         match &self.flavor {
-            Flavor::Memory(m) if !self.hot.closed.load(Ordering::Acquire) => {
+            Flavor::Memory(m) => {
                 m.commit(work);
-                Ok(())
+                Committing::Done(Ok(()))
             }
-            _ => block_on(self.commit(work)),
+            Flavor::Sled(s) => Committing::Waiting(s.submit(std::mem::take(work))),
         }
     }
 
@@ -389,6 +397,15 @@ impl Drop for Engine {
             }
         }
     }
+}
+
+/// A commit on its way.
+#[derive(Debug)]
+enum Committing {
+    /// Applied (or refused) already.
+    Done(Result<()>),
+    /// Submitted to the sled engine's committer: its answer comes on this receiver.
+    Waiting(sled::Answer),
 }
 
 /// Moves a dequeued entry into `work` and returns it there.

@@ -41,8 +41,11 @@ use crate::sync::process::Mutex;
 /// reads as [`Error::Closed`].
 pub(crate) type Reply = oneshot::Sender<Result<()>>;
 
+/// Where the committer's answer arrives.
+pub(crate) type Answer = oneshot::Receiver<Result<()>>;
+
 /// Waits for the committer's answer.
-async fn answer(rx: oneshot::Receiver<Result<()>>) -> Result<()> {
+pub(crate) async fn answer(rx: Answer) -> Result<()> {
     rx.await.unwrap_or(Err(Error::Closed))
 }
 
@@ -149,19 +152,16 @@ impl Sled {
         Ok(())
     }
 
-    /// Hands a commit to the committer and waits for its group.
-    pub(crate) async fn commit(&self, work: Work) -> Result<()> {
-        let Work {
-            enqueues, dequeued, ..
-        } = work;
-        self.ask(|reply| {
-            Message::Commit(CommitRequest {
-                enqueues,
-                dequeued,
-                reply,
-            })
-        })
-        .await
+    /// Hands a commit to the committer; its outcome arrives on the returned receiver once
+    /// its group is written (and, under `Sync`, on disk).
+    pub(crate) fn submit(&self, work: Work) -> Answer {
+        let (reply, answer) = oneshot::channel();
+        self.send(Message::Commit(CommitRequest {
+            enqueues: work.enqueues,
+            dequeued: work.dequeued,
+            reply,
+        }));
+        answer
     }
 
     /// Waits until everything committed so far is on disk.
