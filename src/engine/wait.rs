@@ -41,7 +41,10 @@ impl Wake for Unparker {
 pub(crate) fn block_on<F: Future>(future: F) -> F::Output {
     let mut future = pin!(future);
     // Most calls are ready at once: try before making a waker.
-    if let Poll::Ready(out) = future.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+    if let Poll::Ready(out) = future
+        .as_mut()
+        .poll(&mut Context::from_waker(Waker::noop()))
+    {
         return out;
     }
     let waker = Unparker::current();
