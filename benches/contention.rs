@@ -51,7 +51,7 @@ impl Kind {
             Kind::DiskSync => {
                 let dir = tempfile::tempdir().expect("temporary directory");
                 let store = Store::builder()
-                    .path(dir.path())
+                    .path(dir.path().join("store"))
                     .durability(Durability::Sync)
                     .open()
                     .expect("open the store");

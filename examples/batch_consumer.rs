@@ -60,7 +60,7 @@ struct Outcome {
 
 fn main() -> Result<(), BoxError> {
     let dir = tempfile::tempdir()?;
-    let store = Store::open(dir.path())?;
+    let store = Store::open(dir.path().join("store"))?;
     for mode in [Mode::AtMostOnce, Mode::AtLeastOnce] {
         let queue = store.blocking_queue::<Event>(&format!("events-{mode:?}"))?;
         let start = Instant::now();

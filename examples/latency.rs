@@ -146,6 +146,12 @@ fn main() -> Result<(), BoxError> {
     let dir = tempfile::Builder::new()
         .prefix("rq-latency-")
         .tempdir_in(&root)?;
+    // The store refuses a directory open to others; tempfile creates it with the umask's mode.
+    #[cfg(unix)]
+    std::fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o700),
+    )?;
     let durability = if args.buffered {
         Durability::Buffered
     } else {

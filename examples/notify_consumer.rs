@@ -29,7 +29,7 @@ type Result<T> = std::result::Result<T, Box<dyn std::error::Error + Send + Sync>
 #[tokio::main]
 async fn main() -> Result<()> {
     let dir = tempfile::tempdir()?;
-    let store = Store::open(dir.path())?;
+    let store = Store::open(dir.path().join("store"))?;
     let emails = store.queue::<Email>("emails").await?;
     let (stop_tx, stop_rx) = watch::channel(false);
 

@@ -33,7 +33,7 @@ fn now_ms() -> Result<u64, BoxError> {
 
 fn main() -> Result<(), BoxError> {
     let dir = tempfile::tempdir()?;
-    let store = Store::open(dir.path())?;
+    let store = Store::open(dir.path().join("store"))?;
     let reminders = store.blocking_queue::<Reminder>("reminders")?;
 
     let texts = [

@@ -144,7 +144,7 @@ impl Client {
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
     let dir = tempfile::tempdir()?;
-    let store = Store::open(dir.path())?;
+    let store = Store::open(dir.path().join("store"))?;
     let service = Arc::new(Service {
         orders: store.queue("orders").await?,
         store,

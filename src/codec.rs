@@ -33,6 +33,65 @@ pub(crate) enum DecodeError {
     Trailing(usize),
 }
 
+/// Why an item could not be encoded.
+#[derive(Debug)]
+pub(crate) enum EncodeError {
+    /// `T`'s serialization failed.
+    Postcard(postcard::Error),
+    /// The envelope would be longer than the limit. Encoding stopped at the first write that
+    /// would have crossed it, so `size` (the length the envelope would have reached with that
+    /// write) is over the limit and at most the item's whole encoded size; for byte-like items
+    /// it is exactly that size.
+    TooLarge {
+        /// At least this many bytes.
+        size: usize,
+    },
+}
+
+/// A postcard output that appends to a caller's buffer, up to a total length: the write that
+/// would cross it is refused (and every later one), so an item over the limit costs no more
+/// memory than the limit.
+struct Bounded<'a> {
+    buf: &'a mut Vec<u8>,
+    limit: usize,
+    /// The length the buffer would have reached with the first refused write (the caller's,
+    /// as postcard keeps the flavor when it fails).
+    over: &'a mut Option<usize>,
+}
+
+impl Bounded<'_> {
+    /// Refuses a write of `n` bytes that would take the buffer past the limit.
+    #[inline]
+    fn room_for(&mut self, n: usize) -> postcard::Result<()> {
+        let size = self.buf.len().saturating_add(n);
+        if size > self.limit || self.over.is_some() {
+            self.over.get_or_insert(size);
+            return Err(postcard::Error::SerializeBufferFull);
+        }
+        Ok(())
+    }
+}
+
+impl postcard::ser_flavors::Flavor for Bounded<'_> {
+    type Output = ();
+
+    fn try_extend(&mut self, data: &[u8]) -> postcard::Result<()> {
+        self.room_for(data.len())?;
+        self.buf.extend_from_slice(data);
+        Ok(())
+    }
+
+    fn try_push(&mut self, data: u8) -> postcard::Result<()> {
+        self.room_for(1)?;
+        self.buf.push(data);
+        Ok(())
+    }
+
+    fn finalize(self) -> postcard::Result<()> {
+        Ok(())
+    }
+}
+
 /// A postcard output that appends to a caller's buffer.
 struct AppendTo<'a>(&'a mut Vec<u8>);
 
@@ -72,29 +131,56 @@ thread_local! {
 /// Scratch buffers larger than this are released after use instead of kept.
 const SCRATCH_KEEP: usize = 64 << 10;
 
-/// Encodes `item` in the envelope. The result has no spare capacity.
-pub(crate) fn encode<T: Serialize + 'static>(item: &T) -> Result<Box<[u8]>, postcard::Error> {
+/// Encodes `item` in the envelope, of at most `limit` bytes. The result has no spare
+/// capacity. An item over the limit is refused as soon as that is known: before any copy for
+/// a byte-like item, at the write that crosses the limit otherwise, so refusing it costs at
+/// most `limit` bytes of memory, not the item's encoded size.
+pub(crate) fn encode<T: Serialize + 'static>(
+    item: &T,
+    limit: usize,
+) -> Result<Box<[u8]>, EncodeError> {
     match raw_bytes(item) {
-        Some(raw) => Ok(encode_raw(raw)),
-        None => encode_serde(item),
+        Some(raw) => encode_raw(raw, limit),
+        None => encode_serde(item, limit),
     }
 }
 
-/// Encodes `item` in the envelope through serde and postcard.
-fn encode_serde<T: Serialize>(item: &T) -> Result<Box<[u8]>, postcard::Error> {
-    fn into_exact(buf: &mut Vec<u8>, item: &impl Serialize) -> Result<Box<[u8]>, postcard::Error> {
+/// Encodes `item` in the envelope through serde and postcard, within `limit` bytes.
+fn encode_serde<T: Serialize>(item: &T, limit: usize) -> Result<Box<[u8]>, EncodeError> {
+    fn into_exact(
+        buf: &mut Vec<u8>,
+        item: &impl Serialize,
+        limit: usize,
+    ) -> Result<Box<[u8]>, EncodeError> {
         buf.clear();
-        buf.push(ENVELOPE_V1);
-        let encoded = append(item, buf).map(|()| Box::from(&buf[..]));
+        let encoded = if limit == 0 {
+            Err(EncodeError::TooLarge { size: 1 })
+        } else {
+            buf.push(ENVELOPE_V1);
+            let mut over = None;
+            let out = Bounded {
+                buf: &mut *buf,
+                limit,
+                over: &mut over,
+            };
+            let written = postcard::serialize_with_flavor(item, out);
+            // Checked first: a `Serialize` impl that swallowed the refusal must not pass off
+            // a cut encoding as the item.
+            match (over, written) {
+                (Some(size), _) => Err(EncodeError::TooLarge { size }),
+                (None, Ok(())) => Ok(Box::from(&buf[..])),
+                (None, Err(e)) => Err(EncodeError::Postcard(e)),
+            }
+        };
         if buf.capacity() > SCRATCH_KEEP {
             *buf = Vec::new();
         }
         encoded
     }
     SCRATCH.with(|scratch| match scratch.try_borrow_mut() {
-        Ok(mut buf) => into_exact(&mut buf, item),
+        Ok(mut buf) => into_exact(&mut buf, item, limit),
         // Re-entered from inside a `Serialize` impl: use a buffer of its own.
-        Err(_) => into_exact(&mut Vec::new(), item),
+        Err(_) => into_exact(&mut Vec::new(), item, limit),
     })
 }
 
@@ -145,15 +231,19 @@ fn raw_bytes<T: 'static>(item: &T) -> Option<&[u8]> {
 }
 
 /// Encodes raw bytes in the envelope as postcard does: version, varint length, bytes. One
-/// allocation of the exact size, one copy.
-fn encode_raw(raw: &[u8]) -> Box<[u8]> {
+/// allocation of the exact size, one copy; none when the exact size is over `limit`.
+fn encode_raw(raw: &[u8], limit: usize) -> Result<Box<[u8]>, EncodeError> {
     let mut prefix = [0u8; VARINT_MAX];
     let prefix = put_varint_usize(raw.len(), &mut prefix);
-    let mut out = Vec::with_capacity(1 + prefix.len() + raw.len());
+    let size = (1 + prefix.len()).saturating_add(raw.len());
+    if size > limit {
+        return Err(EncodeError::TooLarge { size });
+    }
+    let mut out = Vec::with_capacity(size);
     out.push(ENVELOPE_V1);
     out.extend_from_slice(prefix);
     out.extend_from_slice(raw);
-    out.into_boxed_slice()
+    Ok(out.into_boxed_slice())
 }
 
 /// The byte-like item types decoded without serde.
@@ -284,6 +374,73 @@ mod tests {
 
     use bytes::{Bytes, BytesMut};
     use proptest::prelude::*;
+
+    /// [`super::encode`] without a size limit.
+    fn encode<T: Serialize + 'static>(item: &T) -> Result<Box<[u8]>, EncodeError> {
+        super::encode(item, usize::MAX)
+    }
+
+    fn too_large<T: Serialize + 'static>(item: &T, limit: usize) -> usize {
+        match super::encode(item, limit) {
+            Err(EncodeError::TooLarge { size }) => size,
+            other => panic!("expected TooLarge under {limit}, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_limit_is_exact_on_both_paths() {
+        for len in [0, 1, 126, 127, 128, 300, 16_384, 70_000] {
+            let raw = pattern(len);
+            let whole = old_encode(&raw).len();
+            assert_eq!(
+                &super::encode(&raw, whole).unwrap()[..],
+                &old_encode(&raw)[..]
+            );
+            assert_eq!(too_large(&raw, whole - 1), whole, "{len}");
+            // The serde path: the same bytes in a one-field tuple, which has no fast path.
+            let item = (raw.clone(),);
+            let whole = old_encode(&item).len();
+            assert_eq!(
+                &super::encode(&item, whole).unwrap()[..],
+                &old_encode(&item)[..]
+            );
+            let size = too_large(&item, whole - 1);
+            assert!(
+                size > whole - 1 && size <= whole,
+                "{len}: {size} of {whole}"
+            );
+        }
+        assert_eq!(too_large(&(), 0), 1);
+        assert_eq!(too_large(&Vec::<u8>::new(), 0), 2);
+        assert_eq!(&super::encode(&(), 1).unwrap()[..], &[ENVELOPE_V1]);
+    }
+
+    #[test]
+    fn encoding_stops_at_the_limit() {
+        // 64 strings of 1 KiB under a 4 KiB limit: refused within the fifth string's write.
+        let item: Vec<String> = (0..64).map(|_| "x".repeat(1024)).collect();
+        let size = too_large(&item, 4096);
+        assert!(size > 4096 && size <= 4096 + 1024 + 2, "{size}");
+        // The scratch buffer kept no more than the limit.
+        SCRATCH.with(|s| assert!(s.borrow().len() <= 4096));
+    }
+
+    #[test]
+    fn a_serialize_impl_that_swallows_the_refusal_is_still_refused() {
+        struct Stubborn;
+        impl Serialize for Stubborn {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                use serde::ser::SerializeTuple;
+                let mut t = s.serialize_tuple(3)?;
+                t.serialize_element(&7u8)?;
+                let _ignored = t.serialize_element(&"y".repeat(100));
+                t.serialize_element(&8u8)?;
+                t.end()
+            }
+        }
+        let size = too_large(&Stubborn, 50);
+        assert!(size > 50, "{size}");
+    }
 
     #[test]
     fn round_trip_and_rejects() {

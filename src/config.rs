@@ -45,6 +45,9 @@ pub(crate) struct Config {
     pub(crate) flush_interval: Duration,
     pub(crate) cache_capacity: u64,
     pub(crate) compaction_floor: u64,
+    /// Accept an existing store directory owned by another user or open to its group or
+    /// others (Unix); see [`Builder::allow_shared_directory`](crate::Builder::allow_shared_directory).
+    pub(crate) allow_shared_directory: bool,
 }
 
 /// Default limit on one encoded item: 4 MiB.
@@ -67,6 +70,7 @@ impl Default for Config {
             flush_interval: Duration::from_millis(100),
             cache_capacity: 64 << 20,
             compaction_floor: 16 << 20,
+            allow_shared_directory: false,
         }
     }
 }

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::engine::{park_until, Unparker, Waiting};
+use crate::engine::{park_until, poll_budget, Unparker, Waiting};
 use crate::error::Result;
 use crate::queue::ReliableConcurrentQueue;
 use crate::transaction::Transaction;
@@ -43,10 +43,21 @@ where
             this.queue.check(this.tx)?;
             this.checked = true;
         }
+        // tokio's cooperative budget, before taking anything: a poll refused by it leaves the
+        // transaction as it was (an item already handed to the request stays with its ticket,
+        // and goes back to the queue if the future is dropped).
+        let budget = std::task::ready!(poll_budget(cx));
         let engine = this.queue.engine();
         match engine.poll_dequeue(&mut this.waiting, this.tx.work_mut(), cx.waker()) {
-            Poll::Ready(Ok(entry)) => Poll::Ready(this.queue.decode(entry)),
-            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+            Poll::Ready(Ok(entry)) => {
+                budget.made_progress();
+                Poll::Ready(this.queue.decode(entry))
+            }
+            Poll::Ready(Err(e)) => {
+                budget.made_progress();
+                Poll::Ready(Err(e))
+            }
+            // Waiting for an item is not progress: the budget unit is given back.
             Poll::Pending => Poll::Pending,
         }
     }
@@ -61,7 +72,9 @@ where
     ///
     /// Waiting consumers are served first come, first served: an item that becomes visible is
     /// handed straight to the oldest waiter, and only that waiter is woken. While anyone waits,
-    /// [`try_dequeue`](Self::try_dequeue) finds nothing, so it cannot jump the line.
+    /// [`try_dequeue`](Self::try_dequeue) finds nothing, so it cannot jump the line. Like
+    /// tokio's own resources it takes part in tokio's cooperative budget: once the task has
+    /// spent it, the future yields before taking an item, even one that is ready.
     ///
     /// There is no built-in timeout: wrap the future in `tokio::time::timeout`. After
     /// [`Store::close`](crate::Store::close), waiting consumers wake with

@@ -57,13 +57,15 @@ pub enum Error {
     ItemTooLarge {
         /// The queue the item was meant for.
         queue: String,
-        /// The encoded size of the item.
+        /// The encoded size reached when encoding stopped: at least this (exact for byte
+        /// payloads such as `Vec<u8>` and `String`).
         size: usize,
         /// The store's limit ([`Builder::max_item_size`](crate::Builder::max_item_size)).
         limit: usize,
     },
 
-    /// The transaction's enqueued bytes would go over the store's transaction size limit.
+    /// The transaction's size (its items' encoded bytes plus a fixed per-item overhead) would
+    /// go over the store's transaction size limit.
     /// The item that would have crossed the limit was not added; the rest of the transaction
     /// is intact.
     TransactionTooLarge {
@@ -140,11 +142,47 @@ pub enum Error {
         supported: u32,
     },
 
+    /// The store's directory is not safe to open: it is not a directory, it or one of the
+    /// storage engine's files in it is a symbolic link, or (Unix) it is owned by another user
+    /// or open to its group or others. Nothing in it was opened. The message says how to fix
+    /// it; see [`Builder::allow_shared_directory`](crate::Builder::allow_shared_directory).
+    UnsafeDirectory {
+        /// The directory, or the entry in it, that was refused (as given, not canonical).
+        path: PathBuf,
+        /// What is wrong with it.
+        problem: DirectoryProblem,
+    },
+
     /// An internal invariant did not hold: a bug in this crate. The operation was not
     /// applied. Please report it with the message.
     Bug {
         /// The invariant that failed.
         invariant: &'static str,
+    },
+}
+
+/// What made a store directory unsafe to open ([`Error::UnsafeDirectory`]).
+///
+/// New problems may be added in minor releases, so match with a wildcard arm.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DirectoryProblem {
+    /// The path exists and is not a directory.
+    NotADirectory,
+    /// The path is a symbolic link: the store's directory itself (the last component of the
+    /// given path), or one of the storage engine's files in it.
+    Symlink,
+    /// The directory is owned by another user than the process's effective user (Unix).
+    OwnedByOther {
+        /// The directory's owner.
+        owner: u32,
+        /// The process's effective user id.
+        process: u32,
+    },
+    /// The directory's permissions give its group or others some access (Unix).
+    OpenToOthers {
+        /// The directory's permission bits (e.g. `0o755`).
+        mode: u32,
     },
 }
 
@@ -193,6 +231,30 @@ impl fmt::Display for Error {
             }
             Error::InvalidConfig { setting, expected } => {
                 write!(f, "invalid configuration: {setting} must be {expected}")
+            }
+            Error::UnsafeDirectory { path, problem } => {
+                let path = path.display();
+                let allow = "or open it with Builder::allow_shared_directory(true)";
+                match problem {
+                    DirectoryProblem::NotADirectory => {
+                        write!(f, "store path {path} exists and is not a directory")
+                    }
+                    DirectoryProblem::Symlink => write!(
+                        f,
+                        "store path {path} is a symbolic link, and the store follows none in \
+                         or to its directory; give the real path, or remove the link"
+                    ),
+                    DirectoryProblem::OwnedByOther { owner, process } => write!(
+                        f,
+                        "store directory {path} is owned by uid {owner}, not by this process \
+                         (uid {process}); change its owner, {allow}"
+                    ),
+                    DirectoryProblem::OpenToOthers { mode } => write!(
+                        f,
+                        "store directory {path} has mode {mode:04o}, which lets its group or \
+                         others in; make it owner-only (chmod 700), {allow}"
+                    ),
+                }
             }
             Error::Bug { invariant } => write!(
                 f,

@@ -22,7 +22,7 @@
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let dir = tempfile::tempdir()?;
-//! let store = Store::open(dir.path())?;
+//! let store = Store::open(dir.path().join("store"))?;
 //! let jobs = store.queue::<String>("jobs").await?;
 //!
 //! let mut tx = store.begin();
@@ -44,7 +44,7 @@
 //! use reliable_queue::Store;
 //!
 //! let dir = tempfile::tempdir()?;
-//! let store = Store::open(dir.path())?;
+//! let store = Store::open(dir.path().join("store"))?;
 //! let jobs = store.blocking_queue::<String>("jobs")?;
 //!
 //! let mut tx = store.begin();
@@ -83,7 +83,7 @@ mod transaction;
 pub use crate::config::Durability;
 pub use crate::dequeue::Dequeue;
 pub use crate::engine::SetAsideRecord;
-pub use crate::error::{Error, Result};
+pub use crate::error::{DirectoryProblem, Error, Result};
 pub use crate::queue::ReliableConcurrentQueue;
 pub use crate::store::Builder;
 pub use crate::store::Store;

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::codec;
+use crate::codec::{self, EncodeError};
 
 use crate::engine::{Engine, Entry, QueueRef};
 use crate::error::{Error, Result};
@@ -95,7 +95,8 @@ impl<T> ReliableConcurrentQueue<T> {
     /// The number of items visible now: committed, and held by no open transaction.
     ///
     /// Not transactional: a snapshot that may be stale as soon as it is read, exact only
-    /// while nothing else touches the queue. Ready at once on the embedded engines.
+    /// while nothing else touches the queue. Ready at once on the embedded engines, but for
+    /// tokio's cooperative budget: once the task has spent it, the future yields first.
     ///
     /// # Cancel safety
     ///
@@ -120,6 +121,7 @@ impl<T> ReliableConcurrentQueue<T> {
     /// # Ok(()) }
     /// ```
     pub async fn count(&self) -> Result<u64> {
+        crate::engine::consume_budget().await;
         self.engine.count(&self.queue)
     }
 
@@ -180,7 +182,10 @@ where
     /// # Errors
     ///
     /// [`Error::Serialize`] if `T`'s serialization fails, [`Error::ItemTooLarge`] over the
-    /// item size limit, [`Error::TransactionTooLarge`] over the transaction size limit,
+    /// item size limit (found while encoding: encoding stops at the first byte over the
+    /// limit, so refusing a huge item costs no more memory than the limit, and the error's
+    /// `size` is at least the size reached then; exact for byte-like items such as `Vec<u8>`
+    /// and `String`), [`Error::TransactionTooLarge`] over the transaction size limit,
     /// [`Error::WrongStore`] if `tx` belongs to another store, [`Error::Closed`] after
     /// [`Store::close`](crate::Store::close). On error the transaction is unchanged.
     ///
@@ -199,7 +204,15 @@ where
     pub fn enqueue(&self, tx: &mut Transaction, item: impl Borrow<T>) -> Result<()> {
         self.check(tx)?;
         self.engine.check_open()?;
-        let bytes = codec::encode(item.borrow()).map_err(|e| Error::serialize(self.name(), e))?;
+        let limit = self.engine.max_item_size();
+        let bytes = codec::encode(item.borrow(), limit).map_err(|e| match e {
+            EncodeError::TooLarge { size } => Error::ItemTooLarge {
+                queue: self.name().to_owned(),
+                size,
+                limit,
+            },
+            EncodeError::Postcard(e) => Error::serialize(self.name(), e),
+        })?;
         self.engine.enqueue(&self.queue, tx.work_mut(), bytes)
     }
 
@@ -209,7 +222,9 @@ where
     /// Returns `None` when no item is visible (the queue is empty, or every item is held by
     /// an open transaction or promised to a waiting consumer). The item is hidden from
     /// everyone else at once; it is removed for good when `tx` commits and put back at the
-    /// front if it does not. Ready at once on the embedded engines.
+    /// front if it does not. Ready at once on the embedded engines, but for tokio's
+    /// cooperative budget: once the task has spent it, the future yields before taking
+    /// anything, so a consumer loop cannot starve the other tasks of its runtime.
     ///
     /// # Cancel safety
     ///
@@ -236,6 +251,8 @@ where
     /// # Ok(()) }
     /// ```
     pub async fn try_dequeue(&self, tx: &mut Transaction) -> Result<Option<T>> {
+        // Before taking anything: a future that yields here has taken nothing.
+        crate::engine::consume_budget().await;
         self.blocking_try_dequeue(tx)
     }
 

@@ -34,7 +34,7 @@ use crate::transaction::Transaction;
 /// use reliable_queue::Store;
 ///
 /// let dir = tempfile::tempdir()?;
-/// let store = Store::open(dir.path())?;
+/// let store = Store::open(dir.path().join("store"))?;
 /// let jobs = store.blocking_queue::<String>("jobs")?;
 ///
 /// let mut tx = store.begin();
@@ -65,7 +65,11 @@ impl Store {
     /// another process, this is reported after waiting up to 2 s, the time a store closed a
     /// moment ago may take to release the directory),
     /// [`Error::UnsupportedFormat`](crate::Error::UnsupportedFormat) for a store this build
-    /// cannot read, [`Error::Storage`](crate::Error::Storage) if the directory cannot be
+    /// cannot read, [`Error::UnsafeDirectory`](crate::Error::UnsafeDirectory) for a path
+    /// that is not a directory, a symbolic link in or to it, or (Unix) an existing directory
+    /// owned by another user or open to others (see
+    /// [`Builder::allow_shared_directory`](crate::Builder::allow_shared_directory)),
+    /// [`Error::Storage`](crate::Error::Storage) if the directory cannot be
     /// created or read. Records that fail their checksum do not fail the open: see
     /// [`set_aside_records`](Store::set_aside_records).
     ///
@@ -73,7 +77,7 @@ impl Store {
     ///
     /// ```
     /// let dir = tempfile::tempdir()?;
-    /// let store = reliable_queue::Store::open(dir.path())?;
+    /// let store = reliable_queue::Store::open(dir.path().join("store"))?;
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn open(path: impl AsRef<Path>) -> Result<Store> {
@@ -217,7 +221,7 @@ impl Store {
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let dir = tempfile::tempdir()?;
-    /// let store = Store::builder().path(dir.path()).durability(Durability::Buffered).open()?;
+    /// let store = Store::builder().path(dir.path().join("store")).durability(Durability::Buffered).open()?;
     /// let q = store.queue::<u8>("q").await?;
     /// let mut tx = store.begin();
     /// q.enqueue(&mut tx, 1)?;
@@ -240,7 +244,7 @@ impl Store {
     /// ```
     /// use reliable_queue::{Durability, Store};
     /// let dir = tempfile::tempdir()?;
-    /// let store = Store::builder().path(dir.path()).durability(Durability::Buffered).open()?;
+    /// let store = Store::builder().path(dir.path().join("store")).durability(Durability::Buffered).open()?;
     /// let q = store.blocking_queue::<u8>("q")?;
     /// let mut tx = store.begin();
     /// q.enqueue(&mut tx, 1)?;
@@ -279,11 +283,11 @@ impl Store {
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let dir = tempfile::tempdir()?;
-    /// let store = reliable_queue::Store::open(dir.path())?;
+    /// let store = reliable_queue::Store::open(dir.path().join("store"))?;
     /// let other = store.clone();
     /// store.close().await?;
     /// assert!(matches!(other.flush().await, Err(reliable_queue::Error::Closed)));
-    /// let reopened = reliable_queue::Store::open(dir.path())?; // released at once
+    /// let reopened = reliable_queue::Store::open(dir.path().join("store"))?; // released at once
     /// # Ok(()) }
     /// ```
     pub async fn close(self) -> Result<()> {
@@ -300,7 +304,7 @@ impl Store {
     ///
     /// ```
     /// let dir = tempfile::tempdir()?;
-    /// let store = reliable_queue::Store::open(dir.path())?;
+    /// let store = reliable_queue::Store::open(dir.path().join("store"))?;
     /// store.blocking_close()?;
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
@@ -330,7 +334,7 @@ impl Store {
     ///
     /// ```
     /// let dir = tempfile::tempdir()?;
-    /// let store = reliable_queue::Store::open(dir.path())?;
+    /// let store = reliable_queue::Store::open(dir.path().join("store"))?;
     /// assert!(store.set_aside_records().is_empty());
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```

@@ -92,7 +92,8 @@ impl Transaction {
 
     /// Applies every enqueue and dequeue of the transaction atomically, and returns once they
     /// are durable (under [`Durability::Sync`](crate::Durability::Sync)). Concurrent commits
-    /// share one log write and one fsync. In memory it is ready at once.
+    /// share one log write and one fsync. In memory it is applied at once; once the task has
+    /// spent tokio's cooperative budget, the future then yields once before returning.
     ///
     /// # Cancel safety
     ///
@@ -115,7 +116,7 @@ impl Transaction {
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let dir = tempfile::tempdir()?;
-    /// let store = reliable_queue::Store::open(dir.path())?;
+    /// let store = reliable_queue::Store::open(dir.path().join("store"))?;
     /// let q = store.queue::<u64>("q").await?;
     /// let mut tx = store.begin();
     /// q.enqueue(&mut tx, 42)?;
@@ -137,7 +138,7 @@ impl Transaction {
     ///
     /// ```
     /// let dir = tempfile::tempdir()?;
-    /// let store = reliable_queue::Store::open(dir.path())?;
+    /// let store = reliable_queue::Store::open(dir.path().join("store"))?;
     /// let q = store.blocking_queue::<u64>("q")?;
     /// let mut tx = store.begin();
     /// q.enqueue(&mut tx, 42)?;
@@ -151,7 +152,8 @@ impl Transaction {
 
     /// Discards the enqueues and puts the dequeued items back at the front of their queues,
     /// visible once this returns. Dropping the transaction does the same (on a remote engine,
-    /// best effort). On the embedded engines it is ready at once and cannot fail.
+    /// best effort). On the embedded engines it is applied at once and cannot fail; once the
+    /// task has spent tokio's cooperative budget, the future then yields once before returning.
     ///
     /// # Cancel safety
     ///
@@ -179,7 +181,9 @@ impl Transaction {
     /// # Ok(()) }
     /// ```
     pub async fn abort(self) -> Result<()> {
-        self.blocking_abort()
+        let aborted = self.blocking_abort();
+        crate::engine::consume_budget().await;
+        aborted
     }
 
     /// [`abort`](Transaction::abort) for threads.

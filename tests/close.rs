@@ -692,7 +692,8 @@ fn blocking_dequeue_timeout_of_duration_max_waits_for_an_item() {
 fn an_item_refused_by_the_transaction_limit_stays_with_the_caller() {
     for kind in KINDS {
         let (_guard, path) = temp_dir();
-        let builder = Store::builder().max_item_size(60).max_transaction_size(150);
+        // Three items of 42 encoded bytes fit (each counts its bookkeeping too), four do not.
+        let builder = Store::builder().max_item_size(60).max_transaction_size(300);
         let store = match kind {
             Kind::Memory => builder.open(),
             Kind::Disk => builder.path(&path).open(),
@@ -707,7 +708,7 @@ fn an_item_refused_by_the_transaction_limit_stays_with_the_caller() {
         let refused = items[3].clone();
         match q.enqueue(&mut tx, &refused) {
             Err(Error::TransactionTooLarge { size, limit }) => {
-                assert_eq!(limit, 150);
+                assert_eq!(limit, 300);
                 assert!(size > limit, "{size}");
             }
             other => panic!("expected TransactionTooLarge, got {other:?}"),

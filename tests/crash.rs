@@ -129,6 +129,10 @@ fn a_store_killed_in_its_first_open_opens() {
     let dir = tempfile::tempdir().expect("create a temporary directory");
     let path = dir.path().join("store");
     std::fs::create_dir_all(&path).expect("create the store directory");
+    // Owner-only, as the store makes it (it refuses a directory open to others).
+    #[cfg(unix)]
+    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o700))
+        .expect("make the store directory owner-only");
     // What sled 0.34.7 had written when the kill came: its settings, without their checksum.
     let settings = "segment_size: 524288\nuse_compression: false\nversion: 0.34\n";
     std::fs::write(path.join("conf"), settings).expect("write the settings");

@@ -75,6 +75,10 @@ fn expected_records() -> Vec<Job> {
 
 fn copy_dir(from: &Path, to: &Path) -> std::io::Result<()> {
     std::fs::create_dir_all(to)?;
+    // Owner-only, as the store keeps its directories: it refuses a directory open to others,
+    // and a checkout or `create_dir_all` gives the umask's mode.
+    #[cfg(unix)]
+    std::fs::set_permissions(to, std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
     for entry in std::fs::read_dir(from)? {
         let entry = entry?;
         let target = to.join(entry.file_name());

@@ -163,12 +163,17 @@ fn item_limit_is_exact_and_rejections_leave_the_transaction_whole() {
     }
 }
 
+/// What the transaction limit counts for each item beyond its encoded bytes: its slot in the
+/// transaction plus the smallest heap block (the crate's `ITEM_OVERHEAD`).
+const ITEM_OVERHEAD: usize = std::mem::size_of::<(std::sync::Arc<()>, Box<[u8]>)>() + 32;
+
 #[test]
 fn transaction_limit_is_exact() {
-    // Three items of 50 encoded bytes fill a 150-byte transaction exactly.
+    // Three items of 50 encoded bytes and their overhead fill the transaction exactly.
+    let full = 3 * (50 + ITEM_OVERHEAD);
     let store = Store::builder()
         .max_item_size(50)
-        .max_transaction_size(150)
+        .max_transaction_size(full)
         .open()
         .unwrap();
     let q = store.blocking_queue::<Vec<u8>>("q").unwrap();
@@ -178,7 +183,9 @@ fn transaction_limit_is_exact() {
         q.enqueue(&mut tx, item.clone()).unwrap();
     }
     match q.enqueue(&mut tx, Vec::new()) {
-        Err(Error::TransactionTooLarge { size, limit }) => assert_eq!((size, limit), (152, 150)),
+        Err(Error::TransactionTooLarge { size, limit }) => {
+            assert_eq!((size, limit), (full + encoded_len(0) + ITEM_OVERHEAD, full));
+        }
         other => panic!("expected TransactionTooLarge, got {other:?}"),
     }
     tx.blocking_commit().unwrap();
@@ -305,8 +312,10 @@ fn a_directory_open_in_this_process_is_refused_under_any_spelling() {
     let q = store.blocking_queue::<u32>("q").unwrap();
 
     let dotted = path.join("..").join(path.file_name().expect("name"));
-    let link = guard.path().join("link");
-    std::os::unix::fs::symlink(&path, &link).expect("symlink");
+    // A link to the parent: the store follows links before its own directory, not to it.
+    let parent_link = guard.path().join("parent-link");
+    std::os::unix::fs::symlink(guard.path(), &parent_link).expect("symlink");
+    let link = parent_link.join(path.file_name().expect("name"));
     for spelling in [path.clone(), dotted, link.clone()] {
         match Store::open(&spelling) {
             Err(Error::AlreadyOpen { path: reported }) => {
@@ -412,15 +421,19 @@ fn a_directory_open_in_another_process_is_refused_quickly() {
 }
 
 #[test]
-fn a_path_that_is_a_file_is_a_storage_error() {
+fn a_path_that_is_a_file_is_refused() {
     let (guard, _) = temp_dir();
     let file = guard.path().join("file");
     std::fs::write(&file, b"not a directory").unwrap();
-    for path in [file.clone(), file.join("below")] {
-        match Store::open(&path) {
-            Err(Error::Storage { .. }) => {}
-            other => panic!("{path:?}: expected Storage, got {other:?}"),
-        }
+    match Store::open(&file) {
+        Err(Error::UnsafeDirectory { path, .. }) => assert_eq!(path, file),
+        other => panic!("{file:?}: expected UnsafeDirectory, got {other:?}"),
+    }
+    // Below a file, the directory cannot be created: a storage error.
+    let below = file.join("below");
+    match Store::open(&below) {
+        Err(Error::Storage { .. }) => {}
+        other => panic!("{below:?}: expected Storage, got {other:?}"),
     }
     assert_eq!(std::fs::read(&file).unwrap(), b"not a directory");
 }
@@ -470,11 +483,23 @@ fn missing_parents_are_created_owner_only_and_existing_ones_left_alone() {
 
 #[cfg(unix)]
 #[test]
-fn an_existing_store_directory_keeps_its_permissions() {
+fn an_existing_store_directory_open_to_others_is_refused_unless_allowed() {
     use std::os::unix::fs::PermissionsExt;
     let (_guard, path) = temp_dir();
     std::fs::create_dir(&path).unwrap();
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o750)).unwrap();
-    Store::open(&path).unwrap();
-    assert_eq!(mode(&path), 0o750);
+    assert!(matches!(
+        Store::open(&path),
+        Err(Error::UnsafeDirectory { .. })
+    ));
+    Store::builder()
+        .path(&path)
+        .allow_shared_directory(true)
+        .open()
+        .unwrap();
+    assert_eq!(
+        mode(&path),
+        0o750,
+        "an allowed directory keeps its permissions"
+    );
 }

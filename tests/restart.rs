@@ -420,6 +420,9 @@ fn a_store_with_many_queues_of_different_types_round_trips() {
 /// would leave behind.
 fn snapshot(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();
+    // Owner-only, as the store keeps its directories (it refuses a directory open to others).
+    #[cfg(unix)]
+    std::fs::set_permissions(to, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
     for entry in std::fs::read_dir(from).unwrap() {
         let entry = entry.unwrap();
         let target = to.join(entry.file_name());

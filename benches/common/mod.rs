@@ -939,10 +939,19 @@ pub fn bench_root() -> PathBuf {
 pub fn fresh_dir() -> tempfile::TempDir {
     let root = bench_root();
     std::fs::create_dir_all(&root).expect("create the bench directory");
-    tempfile::Builder::new()
+    let dir = tempfile::Builder::new()
         .prefix("rq-bench-")
         .tempdir_in(root)
-        .expect("create a temporary directory")
+        .expect("create a temporary directory");
+    // reliable-queue refuses a store directory open to others; tempfile creates it with the
+    // umask's mode.
+    #[cfg(unix)]
+    std::fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o700),
+    )
+    .expect("make the temporary directory owner-only");
+    dir
 }
 
 /// Whether the peer named `name` is selected by `$RQ_BENCH_PEERS` (a comma-separated list of

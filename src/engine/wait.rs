@@ -11,6 +11,8 @@ use std::task::{Context, Poll, Wake, Waker};
 use std::thread::{self, Thread};
 use std::time::Instant;
 
+use tokio::task::coop;
+
 /// Wakes a thread parked in [`block_on`] or in a blocking dequeue.
 #[derive(Debug)]
 pub(crate) struct Unparker(Thread);
@@ -67,4 +69,25 @@ pub(crate) fn park_until(deadline: Option<Instant>) {
             }
         }
     }
+}
+
+/// Takes one unit of tokio's cooperative budget, the way tokio's own resources do: `Pending`
+/// (the task is woken to be polled again at once) when the task has spent its budget, so a
+/// loop over futures that are ready at once still gives the other tasks of a runtime their
+/// turn. Await it before doing anything a cancelled future must not have done (taking an
+/// item), or after what a polled future must have done whatever happens (a commit).
+///
+/// Outside a tokio runtime (and inside `coop::unconstrained`) the budget is unlimited: a
+/// thread-local read, always ready, never a panic. The blocking forms never call it.
+#[inline]
+pub(crate) async fn consume_budget() {
+    coop::consume_budget().await;
+}
+
+/// [`consume_budget`] inside a `poll`: `Pending` once the task's budget is spent. The unit is
+/// taken only if the caller calls `made_progress` on the returned guard; dropping it without
+/// gives the unit back (for a poll that ends `Pending` for another reason).
+#[inline]
+pub(crate) fn poll_budget(cx: &mut Context<'_>) -> Poll<coop::RestoreOnPending> {
+    coop::poll_proceed(cx)
 }

@@ -19,7 +19,7 @@ use crate::error::Result;
 ///
 /// let dir = tempfile::tempdir()?;
 /// let store = Store::builder()
-///     .path(dir.path())
+///     .path(dir.path().join("store"))
 ///     .durability(Durability::Buffered)
 ///     .flush_interval(Duration::from_millis(50))
 ///     .max_item_size(64 * 1024)
@@ -47,12 +47,14 @@ impl Builder {
     }
 
     /// Keeps the store on disk in directory `path`, created (owner-only permissions) if missing.
+    /// An existing directory must be owned by this process's user and closed to everyone else
+    /// (Unix), unless [`allow_shared_directory`](Builder::allow_shared_directory) says otherwise.
     ///
     /// # Examples
     ///
     /// ```
     /// let dir = tempfile::tempdir()?;
-    /// let store = reliable_queue::Store::builder().path(dir.path()).open()?;
+    /// let store = reliable_queue::Store::builder().path(dir.path().join("store")).open()?;
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn path(mut self, path: impl AsRef<Path>) -> Self {
@@ -67,7 +69,7 @@ impl Builder {
     /// ```
     /// use reliable_queue::{Durability, Store};
     /// let dir = tempfile::tempdir()?;
-    /// let store = Store::builder().path(dir.path()).durability(Durability::Sync).open()?;
+    /// let store = Store::builder().path(dir.path().join("store")).durability(Durability::Sync).open()?;
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn durability(mut self, durability: Durability) -> Self {
@@ -89,8 +91,11 @@ impl Builder {
         self
     }
 
-    /// Largest total of encoded items one transaction may enqueue (default 64 MiB); must be
-    /// at least the item limit. Going over gives [`Error::TransactionTooLarge`](crate::Error::TransactionTooLarge).
+    /// Largest total one transaction may enqueue (default 64 MiB): each item counts as its
+    /// encoded size plus a fixed 56 bytes (on 64-bit targets) for its bookkeeping, so many
+    /// tiny items cannot grow a transaction without bound. Must be at least the item limit; a
+    /// transaction's first item is never refused by this limit. Going over gives
+    /// [`Error::TransactionTooLarge`](crate::Error::TransactionTooLarge).
     ///
     /// # Examples
     ///
@@ -162,19 +167,58 @@ impl Builder {
         self
     }
 
+    /// Accepts an existing store directory that another user owns, or whose permissions let
+    /// its group or others in (default `false`: such a directory is refused with
+    /// [`Error::UnsafeDirectory`](crate::Error::UnsafeDirectory)). With `true` the directory's
+    /// owner and permissions are left as they are, and so are those of sled's `blobs/`
+    /// directory in it. Symbolic links are refused either way.
+    ///
+    /// A directory the store creates is owner-only (0700) whatever this says. Unix only: on
+    /// other platforms owner and permissions are not checked.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let dir = tempfile::tempdir()?;
+    /// let path = dir.path().join("shared");
+    /// std::fs::create_dir(&path)?;
+    /// #[cfg(unix)]
+    /// {
+    ///     use std::os::unix::fs::PermissionsExt;
+    ///     // Group members may read the store (e.g. a backup job).
+    ///     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o750))?;
+    ///     assert!(matches!(
+    ///         reliable_queue::Store::open(&path),
+    ///         Err(reliable_queue::Error::UnsafeDirectory { .. })
+    ///     ));
+    /// }
+    /// let store = reliable_queue::Store::builder()
+    ///     .path(&path)
+    ///     .allow_shared_directory(true)
+    ///     .open()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn allow_shared_directory(mut self, allow: bool) -> Self {
+        self.config.allow_shared_directory = allow;
+        self
+    }
+
     /// Validates the settings and opens the store (recovering it from disk if it has a path).
     ///
     /// # Errors
     ///
     /// [`Error::InvalidConfig`](crate::Error::InvalidConfig) for a setting out of range, [`Error::AlreadyOpen`](crate::Error::AlreadyOpen) if the
     /// directory is in use, [`Error::UnsupportedFormat`](crate::Error::UnsupportedFormat) for a store of another format
-    /// version, [`Error::Storage`](crate::Error::Storage) when the directory cannot be created or read.
+    /// version, [`Error::UnsafeDirectory`](crate::Error::UnsafeDirectory) for a path that is
+    /// not a directory, a symbolic link in or to it, or (Unix) a directory owned by another
+    /// user or open to others (see [`allow_shared_directory`](Builder::allow_shared_directory)),
+    /// [`Error::Storage`](crate::Error::Storage) when the directory cannot be created or read.
     ///
     /// # Examples
     ///
     /// ```
     /// let dir = tempfile::tempdir()?;
-    /// let store = reliable_queue::Store::builder().path(dir.path()).open()?;
+    /// let store = reliable_queue::Store::builder().path(dir.path().join("store")).open()?;
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn open(self) -> Result<Store> {

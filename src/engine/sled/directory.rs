@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use super::trees::Trees;
 use crate::config::Config;
-use crate::error::{Error, Result};
+use crate::error::{DirectoryProblem, Error, Result};
 use crate::sync::process::Mutex;
 
 /// Directories open in this process. sled's file lock catches other processes.
@@ -38,12 +38,140 @@ impl Drop for DirLock {
 }
 
 /// Creates the store's directory (and its parents) if missing, owner-only.
-pub(crate) fn create_dir(path: &Path) -> std::io::Result<()> {
+fn create_dir(path: &Path) -> std::io::Result<()> {
     let mut builder = std::fs::DirBuilder::new();
     builder.recursive(true);
     #[cfg(unix)]
     std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
     builder.create(path)
+}
+
+/// Makes sure the store's directory is safe to hand to sled, before sled opens anything in it:
+/// creates it (owner-only) if missing, then refuses, with [`Error::UnsafeDirectory`]:
+///
+/// - a path that is not a directory, or whose last component is a symbolic link;
+/// - sled's files in it (`db`, `conf`, `blobs`, `snap.*`) or the files in `blobs/` when one is
+///   a symbolic link: sled opens them by name for writing, so a planted link would make it
+///   write wherever the link points (a root process overwrote a root-only file that way);
+/// - on Unix, unless `allow_shared` ([`Builder::allow_shared_directory`]): a directory owned
+///   by another user than the process's effective user, or whose mode gives its group or
+///   others any permission.
+///
+/// Earlier components of the path may be symbolic links (`/tmp` is one on some systems); only
+/// the store's own directory and what is in it are checked. The checks are made once, at open,
+/// by name: they keep a mistaken or planted directory out, not a user who can write to the
+/// directory's parent while the store opens.
+///
+/// On platforms other than Unix only the not-a-directory and symbolic-link checks apply.
+///
+/// [`Builder::allow_shared_directory`]: crate::Builder::allow_shared_directory
+pub(crate) fn prepare_dir(path: &Path, allow_shared: bool) -> Result<()> {
+    let unsafe_dir = |path: &Path, problem| Error::UnsafeDirectory {
+        path: path.to_path_buf(),
+        problem,
+    };
+    let meta = match std::fs::symlink_metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            create_dir(path)?;
+            std::fs::symlink_metadata(path)?
+        }
+        other => other?,
+    };
+    if meta.file_type().is_symlink() {
+        return Err(unsafe_dir(path, DirectoryProblem::Symlink));
+    }
+    if !meta.is_dir() {
+        return Err(unsafe_dir(path, DirectoryProblem::NotADirectory));
+    }
+    #[cfg(unix)]
+    if !allow_shared {
+        use std::os::unix::fs::MetadataExt;
+        if let Some(process) = effective_uid() {
+            if meta.uid() != process {
+                return Err(unsafe_dir(
+                    path,
+                    DirectoryProblem::OwnedByOther {
+                        owner: meta.uid(),
+                        process,
+                    },
+                ));
+            }
+        }
+        if meta.mode() & 0o077 != 0 {
+            return Err(unsafe_dir(
+                path,
+                DirectoryProblem::OpenToOthers {
+                    mode: meta.mode() & 0o7777,
+                },
+            ));
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = allow_shared;
+    for entry in std::fs::read_dir(path)? {
+        let entry = entry?;
+        let name = entry.file_name();
+        let sleds = name == "db" || name == "conf" || name == "blobs";
+        if !sleds && !name.to_string_lossy().starts_with("snap.") {
+            continue;
+        }
+        let file_type = entry.file_type()?;
+        if file_type.is_symlink() {
+            return Err(unsafe_dir(&entry.path(), DirectoryProblem::Symlink));
+        }
+        if name == "blobs" && file_type.is_dir() {
+            for blob in std::fs::read_dir(entry.path())? {
+                let blob = blob?;
+                if blob.file_type()?.is_symlink() {
+                    return Err(unsafe_dir(&blob.path(), DirectoryProblem::Symlink));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The process's effective user id: the owner of `/proc/self` (Linux gives a process's
+/// `/proc/<pid>` directory its effective uid and gid). `None` where there is no `/proc`
+/// (Unix systems other than Linux): the owner check is then skipped, the mode and
+/// symbolic-link checks still apply.
+///
+/// A process that made itself non-dumpable (`prctl(PR_SET_DUMPABLE, 0)`, or a set-user-id
+/// program) sees `/proc/self` owned by root instead: such a process must open its store with
+/// [`Builder::allow_shared_directory`](crate::Builder::allow_shared_directory) unless it runs
+/// as root. (std has no safe `geteuid`, and this crate forbids `unsafe`.)
+#[cfg(unix)]
+fn effective_uid() -> Option<u32> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self").ok().map(|m| m.uid())
+}
+
+/// Makes sled's blob directory owner-only, as the store's directory is: sled creates it with
+/// the process's default permissions (0755 under the usual umask). Left alone in a directory
+/// opened with [`Builder::allow_shared_directory`](crate::Builder::allow_shared_directory).
+pub(crate) fn restrict_blobs(path: &Path, allow_shared: bool) -> Result<()> {
+    #[cfg(unix)]
+    if !allow_shared {
+        use std::os::unix::fs::PermissionsExt;
+        let blobs = path.join("blobs");
+        let meta = match std::fs::symlink_metadata(&blobs) {
+            Ok(meta) => meta,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(e.into()),
+        };
+        if meta.file_type().is_symlink() {
+            return Err(Error::UnsafeDirectory {
+                path: blobs,
+                problem: DirectoryProblem::Symlink,
+            });
+        }
+        if meta.is_dir() && meta.permissions().mode() & 0o077 != 0 {
+            std::fs::set_permissions(&blobs, std::fs::Permissions::from_mode(0o700))?;
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = (path, allow_shared);
+    Ok(())
 }
 
 /// How long closing a store waits for sled after a storage failure.
@@ -133,9 +261,11 @@ fn discard_torn_sled_snapshots(path: &Path) -> Result<bool> {
 /// leaves the text alone, and sled 0.34 then reads the end of the text as the checksum and
 /// reports the directory corrupt at every later open. When `conf` holds exactly sled's three
 /// settings lines and the data file is absent or empty (so nothing was ever stored), this
-/// appends the missing checksum: the write sled did not get to make. Anything else is left
-/// to sled.
-pub(crate) fn complete_torn_sled_config(path: &Path) -> Result<()> {
+/// appends the missing checksum: the write sled did not get to make, and (on Unix, unless
+/// `allow_shared`) makes the file owner-only (0600). Anything else is left to sled.
+///
+/// Called after [`prepare_dir`], which refused a `conf` that is a symbolic link.
+pub(crate) fn complete_torn_sled_config(path: &Path, allow_shared: bool) -> Result<()> {
     let conf = path.join("conf");
     let text = match std::fs::read(&conf) {
         Ok(text) => text,
@@ -162,6 +292,13 @@ pub(crate) fn complete_torn_sled_config(path: &Path) -> Result<()> {
         "completing sled's configuration file, cut short by a crash"
     );
     let mut file = std::fs::OpenOptions::new().append(true).open(&conf)?;
+    #[cfg(unix)]
+    if !allow_shared {
+        use std::os::unix::fs::PermissionsExt;
+        file.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+    }
+    #[cfg(not(unix))]
+    let _ = allow_shared;
     std::io::Write::write_all(&mut file, &crc32fast::hash(&text).to_le_bytes())?;
     file.sync_all()?;
     Ok(())

@@ -27,7 +27,9 @@ use crossbeam_channel::Sender;
 use tokio::sync::oneshot;
 
 use self::committer::{CommitRequest, Committer, Message};
-use self::directory::{complete_torn_sled_config, create_dir, open_sled, DirLock, DiskSync};
+use self::directory::{
+    complete_torn_sled_config, open_sled, prepare_dir, restrict_blobs, DirLock, DiskSync,
+};
 use self::recovery::recover;
 use self::trees::Trees;
 use super::catalog::Catalog;
@@ -59,10 +61,12 @@ pub(crate) struct Sled {
 }
 
 impl Sled {
-    /// Opens (creating it if need be) the store in directory `path`: takes the directory,
-    /// recovers the log and starts the committer.
+    /// Opens (creating it if need be) the store in directory `path`: checks that the
+    /// directory is safe to use ([`directory::prepare_dir`]), takes it, recovers the log and
+    /// starts the committer.
     pub(crate) fn open(path: &Path, config: &Config) -> Result<Sled> {
-        create_dir(path)?;
+        let shared = config.allow_shared_directory;
+        prepare_dir(path, shared)?;
         let path = path.canonicalize()?;
         let dir = DirLock::acquire(path.clone())?;
         let flush_every = match config.durability {
@@ -73,8 +77,9 @@ impl Sled {
                     .max(1),
             ),
         };
-        complete_torn_sled_config(&path)?;
+        complete_torn_sled_config(&path, shared)?;
         let trees = Trees::open(open_sled(&path, config, flush_every)?)?;
+        restrict_blobs(&path, shared)?;
         let disk = DiskSync::open(&path)?;
         let recovered = recover(&trees, &disk)?;
         let catalog = Catalog::recovered(recovered.queues, recovered.fences, recovered.set_aside);
