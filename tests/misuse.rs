@@ -6,11 +6,12 @@
 mod common;
 
 use std::io::{BufRead, BufReader, Write};
-use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+#[cfg(unix)]
+use common::mode;
 use common::{drain, peek_all, temp_dir};
 use reliable_queue::{Error, ReliableConcurrentQueue, Store};
 use serde::ser::{Error as _, Serializer};
@@ -439,16 +440,6 @@ fn a_path_that_is_a_file_is_refused() {
 }
 
 // ---- permissions ----
-
-#[cfg(unix)]
-fn mode(path: &Path) -> u32 {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::metadata(path)
-        .expect("metadata")
-        .permissions()
-        .mode()
-        & 0o777
-}
 
 #[cfg(unix)]
 #[test]

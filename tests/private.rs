@@ -9,13 +9,9 @@ use std::path::{Path, PathBuf};
 
 use reliable_queue::{DirectoryProblem, Error, Store};
 
-fn mode(path: &Path) -> u32 {
-    std::fs::symlink_metadata(path)
-        .expect("metadata")
-        .permissions()
-        .mode()
-        & 0o7777
-}
+mod common;
+
+use common::mode;
 
 fn chmod(path: &Path, mode: u32) {
     std::fs::set_permissions(path, Permissions::from_mode(mode)).expect("chmod");

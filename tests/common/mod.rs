@@ -106,6 +106,17 @@ impl TotalQueue {
     }
 }
 
+/// The permission bits of `path` itself (a symbolic link is not followed).
+#[cfg(unix)]
+pub fn mode(path: &std::path::Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::symlink_metadata(path)
+        .expect("metadata")
+        .permissions()
+        .mode()
+        & 0o7777
+}
+
 /// Opens the sled database of a closed store directly, waiting up to 2 s for sled's lock:
 /// sled's background threads may hold it for a moment after the store closed.
 pub fn open_raw_sled(path: &std::path::Path) -> sled::Db {
