@@ -8,10 +8,9 @@
 
 use std::future::Future;
 use std::pin::pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
-use std::time::Duration;
 
 use reliable_queue::{ReliableConcurrentQueue, Store};
 
@@ -37,7 +36,6 @@ fn prefilled() -> (Store, ReliableConcurrentQueue<u64>) {
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
-        .enable_time()
         .build()
         .expect("runtime")
 }
@@ -53,13 +51,25 @@ fn yielder() -> Arc<AtomicBool> {
     flag
 }
 
-/// A task that sets the returned flag after a short sleep on the runtime's timer.
-fn sleeper() -> Arc<AtomicBool> {
+/// A task that waits for a wake-up sent from another thread once `progress` reaches 1,000,
+/// then sets the returned flag. The wake-up arrives while the loop that counts `progress` is
+/// running, so the task runs only if that loop gives the runtime back its turn.
+fn woken_from_outside(progress: Arc<AtomicU64>) -> Arc<AtomicBool> {
     let flag = Arc::new(AtomicBool::new(false));
     let set = flag.clone();
+    let (wake, woken) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(async move {
-        tokio::time::sleep(Duration::from_millis(1)).await;
-        set.store(true, Ordering::SeqCst);
+        if woken.await.is_ok() {
+            set.store(true, Ordering::SeqCst);
+        }
+    });
+    std::thread::spawn(move || {
+        // Waits on the loop's own counter; `u64::MAX` means the loop ended.
+        while progress.load(Ordering::SeqCst) < 1_000 {
+            std::thread::yield_now();
+        }
+        // The receiving task may be gone (the loop ended); nothing to do then.
+        let _ = wake.send(());
     });
     flag
 }
@@ -117,14 +127,26 @@ fn a_dequeue_commit_loop_lets_other_tasks_run() {
     });
 }
 
+/// Marks the loop ended (also when it panics), so the waking thread never waits forever.
+struct Ended(Arc<AtomicU64>);
+
+impl Drop for Ended {
+    fn drop(&mut self) {
+        self.0.store(u64::MAX, Ordering::SeqCst);
+    }
+}
+
 #[test]
-fn an_endless_enqueue_dequeue_loop_lets_a_timer_fire() {
+fn an_endless_enqueue_dequeue_loop_lets_a_task_woken_from_outside_run() {
     let store = Store::in_memory().expect("open");
     runtime().block_on(async move {
         let q = store.queue::<u64>("q").await.expect("queue");
-        let flag = sleeper();
+        let progress = Arc::new(AtomicU64::new(0));
+        let flag = woken_from_outside(progress.clone());
         let consumer = tokio::spawn(async move {
+            let _ended = Ended(progress.clone());
             for i in 0..ENDLESS_BOUND {
+                progress.store(i, Ordering::SeqCst);
                 if flag.load(Ordering::SeqCst) {
                     return Some(i);
                 }
@@ -137,10 +159,10 @@ fn an_endless_enqueue_dequeue_loop_lets_a_timer_fire() {
             }
             None
         });
-        let fired_at = consumer.await.expect("consumer");
+        let ran_at = consumer.await.expect("consumer");
         assert!(
-            fired_at.is_some(),
-            "the timer never fired in {ENDLESS_BOUND} iterations"
+            ran_at.is_some_and(|i| i >= 1_000),
+            "the task woken from outside never ran in {ENDLESS_BOUND} iterations ({ran_at:?})"
         );
     });
 }

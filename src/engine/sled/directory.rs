@@ -66,7 +66,7 @@ fn create_dir(path: &Path) -> std::io::Result<()> {
 ///
 /// [`Builder::allow_shared_directory`]: crate::Builder::allow_shared_directory
 pub(crate) fn prepare_dir(path: &Path, allow_shared: bool) -> Result<()> {
-    let unsafe_dir = |path: &Path, problem| Error::UnsafeDirectory {
+    let refused = |path: &Path, problem| Error::UnsafeDirectory {
         path: path.to_path_buf(),
         problem,
     };
@@ -78,17 +78,17 @@ pub(crate) fn prepare_dir(path: &Path, allow_shared: bool) -> Result<()> {
         other => other?,
     };
     if meta.file_type().is_symlink() {
-        return Err(unsafe_dir(path, DirectoryProblem::Symlink));
+        return Err(refused(path, DirectoryProblem::Symlink));
     }
     if !meta.is_dir() {
-        return Err(unsafe_dir(path, DirectoryProblem::NotADirectory));
+        return Err(refused(path, DirectoryProblem::NotADirectory));
     }
     #[cfg(unix)]
     if !allow_shared {
         use std::os::unix::fs::MetadataExt;
         if let Some(process) = effective_uid() {
             if meta.uid() != process {
-                return Err(unsafe_dir(
+                return Err(refused(
                     path,
                     DirectoryProblem::OwnedByOther {
                         owner: meta.uid(),
@@ -98,7 +98,7 @@ pub(crate) fn prepare_dir(path: &Path, allow_shared: bool) -> Result<()> {
             }
         }
         if meta.mode() & 0o077 != 0 {
-            return Err(unsafe_dir(
+            return Err(refused(
                 path,
                 DirectoryProblem::OpenToOthers {
                     mode: meta.mode() & 0o7777,
@@ -117,13 +117,13 @@ pub(crate) fn prepare_dir(path: &Path, allow_shared: bool) -> Result<()> {
         }
         let file_type = entry.file_type()?;
         if file_type.is_symlink() {
-            return Err(unsafe_dir(&entry.path(), DirectoryProblem::Symlink));
+            return Err(refused(&entry.path(), DirectoryProblem::Symlink));
         }
         if name == "blobs" && file_type.is_dir() {
             for blob in std::fs::read_dir(entry.path())? {
                 let blob = blob?;
                 if blob.file_type()?.is_symlink() {
-                    return Err(unsafe_dir(&blob.path(), DirectoryProblem::Symlink));
+                    return Err(refused(&blob.path(), DirectoryProblem::Symlink));
                 }
             }
         }
