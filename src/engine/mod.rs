@@ -242,7 +242,8 @@ impl Engine {
 
     // ---- enqueues and dequeues ----
 
-    /// Buffers an encoded item in `work`, within the item and transaction size limits.
+    /// Buffers an encoded item in `work`, within the transaction size limit (`codec::encode`
+    /// already kept it within the item size limit).
     ///
     /// The transaction limit counts each item as its encoded size plus [`ITEM_OVERHEAD`]. A
     /// transaction's first item is never refused by it: the item is within the item limit,
@@ -255,13 +256,10 @@ impl Engine {
         bytes: Box<[u8]>,
     ) -> Result<()> {
         let limits = &*self.hot;
-        if bytes.len() > limits.max_item_size {
-            return Err(Error::ItemTooLarge {
-                queue: queue.name().to_owned(),
-                size: bytes.len(),
-                limit: limits.max_item_size,
-            });
-        }
+        debug_assert!(
+            bytes.len() <= limits.max_item_size,
+            "the encoder stops at the item size limit"
+        );
         let size = work
             .enqueued_bytes
             .saturating_add(bytes.len())

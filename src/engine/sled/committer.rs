@@ -25,7 +25,7 @@ use super::trees::{self, Trees};
 use super::Reply;
 use crate::config::{Config, Durability};
 use crate::core::{publish_all, restore_all, QueueId};
-use crate::engine::{Enqueues, Held};
+use crate::engine::Work;
 use crate::error::{Error, Result};
 
 /// Records larger than this are split: sled 0.34 stores a value over about 128 KiB as a file
@@ -40,26 +40,24 @@ struct NewRecord {
     ids: std::ops::Range<u64>,
 }
 
-/// A transaction on its way to the log.
+/// A transaction on its way to the log: its enqueues (in order) and the items it dequeued
+/// (acknowledged on success, given back on failure).
 #[derive(Debug)]
 pub(crate) struct CommitRequest {
-    /// Encoded items to add, in enqueue order.
-    pub(crate) enqueues: Enqueues,
-    /// Items the transaction dequeued; acknowledged on success, given back on failure.
-    pub(crate) dequeued: Held,
+    pub(crate) work: Work,
     pub(crate) reply: Reply,
 }
 
 impl CommitRequest {
     /// Approximate bytes the request adds to a record.
     fn size(&self) -> usize {
-        let items: usize = self.enqueues.iter().map(|(_, b)| b.len() + 24).sum();
-        items + self.dequeued.len() * 12
+        let items: usize = self.work.enqueues.iter().map(|(_, b)| b.len() + 24).sum();
+        items + self.work.dequeued.len() * 12
     }
 
     /// Answers the request with a failure, giving its dequeued items back to their queues.
     fn fail(self, error: Error) {
-        restore_all(self.dequeued);
+        restore_all(self.work.dequeued);
         drop(self.reply.send(Err(error)));
     }
 }
@@ -354,17 +352,17 @@ impl Committer {
         self.next_seq = record_seq;
         let mut id = first;
         for req in group {
-            for (_, entry) in &req.dequeued {
+            for (_, entry) in &req.work.dequeued {
                 debug_assert!(
                     entry.id < first,
                     "an ack points to an item of an older record"
                 );
                 self.liveness.ack(entry.id);
             }
-            let n = u64::try_from(req.enqueues.len()).unwrap_or(u64::MAX);
-            publish_all(req.enqueues, id);
+            let n = u64::try_from(req.work.enqueues.len()).unwrap_or(u64::MAX);
+            publish_all(req.work.enqueues, id);
             id += n;
-            drop(req.dequeued);
+            drop(req.work.dequeued);
             drop(req.reply.send(Ok(())));
         }
         debug_assert_eq!(id, self.next_id, "every new id was published");
@@ -394,7 +392,7 @@ impl Committer {
         let mut id = first;
         let mut record_first = first;
         for req in group {
-            for (queue, bytes) in &req.enqueues {
+            for (queue, bytes) in &req.work.enqueues {
                 self.builder.push(&Op::Enqueue {
                     queue: queue.id(),
                     id,
@@ -405,7 +403,7 @@ impl Committer {
                 id += 1;
                 self.split_if_full(&mut records, &mut record_first, id)?;
             }
-            for (queue, entry) in &req.dequeued {
+            for (queue, entry) in &req.work.dequeued {
                 self.builder.push(&Op::Ack {
                     queue: queue.id(),
                     id: entry.id,

@@ -161,11 +161,7 @@ impl Sled {
     /// its group is written (and, under `Sync`, on disk).
     pub(crate) fn submit(&self, work: Work) -> Answer {
         let (reply, answer) = oneshot::channel();
-        self.send(Message::Commit(CommitRequest {
-            enqueues: work.enqueues,
-            dequeued: work.dequeued,
-            reply,
-        }));
+        self.send(Message::Commit(CommitRequest { work, reply }));
         answer
     }
 

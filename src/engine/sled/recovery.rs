@@ -43,7 +43,6 @@ pub(crate) fn recover(trees: &Trees, disk: &DiskSync) -> Result<Recovered> {
     let queues = trees::load_queues(&trees.meta)?;
     let known: Vec<QueueId> = queues.iter().map(|(_, id)| *id).collect();
 
-    let replayed = replay(trees.log.iter(), &known);
     let Replayed {
         liveness,
         items,
@@ -51,8 +50,7 @@ pub(crate) fn recover(trees: &Trees, disk: &DiskSync) -> Result<Recovered> {
         max_id,
         last_seq,
         newly_bad,
-    } = replayed?;
-
+    } = replay(trees.log.iter(), &known)?;
     set_aside(trees, disk, &known, newly_bad)?;
 
     let mut items: HashMap<QueueId, VecDeque<Entry>> = items
