@@ -48,6 +48,9 @@ pub(crate) struct Config {
     /// Accept an existing store directory owned by another user or open to its group or
     /// others (Unix); see [`Builder::allow_shared_directory`](crate::Builder::allow_shared_directory).
     pub(crate) allow_shared_directory: bool,
+    /// Open a store whose log came back without records it held, fencing the queues they may
+    /// have touched; see [`Builder::salvage`](crate::Builder::salvage).
+    pub(crate) salvage: bool,
 }
 
 /// Default limit on one encoded item: 4 MiB.
@@ -71,6 +74,7 @@ impl Default for Config {
             cache_capacity: 64 << 20,
             compaction_floor: 16 << 20,
             allow_shared_directory: false,
+            salvage: false,
         }
     }
 }

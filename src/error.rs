@@ -153,6 +153,32 @@ pub enum Error {
         problem: DirectoryProblem,
     },
 
+    /// The store's log came back shorter than it was, or with a hole: records the store had
+    /// made durable are missing (a file was deleted, truncated, restored from an older backup,
+    /// or damaged where the storage engine's own recovery drops everything after the damage).
+    /// A crash never causes this: the store only counts a record as made once it is durable.
+    /// Nothing was opened. Open with [`Builder::salvage`](crate::Builder::salvage) to open what
+    /// can be trusted, with `queues` fenced.
+    MissingRecords {
+        /// The store's directory.
+        path: PathBuf,
+        /// The sequence numbers of the missing records, as inclusive ranges.
+        missing: Vec<std::ops::RangeInclusive<u64>>,
+        /// The queues the missing records may have touched: their contents can no longer be
+        /// trusted (items consumed by a missing record may be back, items it enqueued gone).
+        queues: Vec<String>,
+    },
+
+    /// A file of the store is damaged in a way that no record-level check can set aside: the
+    /// storage engine's own files (its configuration, its log's structure, a large value kept
+    /// in a file of its own) or the store's mark file. Nothing was opened.
+    Damaged {
+        /// The file or directory found damaged.
+        path: PathBuf,
+        /// What was found.
+        detail: String,
+    },
+
     /// An internal invariant did not hold: a bug in this crate. The operation was not
     /// applied. Please report it with the message.
     Bug {
@@ -255,6 +281,40 @@ impl fmt::Display for Error {
                          others in; make it owner-only (chmod 700), {allow}"
                     ),
                 }
+            }
+            Error::MissingRecords {
+                path,
+                missing,
+                queues,
+            } => {
+                write!(
+                    f,
+                    "the log of store {} came back without records it held: ",
+                    path.display()
+                )?;
+                for (i, range) in missing.iter().enumerate() {
+                    let sep = if i == 0 { "" } else { ", " };
+                    if range.start() == range.end() {
+                        write!(f, "{sep}{}", range.start())?;
+                    } else {
+                        write!(f, "{sep}{}..={}", range.start(), range.end())?;
+                    }
+                }
+                write!(f, "; queues that can no longer be trusted: ")?;
+                if queues.is_empty() {
+                    f.write_str("none")?;
+                }
+                for (i, queue) in queues.iter().enumerate() {
+                    let sep = if i == 0 { "" } else { ", " };
+                    write!(f, "{sep}{queue:?}")?;
+                }
+                f.write_str(
+                    "; restore the store from a backup, or open it with Builder::salvage(true) \
+                     to open what can be trusted with those queues fenced",
+                )
+            }
+            Error::Damaged { path, detail } => {
+                write!(f, "store file {} is damaged: {detail}", path.display())
             }
             Error::Bug { invariant } => write!(
                 f,

@@ -342,6 +342,22 @@ impl Store {
         self.engine.set_aside_records()
     }
 
+    /// The ranges of log records (sequence numbers, inclusive) found missing when the store
+    /// was opened with [`Builder::salvage`](crate::Builder::salvage), at this or an earlier
+    /// open. Empty for a store that never lost records.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let dir = tempfile::tempdir()?;
+    /// let store = reliable_queue::Store::open(dir.path().join("store"))?;
+    /// assert!(store.missing_records().is_empty());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn missing_records(&self) -> Vec<std::ops::RangeInclusive<u64>> {
+        self.engine.missing_records()
+    }
+
     /// Lifts the fence that set-aside records put on queue `name`, accepting the damage: the
     /// items the bad records enqueued are missing, and items they dequeued are back in the
     /// queue. The records themselves stay in the quarantine tree.

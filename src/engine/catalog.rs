@@ -46,6 +46,7 @@ struct Inner {
     next_id: QueueId,
     fences: Vec<Fence>,
     set_aside: Vec<BadRecord>,
+    missing: Vec<std::ops::RangeInclusive<u64>>,
 }
 
 /// The queues of one open store.
@@ -88,6 +89,7 @@ impl Catalog {
             next_id,
             fences,
             set_aside,
+            missing: Vec::new(),
         }))
     }
 
@@ -172,6 +174,11 @@ impl Catalog {
                 reason: bad.reason.clone(),
             })
             .collect()
+    }
+
+    /// Ranges of records found missing by a salvaging open, at this or an earlier open.
+    pub(crate) fn missing_records(&self) -> Vec<std::ops::RangeInclusive<u64>> {
+        self.0.lock().missing.clone()
     }
 
     /// Closes every queue's core: waiting consumers are woken and find the store closed.

@@ -214,6 +214,11 @@ impl Engine {
         self.catalog().set_aside_records()
     }
 
+    /// Ranges of records found missing by a salvaging open.
+    pub(crate) fn missing_records(&self) -> Vec<std::ops::RangeInclusive<u64>> {
+        self.catalog().missing_records()
+    }
+
     /// Lifts the fences on queue `name`, durably.
     pub(crate) async fn unfence(&self, name: &str) -> Result<()> {
         self.check_open()?;

@@ -203,6 +203,37 @@ impl Builder {
         self
     }
 
+    /// Opens a store whose log came back without records it is known to have held
+    /// ([`Error::MissingRecords`](crate::Error::MissingRecords)) instead of refusing it.
+    ///
+    /// Such a store lost records it had made durable: a file was deleted or truncated, an
+    /// older backup was copied over part of it, or damage made the storage engine drop the
+    /// end of its log. With this option the store opens what is left, fences every queue the
+    /// missing records may have touched (as [`Store::set_aside_records`](crate::Store::set_aside_records)
+    /// fences the queues of a damaged record: [`Error::Fenced`](crate::Error::Fenced) until
+    /// [`Store::unfence`](crate::Store::unfence)), records the missing ranges
+    /// ([`Store::missing_records`](crate::Store::missing_records)) and takes what is left as
+    /// the new starting point: the next open opens it plainly, with those queues still fenced.
+    ///
+    /// Off by default: without it such a store is refused and nothing in it is changed, so it
+    /// can still be restored from a backup. A healthy store opens the same either way.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let dir = tempfile::tempdir()?;
+    /// let store = reliable_queue::Store::builder()
+    ///     .path(dir.path().join("store"))
+    ///     .salvage(true)
+    ///     .open()?;
+    /// assert!(store.missing_records().is_empty());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn salvage(mut self, salvage: bool) -> Self {
+        self.config.salvage = salvage;
+        self
+    }
+
     /// Validates the settings and opens the store (recovering it from disk if it has a path).
     ///
     /// # Errors
