@@ -349,6 +349,12 @@ impl Error {
         }
     }
 
+    /// Fills in the path of a storage error (placeholder until `Storage` carries a path).
+    pub(crate) fn at(self, path: &std::path::Path) -> Error {
+        let _ = path;
+        self
+    }
+
     /// The sticky form of a storage failure, for calls after the first.
     pub(crate) fn previous(first: &Error) -> Self {
         match first {

@@ -55,6 +55,6 @@ pub(crate) use imp::{AtomicU64, Mutex, MutexGuard, Ordering};
 
 /// Primitives for the parts of the crate that loom does not model.
 pub(crate) mod process {
-    pub(crate) use parking_lot::Mutex;
+    pub(crate) use parking_lot::{Condvar, Mutex};
     pub(crate) use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 }

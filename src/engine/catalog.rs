@@ -71,6 +71,7 @@ impl Catalog {
         queues: Vec<(String, QueueId, VecDeque<Entry>)>,
         fences: Vec<Fence>,
         set_aside: Vec<BadRecord>,
+        missing: Vec<std::ops::RangeInclusive<u64>>,
     ) -> Self {
         let next_id = queues
             .iter()
@@ -89,7 +90,7 @@ impl Catalog {
             next_id,
             fences,
             set_aside,
-            missing: Vec::new(),
+            missing,
         }))
     }
 

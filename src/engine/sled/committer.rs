@@ -12,13 +12,15 @@
 //! before any record that names it.
 
 use std::path::PathBuf;
+use std::time::{Duration, Instant};
 
-use crossbeam_channel::Receiver;
+use crossbeam_channel::{Receiver, RecvTimeoutError};
 
 use super::directory::{
     close_after_failure, wait_until_released, BlobFiles, DirLock, DiskSync, BLOB_CANDIDATE,
 };
 use super::liveness::Liveness;
+use super::marks::{MarkedQueue, Marker};
 use super::record::{Bytes, Op, RecordBuilder};
 use super::recovery::LogState;
 use super::trees::{self, Trees};
@@ -32,6 +34,9 @@ use crate::error::{Error, Result};
 /// of its own and reclaims its space late, while several values of this size in one batch
 /// and one flush go to disk at close to the disk's sequential rate.
 const RECORD_SIZE: usize = 64 << 10;
+
+/// Compaction rounds a closing store runs at most (see `compact_before_close`).
+const CLOSING_ROUNDS: usize = 4;
 
 /// One record of a commit group: enqueues with ids `first .. first + len`, and acks.
 #[derive(Debug)]
@@ -111,6 +116,19 @@ pub(crate) struct Storage {
 pub(crate) struct Committer {
     pub(super) storage: Storage,
     durability: Durability,
+    /// Under `Buffered`, how long a written group may wait for the flush that makes it
+    /// durable; the committer flushes on its own timer.
+    flush_interval: Duration,
+    /// When the next `Buffered` flush is due: set by the first group written after a flush.
+    flush_due: Option<Instant>,
+    /// Writes the mark: how far the log is known durable, and where compaction may delete.
+    pub(super) marker: Option<Marker>,
+    /// One past the highest record made durable by a flush (what the mark may claim).
+    durable_end: u64,
+    /// Compaction may delete (or rewrite) records below this: a mark saying so is on disk.
+    pub(super) delete_below: u64,
+    /// What compaction last asked the mark's `start` to move to.
+    pub(super) wanted_start: u64,
     group_size: usize,
     pub(super) compaction_floor: u64,
     rx: Receiver<Message>,
@@ -142,12 +160,19 @@ impl Committer {
     pub(crate) fn new(
         storage: Storage,
         log: LogState,
+        marker: Marker,
         config: &Config,
         rx: Receiver<Message>,
     ) -> Self {
         Committer {
             storage,
             durability: config.durability,
+            flush_interval: config.flush_interval,
+            flush_due: None,
+            marker: Some(marker),
+            durable_end: log.next_seq,
+            delete_below: 0,
+            wanted_start: 0,
             group_size: config.group_size,
             compaction_floor: config.compaction_floor,
             rx,
@@ -165,7 +190,21 @@ impl Committer {
     pub(crate) fn run(mut self) {
         let mut group = Vec::new();
         let mut after = AfterFlush::default();
-        while let Ok(first) = self.rx.recv() {
+        loop {
+            let received = match self.flush_due {
+                Some(due) => self.rx.recv_deadline(due),
+                None => self.rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
+            };
+            let first = match received {
+                Ok(first) => first,
+                Err(RecvTimeoutError::Timeout) => {
+                    // A `Buffered` flush is due.
+                    let flushed = self.flush();
+                    drop(self.sticky(flushed));
+                    continue;
+                }
+                Err(RecvTimeoutError::Disconnected) => break,
+            };
             let mut size = 0;
             let mut next = Some(first);
             while let Some(message) = next.take() {
@@ -197,8 +236,14 @@ impl Committer {
                 self.commit_group(std::mem::take(&mut group));
                 self.compact();
             }
-            if !after.flushes.is_empty() {
+            if self.flush_due.is_some_and(|due| Instant::now() >= due) && after.flushes.is_empty() {
                 let flushed = self.flush();
+                drop(self.sticky(flushed));
+            }
+            if !after.flushes.is_empty() {
+                // A flush also writes the mark, so that once it returns everything committed
+                // before it is protected against a silent rollback.
+                let flushed = self.flush().and_then(|()| self.write_mark_now());
                 let flushed = self.sticky(flushed);
                 for reply in after.flushes.drain(..) {
                     drop(reply.send(flushed.clone()));
@@ -217,8 +262,21 @@ impl Committer {
             .usable()
             .and_then(|trees| trees::create_queue(&trees.meta, name, id))
         {
-            Ok(()) if self.durability == Durability::Sync => after.flushes.push(reply),
-            Ok(()) => drop(reply.send(Ok(()))),
+            Ok(()) => {
+                if let Some(marker) = &self.marker {
+                    // No record below the next sequence number names the new queue.
+                    marker.add_queue(MarkedQueue {
+                        id,
+                        name: name.to_owned(),
+                        first_seq: self.next_seq,
+                    });
+                }
+                if self.durability == Durability::Sync {
+                    after.flushes.push(reply);
+                } else {
+                    drop(reply.send(Ok(())));
+                }
+            }
             Err(e) => {
                 self.stop(&e);
                 drop(reply.send(Err(e)));
@@ -229,7 +287,10 @@ impl Committer {
     /// The final flush, then sled closed and the directory released; then `reply` gets the
     /// flush's outcome and whatever is still in the channel is refused.
     fn close(mut self, reply: Option<Reply>) {
-        let flushed = self.flush();
+        let flushed = self.flush().and_then(|()| self.compact_before_close());
+        // The last mark: after a clean close it covers the whole log.
+        let marked = self.marker.take().map_or(Ok(()), Marker::close);
+        let flushed = flushed.and(marked);
         let flushed = self.sticky(flushed);
         if let Err(e) = &flushed {
             if reply.is_none() {
@@ -266,10 +327,59 @@ impl Committer {
         }
     }
 
-    fn flush(&self) -> Result<()> {
+    /// Makes everything written so far durable, and lets the mark claim it.
+    fn flush(&mut self) -> Result<()> {
+        self.flush_due = None;
+        let end = self.next_seq;
         let trees = self.usable()?;
         trees.db.flush()?;
         self.storage.disk.sync_log()?;
+        self.made_durable(end)
+    }
+
+    /// Records that every record below `end` is durable: the marker may write it, and says
+    /// below which sequence number compaction may delete now.
+    fn made_durable(&mut self, end: u64) -> Result<()> {
+        self.durable_end = self.durable_end.max(end);
+        if let Some(marker) = &self.marker {
+            self.delete_below = marker
+                .advance(self.durable_end, self.wanted_start)
+                .map_err(|e| e.at(&self.storage.path))?;
+        }
+        Ok(())
+    }
+
+    /// Writes the mark now and waits for it.
+    fn write_mark_now(&mut self) -> Result<()> {
+        match &self.marker {
+            Some(marker) => marker.write_now(false).map_err(|e| e.at(&self.storage.path)),
+            None => Ok(()),
+        }
+    }
+
+    /// Before closing: lets compaction do at once what the mark's lag would have it do later
+    /// (the mark's `start` written to both slots), then makes its work durable. So a closed
+    /// store's log is as compact as compaction would have it.
+    fn compact_before_close(&mut self) -> Result<()> {
+        // Each round rewrites at most one compaction budget; a few rounds end any backlog a
+        // closing store has reason to keep.
+        for _ in 0..CLOSING_ROUNDS {
+            if self.failed.is_some() {
+                return Ok(());
+            }
+            self.want_start(true);
+            if self.wanted_start <= self.delete_below {
+                return Ok(());
+            }
+            self.made_durable(self.durable_end)?;
+            if let Some(marker) = &self.marker {
+                marker.write_now(true)?;
+                marker.write_now(true)?;
+                self.delete_below = marker.delete_below();
+            }
+            self.compact();
+            self.flush()?;
+        }
         Ok(())
     }
 
@@ -322,6 +432,7 @@ impl Committer {
             .iter()
             .map(|p| (p.ids.clone(), p.record.len()))
             .collect();
+        let end = seq + u64::try_from(records.len()).unwrap_or(u64::MAX);
         let written = self
             .blobs_before(sizes.iter().map(|(_, bytes)| *bytes))
             .and_then(|blobs| {
@@ -340,6 +451,21 @@ impl Committer {
             self.stop(&e);
             group.into_iter().for_each(|req| req.fail(e.clone()));
             return;
+        }
+        // The group is written (and under `Sync` durable): its commits succeed whatever
+        // happens to the mark; a failure writing the mark stops the store for what follows.
+        match self.durability {
+            Durability::Sync => {
+                if let Err(e) = self.made_durable(end) {
+                    tracing::error!(error = %e, "writing the store's mark failed; the store stops writing");
+                    self.stop(&e);
+                }
+            }
+            Durability::Buffered => {
+                if self.flush_due.is_none() {
+                    self.flush_due = Instant::now().checked_add(self.flush_interval);
+                }
+            }
         }
         let mut record_seq = seq;
         for (ids, bytes) in sizes {

@@ -5,6 +5,10 @@
 //! live bytes), the few live items that pin the oldest record are rewritten into a new record
 //! in the same atomic batch that deletes the old one. A round moves at most
 //! [`REWRITE_BUDGET`] bytes, so no commit waits long behind it.
+//!
+//! Compaction deletes a record only below the mark's durable `start` (see `marks`): it asks
+//! the mark to move first, and deletes once the marker has written that in both of its
+//! copies. So the oldest records of a log can be told lost from deleted.
 
 use super::committer::Committer;
 use super::record::{self, Op};
@@ -25,7 +29,7 @@ impl Committer {
         let mut moved_bytes = 0;
         let mut largest = 0;
         while let Some(front) = self.liveness.front() {
-            if front.is_last {
+            if front.is_last || front.seq >= self.delete_below {
                 break;
             }
             if front.live == 0 {
@@ -52,6 +56,7 @@ impl Committer {
                 }
             }
         }
+        self.want_start(false);
         if changed {
             // The batch becomes durable with the next group's flush; a record sled keeps as a
             // file of its own must be synced here, since that flush does not cover it.
@@ -67,6 +72,26 @@ impl Committer {
                 self.stop(&e);
             }
         }
+    }
+
+    /// Asks the mark's `start` to move past what compaction would do next (the mark takes it
+    /// with the next durable group). Crowded logs get one round's rewrite budget at a time,
+    /// once compaction has caught up with what it was allowed.
+    /// `closing`: no need to wait for the last permission to be used first.
+    pub(super) fn want_start(&mut self, closing: bool) {
+        let Some(front) = self.liveness.front() else {
+            return;
+        };
+        let log = self.liveness.log_bytes();
+        let crowded = log > self.compaction_floor && log > 2 * self.liveness.live_bytes();
+        let budget = if crowded && (closing || self.wanted_start <= self.delete_below) {
+            REWRITE_BUDGET
+        } else {
+            0
+        };
+        let from = front.seq.max(self.wanted_start);
+        let wanted = self.liveness.compactable_end(from, budget);
+        self.wanted_start = self.wanted_start.max(wanted);
     }
 
     /// Copies the live items of the front record into a new record and queues the old one's

@@ -235,6 +235,64 @@ impl Liveness {
         })
     }
 
+    /// One past the groups, from the oldest at or after `from`, that compaction would delete
+    /// or rewrite if it could: groups whose items are all acknowledged, then groups with
+    /// live items while their live bytes fit in `rewrite_budget`. Never past the newest
+    /// group, which is never deleted. At least `from`.
+    pub(crate) fn compactable_end(&self, from: u64, mut rewrite_budget: u64) -> u64 {
+        let last = self
+            .ranges
+            .back()
+            .map(|g| g.seq)
+            .max(self.lists.last_key_value().map(|(s, _)| *s));
+        let first_range = self.ranges.partition_point(|g| g.seq < from);
+        let mut ranges = self
+            .ranges
+            .range(first_range..)
+            .map(|g| {
+                let live = u64::from(g.bits.live);
+                (g.seq, live, per_item(g.bytes, g.len).saturating_mul(live))
+            })
+            .peekable();
+        let mut lists = self
+            .lists
+            .range(from..)
+            .map(|(seq, g)| {
+                let live = u64::from(g.bits.live);
+                let len = as_u64(g.ids.len());
+                (*seq, live, per_item(g.bytes, len).saturating_mul(live))
+            })
+            .peekable();
+        let mut end = from;
+        loop {
+            let take_range = match (ranges.peek(), lists.peek()) {
+                (Some(r), Some(l)) => r.0 < l.0,
+                (Some(_), None) => true,
+                (None, Some(_)) => false,
+                (None, None) => break,
+            };
+            let next = if take_range {
+                ranges.next()
+            } else {
+                lists.next()
+            };
+            let Some((seq, live, live_bytes)) = next else {
+                break;
+            };
+            if Some(seq) == last {
+                break;
+            }
+            if live > 0 {
+                if live_bytes > rewrite_budget {
+                    break;
+                }
+                rewrite_budget -= live_bytes;
+            }
+            end = seq.saturating_add(1);
+        }
+        end
+    }
+
     /// The ids still live in the oldest group, ascending.
     pub(crate) fn front_live(&self) -> Vec<u64> {
         let Some(front) = self.front() else {

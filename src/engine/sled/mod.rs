@@ -15,6 +15,7 @@ mod committer;
 mod compaction;
 mod directory;
 mod liveness;
+mod marks;
 pub(crate) mod record;
 mod recovery;
 mod trees;
@@ -30,11 +31,12 @@ use self::committer::{CommitRequest, Committer, Message};
 use self::directory::{
     complete_torn_sled_config, open_sled, prepare_dir, restrict_blobs, DirLock, DiskSync,
 };
-use self::recovery::recover;
+use self::marks::{Marker, MarksFile};
+use self::recovery::{recover, Opening, Recovered};
 use self::trees::Trees;
 use super::catalog::Catalog;
 use super::Work;
-use crate::config::{Config, Durability};
+use crate::config::Config;
 use crate::core::QueueCore;
 use crate::error::{Error, Result};
 use crate::sync::process::Mutex;
@@ -69,20 +71,32 @@ impl Sled {
         prepare_dir(path, shared)?;
         let path = path.canonicalize()?;
         let dir = DirLock::acquire(path.clone())?;
-        let flush_every = match config.durability {
-            Durability::Sync => None,
-            Durability::Buffered => Some(
-                u64::try_from(config.flush_interval.as_millis())
-                    .unwrap_or(u64::MAX)
-                    .max(1),
-            ),
-        };
         complete_torn_sled_config(&path, shared)?;
-        let trees = Trees::open(open_sled(&path, config, flush_every)?)?;
-        restrict_blobs(&path, shared)?;
-        let disk = DiskSync::open(&path)?;
-        let recovered = recover(&trees, &disk)?;
-        let catalog = Catalog::recovered(recovered.queues, recovered.fences, recovered.set_aside);
+        let found = marks::read(&path)?;
+        let opening = Opening {
+            dir: &path,
+            found,
+            salvage: config.salvage,
+        };
+        let (trees, disk, recovered) = open_and_recover(&path, config, opening)?;
+        let Recovered {
+            queues,
+            log,
+            set_aside,
+            fences,
+            missing,
+            mark,
+            mark_counter,
+        } = recovered;
+        // The log as it is now becomes the mark to check the next open against.
+        let file = MarksFile::create(&path, &mark, mark_counter.wrapping_add(1), shared)?;
+        if !trees::keeps_marks(&trees.meta)? {
+            trees::set_keeps_marks(&trees.meta)?;
+            trees.db.flush()?;
+            disk.sync_log()?;
+        }
+        let marker = Marker::start(file, mark)?;
+        let catalog = Catalog::recovered(queues, fences, set_aside, missing);
         let (sender, receiver) = crossbeam_channel::unbounded();
         let committer = Committer::new(
             committer::Storage {
@@ -91,7 +105,8 @@ impl Sled {
                 path: path.clone(),
                 dir,
             },
-            recovered.log,
+            log,
+            marker,
             config,
             receiver,
         );
@@ -173,6 +188,38 @@ impl Sled {
     /// Lets the committer finish what was sent before, flush, and release the directory.
     pub(crate) async fn close(&self) -> Result<()> {
         self.ask(Message::Close).await
+    }
+}
+
+/// Opens sled in `path` and recovers the log. sled panics on some damaged files (a large
+/// value whose file in `blobs/` is gone, for one); such a panic is caught here and reported
+/// as [`Error::Damaged`], with nothing opened.
+fn open_and_recover(
+    path: &Path,
+    config: &Config,
+    opening: Opening<'_>,
+) -> Result<(Trees, DiskSync, Recovered)> {
+    let opened = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        // The store drives sled's flushes itself (see `committer`): none in the background.
+        let trees = Trees::open(open_sled(path, config, None)?)?;
+        restrict_blobs(path, config.allow_shared_directory)?;
+        let disk = DiskSync::open(path)?;
+        let recovered = recover(&trees, &disk, opening)?;
+        Ok((trees, disk, recovered))
+    }));
+    match opened {
+        Ok(result) => result.map_err(|e: Error| e.at(path)),
+        Err(panic) => {
+            let message = panic
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "no message".to_owned());
+            Err(Error::Damaged {
+                path: path.to_path_buf(),
+                detail: format!("the storage engine failed reading its files: {message}"),
+            })
+        }
     }
 }
 

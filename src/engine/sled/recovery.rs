@@ -7,14 +7,17 @@
 //! fence. Items come back per queue in id order, which is commit order.
 
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::ops::RangeInclusive;
+use std::path::Path;
 
 use super::directory::DiskSync;
 use super::liveness::Liveness;
+use super::marks::{self, Found, Mark, MarkedQueue};
 use super::record::{self, Op};
 use super::trees::{self, seq_of, Trees};
 use crate::core::{Entry, QueueId};
 use crate::engine::catalog::{BadRecord, Fence};
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// Where the committer starts from: what is live in the log and the next numbers to use.
 #[derive(Debug)]
@@ -34,13 +37,43 @@ pub(crate) struct Recovered {
     pub(crate) log: LogState,
     pub(crate) set_aside: Vec<BadRecord>,
     pub(crate) fences: Vec<Fence>,
+    /// Ranges of records found missing by salvaging opens, this one included.
+    pub(crate) missing: Vec<RangeInclusive<u64>>,
+    /// The mark to start from: the log as it is now, and the catalog.
+    pub(crate) mark: Mark,
+    /// The counter of the marks file's newest slot (0 without a file).
+    pub(crate) mark_counter: u64,
 }
 
-/// Replays the log. Bad records are set aside as described in the module docs.
-pub(crate) fn recover(trees: &Trees, disk: &DiskSync) -> Result<Recovered> {
+/// How to open: the store's directory, what its marks file holds, and whether to salvage a
+/// log that lost records.
+#[derive(Debug)]
+pub(crate) struct Opening<'a> {
+    pub(crate) dir: &'a Path,
+    pub(crate) found: Found,
+    pub(crate) salvage: bool,
+}
+
+/// Replays the log, after checking it against the mark (see `marks`). Bad records are set
+/// aside as described in the module docs. Nothing is written before the checks pass: a store
+/// refused with [`Error::MissingRecords`] or [`Error::Damaged`] is left as it was.
+pub(crate) fn recover(trees: &Trees, disk: &DiskSync, opening: Opening<'_>) -> Result<Recovered> {
     let fresh = trees.meta.is_empty() && trees.log.is_empty();
-    trees::check_format(&trees.meta, fresh)?;
-    let queues = trees::load_queues(&trees.meta)?;
+    if !fresh {
+        trees::check_format(&trees.meta, false)?;
+    }
+    let mut queues = trees::load_queues(&trees.meta)?;
+    let (mark, mark_counter) = checked_mark(trees, &opening)?;
+
+    // Queues the mark knows and sled's catalog lost: restored (below, once the checks pass).
+    let restored: Vec<MarkedQueue> = mark
+        .iter()
+        .flat_map(|m| &m.queues)
+        .filter(|q| !queues.iter().any(|(name, id)| *name == q.name || *id == q.id))
+        .cloned()
+        .collect();
+    queues.extend(restored.iter().map(|q| (q.name.clone(), q.id)));
+    queues.sort_by_key(|(_, id)| *id);
     let known: Vec<QueueId> = queues.iter().map(|(_, id)| *id).collect();
 
     let Replayed {
@@ -48,9 +81,75 @@ pub(crate) fn recover(trees: &Trees, disk: &DiskSync) -> Result<Recovered> {
         items,
         dead,
         max_id,
+        first_seq,
         last_seq,
         newly_bad,
-    } = replay(trees.log.iter(), &known)?;
+        gaps,
+    } = replay(trees.log.iter(), &known, mark.as_ref())?;
+
+    let mut known_absent = trees::load_missing(&trees.meta)?;
+    for key in trees.quarantine.iter().keys() {
+        if let Some(seq) = seq_of(&key?) {
+            known_absent.push(seq..=seq);
+        }
+    }
+    let missing = without(gaps, &known_absent);
+    let mut salvaged = Vec::new();
+    if let (false, Some(mark)) = (missing.is_empty(), &mark) {
+        let mut untrusted: Vec<&MarkedQueue> = Vec::new();
+        for range in &missing {
+            for q in mark.queues_touched_by(range) {
+                if !untrusted.iter().any(|u| u.id == q.id) {
+                    untrusted.push(q);
+                }
+            }
+        }
+        untrusted.sort_by_key(|q| q.id);
+        if !opening.salvage {
+            return Err(Error::MissingRecords {
+                path: opening.dir.to_path_buf(),
+                missing,
+                queues: untrusted.iter().map(|q| q.name.clone()).collect(),
+            });
+        }
+        for range in &missing {
+            let ids: Vec<QueueId> = mark.queues_touched_by(range).iter().map(|q| q.id).collect();
+            salvaged.push((range.clone(), ids));
+        }
+    }
+
+    // The checks passed: from here on the store may be changed.
+    if fresh {
+        trees::check_format(&trees.meta, true)?;
+    }
+    for q in &restored {
+        tracing::warn!(queue = %q.name, id = q.id, "restoring a queue missing from the catalog");
+        trees::create_queue(&trees.meta, &q.name, q.id)?;
+    }
+    for (range, ids) in &salvaged {
+        tracing::error!(
+            first = range.start(),
+            last = range.end(),
+            "records missing from the log; fencing the queues they may have touched"
+        );
+        let bad = BadRecord {
+            seq: *range.start(),
+            queues: Some(ids.clone()),
+            reason: format!(
+                "log records {}..={} are missing (found at a salvaging open)",
+                range.start(),
+                range.end()
+            ),
+        };
+        for &id in ids {
+            trees::add_fence(&trees.meta, id, &bad)?;
+        }
+        trees::add_missing(&trees.meta, range)?;
+    }
+    if !restored.is_empty() || !salvaged.is_empty() {
+        trees.db.flush()?;
+        disk.sync_log()?;
+    }
     set_aside(trees, disk, &known, newly_bad)?;
 
     let mut items: HashMap<QueueId, VecDeque<Entry>> = items
@@ -97,6 +196,26 @@ pub(crate) fn recover(trees: &Trees, disk: &DiskSync) -> Result<Recovered> {
             reason,
         });
     }
+    // The new mark: what the log holds now. A queue the old mark did not know was created
+    // after it was written, so after every record it covered.
+    let first_new = mark.as_ref().map_or(0, |m| m.end);
+    let mark_queues = queues
+        .iter()
+        .map(|(name, id)| MarkedQueue {
+            id: *id,
+            name: name.clone(),
+            first_seq: mark
+                .iter()
+                .flat_map(|m| &m.queues)
+                .find(|q| q.id == *id && q.name == *name)
+                .map_or(first_new, |q| q.first_seq),
+        })
+        .collect();
+    let new_mark = Mark {
+        start: first_seq.unwrap_or(next_seq).min(next_seq),
+        end: next_seq,
+        queues: mark_queues,
+    };
     let queues = queues
         .into_iter()
         .map(|(name, id)| {
@@ -113,7 +232,105 @@ pub(crate) fn recover(trees: &Trees, disk: &DiskSync) -> Result<Recovered> {
         },
         set_aside: all_bad,
         fences: trees::load_fences(&trees.meta)?,
+        missing: trees::load_missing(&trees.meta)?,
+        mark: new_mark,
+        mark_counter,
     })
+}
+
+/// The mark to check the log against, and the counter of its slot: none for a new store or
+/// one written before marks were kept. A marks file that is missing although the store kept
+/// one, or unreadable, is [`Error::Damaged`] unless salvaging (then the log is taken as it
+/// is).
+fn checked_mark(trees: &Trees, opening: &Opening<'_>) -> Result<(Option<Mark>, u64)> {
+    let path = opening.dir.join(marks::FILE);
+    let problem = match &opening.found {
+        Found::Mark { mark, counter } => return Ok((Some(mark.clone()), *counter)),
+        Found::Absent if !trees::keeps_marks(&trees.meta)? => return Ok((None, 0)),
+        Found::Absent => "missing, though the store keeps one".to_owned(),
+        Found::Unreadable { detail } => detail.clone(),
+    };
+    if opening.salvage {
+        tracing::error!(
+            ?path,
+            problem = %problem,
+            "the store's mark is lost; salvaging: taking the log as it is, unchecked"
+        );
+        return Ok((None, 0));
+    }
+    Err(Error::Damaged {
+        path,
+        detail: format!(
+            "{problem}; without it the log cannot be checked for lost records (open with \
+             Builder::salvage(true) to take the log as it is)"
+        ),
+    })
+}
+
+/// `gaps` without the sequence numbers in `known`: records set aside (in the quarantine
+/// tree) or found missing by an earlier salvaging open, absent but not lost now.
+fn without(gaps: Vec<RangeInclusive<u64>>, known: &[RangeInclusive<u64>]) -> Vec<RangeInclusive<u64>> {
+    let mut known = known.to_vec();
+    known.sort_by_key(|r| *r.start());
+    let mut out = Vec::new();
+    for gap in gaps {
+        let (mut from, end) = (*gap.start(), *gap.end());
+        let mut covered = false;
+        for k in &known {
+            if *k.start() > end || *k.end() < from {
+                continue;
+            }
+            if *k.start() > from {
+                out.push(from..=*k.start() - 1);
+            }
+            if *k.end() >= end {
+                covered = true;
+                break;
+            }
+            from = from.max(*k.end() + 1);
+        }
+        if !covered {
+            out.push(from..=end);
+        }
+    }
+    out
+}
+
+/// Sequence numbers of `start .. end` (a mark's) absent from the log, found as the log's keys
+/// go by in order.
+#[derive(Debug)]
+struct Gaps {
+    next: u64,
+    end: u64,
+    found: Vec<RangeInclusive<u64>>,
+}
+
+impl Gaps {
+    fn new(mark: Option<&Mark>) -> Self {
+        let (next, end) = mark.map_or((0, 0), |m| (m.start, m.end));
+        Gaps {
+            next,
+            end,
+            found: Vec::new(),
+        }
+    }
+
+    fn see(&mut self, seq: u64) {
+        if seq < self.next || self.next >= self.end {
+            return;
+        }
+        if seq > self.next {
+            self.found.push(self.next..=(seq.min(self.end) - 1));
+        }
+        self.next = seq.saturating_add(1);
+    }
+
+    fn finish(mut self) -> Vec<RangeInclusive<u64>> {
+        if self.next < self.end {
+            self.found.push(self.next..=self.end - 1);
+        }
+        self.found
+    }
 }
 
 /// What replaying the log produced.
@@ -122,15 +339,21 @@ struct Replayed {
     items: PerQueue,
     dead: HashSet<u64>,
     max_id: Option<u64>,
+    first_seq: Option<u64>,
     last_seq: Option<u64>,
     newly_bad: Vec<Bad>,
+    /// Records of the mark's range absent from the log.
+    gaps: Vec<RangeInclusive<u64>>,
 }
 
-/// Replays records, in key order.
+/// Replays records, in key order, noting the records of `mark`'s range that are absent.
 fn replay(
     records: impl Iterator<Item = sled::Result<(sled::IVec, sled::IVec)>>,
     known: &[QueueId],
+    mark: Option<&Mark>,
 ) -> Result<Replayed> {
+    let mut gaps = Gaps::new(mark);
+    let mut first_seq: Option<u64> = None;
     let mut liveness = Liveness::default();
     let mut items = PerQueue::default();
     // Ids of items enqueued earlier in the log and acknowledged later: removed at the end, so
@@ -152,6 +375,8 @@ fn replay(
             newly_bad.push((key, value, bad));
             continue;
         };
+        gaps.see(seq);
+        first_seq = first_seq.or(Some(seq));
         last_seq = Some(seq);
         let rec = match record::decode(&value) {
             Ok(rec) => rec,
@@ -228,8 +453,10 @@ fn replay(
         items,
         dead,
         max_id,
+        first_seq,
         last_seq,
         newly_bad,
+        gaps: gaps.finish(),
     })
 }
 

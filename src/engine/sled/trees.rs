@@ -8,6 +8,8 @@
 //! "format"                              u32 LE: the store format version
 //! "queue/" name                         u32 LE: the queue's id
 //! "fence/" queue id (u32 BE) seq (u64 BE)  UTF-8 reason: the queue is fenced by that record
+//! "marks"                               empty: the store keeps a marks file (see `marks`)
+//! "missing/" first (u64 BE) last (u64 BE)   empty: records found missing by a salvaging open
 //! ```
 
 use crate::core::QueueId;
@@ -46,6 +48,8 @@ pub(crate) const FORMAT_VERSION: u32 = 1;
 const FORMAT_KEY: &[u8] = b"format";
 const QUEUE_PREFIX: &[u8] = b"queue/";
 const FENCE_PREFIX: &[u8] = b"fence/";
+const MARKS_KEY: &[u8] = b"marks";
+const MISSING_PREFIX: &[u8] = b"missing/";
 
 fn u32_of(bytes: &[u8]) -> Option<u32> {
     Some(u32::from_le_bytes(bytes.try_into().ok()?))
@@ -152,4 +156,39 @@ pub(crate) fn remove_fences(meta: &sled::Tree, queue: QueueId) -> Result<()> {
     }
     meta.apply_batch(batch)?;
     Ok(())
+}
+
+/// Does the store keep a marks file? (Set once its first one is written.)
+pub(crate) fn keeps_marks(meta: &sled::Tree) -> Result<bool> {
+    Ok(meta.contains_key(MARKS_KEY)?)
+}
+
+/// Records that the store keeps a marks file, so that losing the file is noticed.
+pub(crate) fn set_keeps_marks(meta: &sled::Tree) -> Result<()> {
+    meta.insert(MARKS_KEY, &[])?;
+    Ok(())
+}
+
+/// Records a range of records found missing by a salvaging open.
+pub(crate) fn add_missing(meta: &sled::Tree, range: &std::ops::RangeInclusive<u64>) -> Result<()> {
+    let mut key = MISSING_PREFIX.to_vec();
+    key.extend_from_slice(&range.start().to_be_bytes());
+    key.extend_from_slice(&range.end().to_be_bytes());
+    meta.insert(key, &[])?;
+    Ok(())
+}
+
+/// Every range of records found missing by salvaging opens, in order.
+pub(crate) fn load_missing(meta: &sled::Tree) -> Result<Vec<std::ops::RangeInclusive<u64>>> {
+    let mut ranges = Vec::new();
+    for kv in meta.scan_prefix(MISSING_PREFIX) {
+        let (k, _) = kv?;
+        let rest = &k[MISSING_PREFIX.len()..];
+        if let (Some(first), Some(last)) = (rest.get(..8).and_then(seq_of), rest.get(8..).and_then(seq_of)) {
+            if first <= last {
+                ranges.push(first..=last);
+            }
+        }
+    }
+    Ok(ranges)
 }
