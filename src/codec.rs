@@ -11,6 +11,11 @@
 //! `TypeId` and copy the bytes in one go instead, writing exactly what postcard writes and
 //! accepting and rejecting exactly what postcard accepts and rejects, with the same errors
 //! (the tests check both against postcard). The envelope is unchanged.
+//!
+//! postcard's errors carry no message: an item whose `Serialize` fails with
+//! `serde::ser::Error::custom("...")` gives `SerdeSerCustom`. On that error path only,
+//! [`encode`] serializes the item once more into a serializer that writes nothing and keeps the
+//! message ([`MessageProbe`]), so that the user sees their own text.
 
 use std::any::{Any, TypeId};
 
@@ -37,7 +42,7 @@ pub(crate) enum DecodeError {
 #[derive(Debug)]
 pub(crate) enum EncodeError {
     /// `T`'s serialization failed.
-    Postcard(postcard::Error),
+    Postcard(SerializeError),
     /// The envelope would be longer than the limit. Encoding stopped at the first write that
     /// would have crossed it, so `size` (the length the envelope would have reached with that
     /// write) is over the limit and at most the item's whole encoded size; for byte-like items
@@ -46,6 +51,306 @@ pub(crate) enum EncodeError {
         /// At least this many bytes.
         size: usize,
     },
+}
+
+/// Why `T`'s serialization failed.
+#[derive(Debug)]
+pub(crate) enum SerializeError {
+    /// The item's `Serialize` implementation (or serde's derived code) failed with
+    /// `serde::ser::Error::custom`, and said this.
+    Custom(CustomMessage),
+    /// What postcard reported: any other failure, or a custom one whose message could not be
+    /// recovered.
+    Postcard(postcard::Error),
+}
+
+/// The message a `Serialize` implementation gave to `serde::ser::Error::custom`.
+///
+/// postcard keeps no message in its errors (`custom` gives `SerdeSerCustom`, which displays
+/// as "Serde Serialization Error"), so when postcard reports one, [`encode`] serializes the
+/// item once more into [`MessageProbe`], which writes nothing and keeps the message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct CustomMessage(String);
+
+impl std::fmt::Display for CustomMessage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for CustomMessage {}
+
+impl serde::ser::Error for CustomMessage {
+    fn custom<M: std::fmt::Display>(message: M) -> Self {
+        // Not `to_string`, which panics if the message's `Display` fails: keep what it wrote.
+        let mut text = String::new();
+        let _ = std::fmt::Write::write_fmt(&mut text, format_args!("{message}"));
+        CustomMessage(text)
+    }
+}
+
+/// Turns postcard's error for `item` into a [`SerializeError`], with the item's own message
+/// when postcard's error is a custom one (postcard drops the message). Only called on the
+/// error path: encoding an item that serializes pays nothing for it.
+#[cold]
+fn serialize_error<T: Serialize + ?Sized>(item: &T, e: postcard::Error) -> SerializeError {
+    if e != postcard::Error::SerdeSerCustom {
+        return SerializeError::Postcard(e);
+    }
+    match item.serialize(MessageProbe) {
+        Err(message) => SerializeError::Custom(message),
+        // The second run went through (a `Serialize` impl that fails only now and then):
+        // postcard's error is all there is.
+        Ok(()) => SerializeError::Postcard(e),
+    }
+}
+
+/// A serde serializer that writes nothing and stops at the first error, keeping its message:
+/// run over an item that postcard failed to serialize with a custom error, it fails at the
+/// same place with the message postcard dropped.
+///
+/// Our own, not a crate: the serializers that keep messages (serde_json and the like) each
+/// refuse shapes of their own (map keys that are not strings, say) before the item's error
+/// could be reached, and write output we would throw away; this one accepts every shape,
+/// writes nothing, and is a few lines of forwarding. It says `is_human_readable() == false`
+/// as postcard does, so items that serialize differently for readable formats take the same
+/// path as they did under postcard.
+struct MessageProbe;
+
+/// A `fmt::Write` that discards what it is given, for [`MessageProbe::collect_str`].
+struct Discard;
+
+impl std::fmt::Write for Discard {
+    fn write_str(&mut self, _: &str) -> std::fmt::Result {
+        Ok(())
+    }
+}
+
+/// Serializers for the probe's methods that take no value: every one accepts it.
+macro_rules! probe_accepts {
+    ($($method:ident($($ty:ty),*);)*) => {
+        $(
+            fn $method(self, $(_: $ty),*) -> Result<(), CustomMessage> {
+                Ok(())
+            }
+        )*
+    };
+}
+
+impl serde::Serializer for MessageProbe {
+    type Ok = ();
+    type Error = CustomMessage;
+    type SerializeSeq = MessageProbe;
+    type SerializeTuple = MessageProbe;
+    type SerializeTupleStruct = MessageProbe;
+    type SerializeTupleVariant = MessageProbe;
+    type SerializeMap = MessageProbe;
+    type SerializeStruct = MessageProbe;
+    type SerializeStructVariant = MessageProbe;
+
+    probe_accepts! {
+        serialize_bool(bool);
+        serialize_i8(i8);
+        serialize_i16(i16);
+        serialize_i32(i32);
+        serialize_i64(i64);
+        serialize_i128(i128);
+        serialize_u8(u8);
+        serialize_u16(u16);
+        serialize_u32(u32);
+        serialize_u64(u64);
+        serialize_u128(u128);
+        serialize_f32(f32);
+        serialize_f64(f64);
+        serialize_char(char);
+        serialize_str(&str);
+        serialize_bytes(&[u8]);
+        serialize_none();
+        serialize_unit();
+        serialize_unit_struct(&'static str);
+        serialize_unit_variant(&'static str, u32, &'static str);
+    }
+
+    fn serialize_some<V: Serialize + ?Sized>(self, value: &V) -> Result<(), CustomMessage> {
+        value.serialize(MessageProbe)
+    }
+
+    fn serialize_newtype_struct<V: Serialize + ?Sized>(
+        self,
+        _: &'static str,
+        value: &V,
+    ) -> Result<(), CustomMessage> {
+        value.serialize(MessageProbe)
+    }
+
+    fn serialize_newtype_variant<V: Serialize + ?Sized>(
+        self,
+        _: &'static str,
+        _: u32,
+        _: &'static str,
+        value: &V,
+    ) -> Result<(), CustomMessage> {
+        value.serialize(MessageProbe)
+    }
+
+    fn serialize_seq(self, _: Option<usize>) -> Result<MessageProbe, CustomMessage> {
+        Ok(MessageProbe)
+    }
+
+    fn serialize_tuple(self, _: usize) -> Result<MessageProbe, CustomMessage> {
+        Ok(MessageProbe)
+    }
+
+    fn serialize_tuple_struct(
+        self,
+        _: &'static str,
+        _: usize,
+    ) -> Result<MessageProbe, CustomMessage> {
+        Ok(MessageProbe)
+    }
+
+    fn serialize_tuple_variant(
+        self,
+        _: &'static str,
+        _: u32,
+        _: &'static str,
+        _: usize,
+    ) -> Result<MessageProbe, CustomMessage> {
+        Ok(MessageProbe)
+    }
+
+    fn serialize_map(self, _: Option<usize>) -> Result<MessageProbe, CustomMessage> {
+        Ok(MessageProbe)
+    }
+
+    fn serialize_struct(self, _: &'static str, _: usize) -> Result<MessageProbe, CustomMessage> {
+        Ok(MessageProbe)
+    }
+
+    fn serialize_struct_variant(
+        self,
+        _: &'static str,
+        _: u32,
+        _: &'static str,
+        _: usize,
+    ) -> Result<MessageProbe, CustomMessage> {
+        Ok(MessageProbe)
+    }
+
+    /// Formats `value` into nothing: serde's default would build a `String` with
+    /// `to_string`, which panics when the `Display` impl fails.
+    fn collect_str<V: std::fmt::Display + ?Sized>(self, value: &V) -> Result<(), CustomMessage> {
+        std::fmt::Write::write_fmt(&mut Discard, format_args!("{value}")).map_err(|_| {
+            CustomMessage("the item's Display implementation (collect_str) failed".to_owned())
+        })
+    }
+
+    fn is_human_readable(&self) -> bool {
+        false
+    }
+}
+
+impl serde::ser::SerializeSeq for MessageProbe {
+    type Ok = ();
+    type Error = CustomMessage;
+
+    fn serialize_element<V: Serialize + ?Sized>(&mut self, value: &V) -> Result<(), CustomMessage> {
+        value.serialize(MessageProbe)
+    }
+
+    fn end(self) -> Result<(), CustomMessage> {
+        Ok(())
+    }
+}
+
+impl serde::ser::SerializeTuple for MessageProbe {
+    type Ok = ();
+    type Error = CustomMessage;
+
+    fn serialize_element<V: Serialize + ?Sized>(&mut self, value: &V) -> Result<(), CustomMessage> {
+        value.serialize(MessageProbe)
+    }
+
+    fn end(self) -> Result<(), CustomMessage> {
+        Ok(())
+    }
+}
+
+impl serde::ser::SerializeTupleStruct for MessageProbe {
+    type Ok = ();
+    type Error = CustomMessage;
+
+    fn serialize_field<V: Serialize + ?Sized>(&mut self, value: &V) -> Result<(), CustomMessage> {
+        value.serialize(MessageProbe)
+    }
+
+    fn end(self) -> Result<(), CustomMessage> {
+        Ok(())
+    }
+}
+
+impl serde::ser::SerializeTupleVariant for MessageProbe {
+    type Ok = ();
+    type Error = CustomMessage;
+
+    fn serialize_field<V: Serialize + ?Sized>(&mut self, value: &V) -> Result<(), CustomMessage> {
+        value.serialize(MessageProbe)
+    }
+
+    fn end(self) -> Result<(), CustomMessage> {
+        Ok(())
+    }
+}
+
+impl serde::ser::SerializeMap for MessageProbe {
+    type Ok = ();
+    type Error = CustomMessage;
+
+    fn serialize_key<K: Serialize + ?Sized>(&mut self, key: &K) -> Result<(), CustomMessage> {
+        key.serialize(MessageProbe)
+    }
+
+    fn serialize_value<V: Serialize + ?Sized>(&mut self, value: &V) -> Result<(), CustomMessage> {
+        value.serialize(MessageProbe)
+    }
+
+    fn end(self) -> Result<(), CustomMessage> {
+        Ok(())
+    }
+}
+
+impl serde::ser::SerializeStruct for MessageProbe {
+    type Ok = ();
+    type Error = CustomMessage;
+
+    fn serialize_field<V: Serialize + ?Sized>(
+        &mut self,
+        _: &'static str,
+        value: &V,
+    ) -> Result<(), CustomMessage> {
+        value.serialize(MessageProbe)
+    }
+
+    fn end(self) -> Result<(), CustomMessage> {
+        Ok(())
+    }
+}
+
+impl serde::ser::SerializeStructVariant for MessageProbe {
+    type Ok = ();
+    type Error = CustomMessage;
+
+    fn serialize_field<V: Serialize + ?Sized>(
+        &mut self,
+        _: &'static str,
+        value: &V,
+    ) -> Result<(), CustomMessage> {
+        value.serialize(MessageProbe)
+    }
+
+    fn end(self) -> Result<(), CustomMessage> {
+        Ok(())
+    }
 }
 
 /// A postcard output that appends to a caller's buffer, up to a total length: the write that
@@ -169,7 +474,7 @@ fn encode_serde<T: Serialize>(item: &T, limit: usize) -> Result<Box<[u8]>, Encod
             match (over, written) {
                 (Some(size), _) => Err(EncodeError::TooLarge { size }),
                 (None, Ok(())) => Ok(Box::from(&buf[..])),
-                (None, Err(e)) => Err(EncodeError::Postcard(e)),
+                (None, Err(e)) => Err(EncodeError::Postcard(SerializeError::Postcard(e))),
             }
         };
         if buf.capacity() > SCRATCH_KEEP {
@@ -177,11 +482,18 @@ fn encode_serde<T: Serialize>(item: &T, limit: usize) -> Result<Box<[u8]>, Encod
         }
         encoded
     }
-    SCRATCH.with(|scratch| match scratch.try_borrow_mut() {
+    let encoded = SCRATCH.with(|scratch| match scratch.try_borrow_mut() {
         Ok(mut buf) => into_exact(&mut buf, item, limit),
         // Re-entered from inside a `Serialize` impl: use a buffer of its own.
         Err(_) => into_exact(&mut Vec::new(), item, limit),
-    })
+    });
+    match encoded {
+        // Outside the scratch buffer's borrow: the probe runs the item's `Serialize` again.
+        Err(EncodeError::Postcard(SerializeError::Postcard(e))) => {
+            Err(EncodeError::Postcard(serialize_error(item, e)))
+        }
+        other => other,
+    }
 }
 
 /// Decodes an enveloped item.
@@ -853,6 +1165,224 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Always fails, with `message` (through `serde::ser::Error::custom`).
+    struct Refuses {
+        message: &'static str,
+    }
+
+    impl Serialize for Refuses {
+        fn serialize<S: serde::Serializer>(&self, _: S) -> Result<S::Ok, S::Error> {
+            Err(serde::ser::Error::custom(self.message))
+        }
+    }
+
+    fn message_of<T: Serialize + 'static>(item: &T) -> Result<String, String> {
+        match super::encode(item, usize::MAX) {
+            Err(EncodeError::Postcard(SerializeError::Custom(message))) => Ok(message.0),
+            Err(EncodeError::Postcard(SerializeError::Postcard(e))) => Err(format!("{e:?}")),
+            other => panic!("expected a serialization failure, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_custom_message_is_kept_wherever_it_is_raised() {
+        use std::collections::BTreeMap;
+
+        #[derive(Serialize)]
+        struct Deep {
+            id: u32,
+            tags: Vec<String>,
+            inner: Option<(u8, Vec<Refuses>)>,
+        }
+        #[derive(Serialize)]
+        enum Shape {
+            Unit,
+            Tuple(u8, Refuses),
+            Struct { first: i128, second: Refuses },
+            Newtype(Refuses),
+        }
+        #[derive(Serialize)]
+        struct Wrapper(Refuses);
+
+        let no = |message| Refuses { message };
+        assert_eq!(message_of(&no("top")), Ok("top".into()));
+        assert_eq!(message_of(&vec![no("in a seq")]), Ok("in a seq".into()));
+        assert_eq!(
+            message_of(&(1u8, 2u128, no("in a tuple"))),
+            Ok("in a tuple".into())
+        );
+        assert_eq!(
+            message_of(&Some(no("in an option"))),
+            Ok("in an option".into())
+        );
+        assert_eq!(
+            message_of(&Wrapper(no("in a newtype"))),
+            Ok("in a newtype".into())
+        );
+        let deep = Deep {
+            id: 7,
+            tags: vec!["a".into(), "b".into()],
+            inner: Some((1, vec![no("deep down")])),
+        };
+        assert_eq!(message_of(&deep), Ok("deep down".into()));
+        assert_eq!(
+            message_of(&vec![Shape::Unit, Shape::Tuple(1, no("tuple variant"))]),
+            Ok("tuple variant".into())
+        );
+        assert_eq!(
+            message_of(&Shape::Struct {
+                first: -1,
+                second: no("struct variant")
+            }),
+            Ok("struct variant".into())
+        );
+        assert_eq!(
+            message_of(&Shape::Newtype(no("newtype variant"))),
+            Ok("newtype variant".into())
+        );
+        let mut values = BTreeMap::new();
+        values.insert("k", no("a map value"));
+        assert_eq!(message_of(&values), Ok("a map value".into()));
+        // The first failure is the one reported.
+        assert_eq!(message_of(&(no("first"), no("second"))), Ok("first".into()));
+    }
+
+    #[test]
+    fn a_custom_message_from_serde_itself_is_kept() {
+        // serde's derived code for an internally tagged enum refuses a newtype variant of an
+        // integer, with `custom`.
+        #[derive(Serialize)]
+        #[serde(tag = "kind")]
+        enum Tagged {
+            Number(u32),
+        }
+        let message = message_of(&Tagged::Number(3)).expect("serde's message");
+        assert!(message.contains("Tagged::Number"), "{message}");
+    }
+
+    #[test]
+    fn a_message_whose_display_fails_does_not_panic() {
+        /// Writes a little, then fails.
+        struct Halting;
+        impl std::fmt::Display for Halting {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("half")?;
+                Err(std::fmt::Error)
+            }
+        }
+        struct Refusing;
+        impl Serialize for Refusing {
+            fn serialize<S: serde::Serializer>(&self, _: S) -> Result<S::Ok, S::Error> {
+                Err(serde::ser::Error::custom(Halting))
+            }
+        }
+        assert_eq!(message_of(&Refusing), Ok("half".into()));
+    }
+
+    #[test]
+    fn the_probe_sees_the_item_as_postcard_does() {
+        /// Fails only when the format is human readable (postcard's is not).
+        struct Readable;
+        impl Serialize for Readable {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                if s.is_human_readable() {
+                    s.serialize_str("readable")
+                } else {
+                    Err(serde::ser::Error::custom("compact"))
+                }
+            }
+        }
+        assert_eq!(message_of(&Readable), Ok("compact".into()));
+    }
+
+    #[test]
+    fn failures_that_are_not_custom_stay_postcards() {
+        /// A sequence of unknown length, which postcard refuses on its own.
+        struct Unsized;
+        impl Serialize for Unsized {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                use serde::ser::SerializeSeq;
+                let mut seq = s.serialize_seq(None)?;
+                seq.serialize_element(&Refuses {
+                    message: "never reached",
+                })?;
+                seq.end()
+            }
+        }
+        assert_eq!(
+            message_of(&Unsized),
+            Err(format!("{:?}", postcard::Error::SerializeSeqLengthUnknown))
+        );
+
+        /// A `Display` that fails, for `collect_str`.
+        struct BadDisplay;
+        impl std::fmt::Display for BadDisplay {
+            fn fmt(&self, _: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                Err(std::fmt::Error)
+            }
+        }
+        struct Collects;
+        impl Serialize for Collects {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.collect_str(&BadDisplay)
+            }
+        }
+        assert_eq!(
+            message_of(&Collects),
+            Err(format!("{:?}", postcard::Error::CollectStrError))
+        );
+        // The probe's own `collect_str` does not panic on it either.
+        assert!(Collects.serialize(MessageProbe).is_err());
+    }
+
+    #[test]
+    fn an_item_that_fails_only_once_keeps_postcards_error() {
+        /// Fails with `custom` the first time only.
+        struct Once(std::cell::Cell<bool>);
+        impl Serialize for Once {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                if self.0.replace(true) {
+                    s.serialize_u8(1)
+                } else {
+                    Err(serde::ser::Error::custom("once"))
+                }
+            }
+        }
+        assert_eq!(
+            message_of(&Once(std::cell::Cell::new(false))),
+            Err(format!("{:?}", postcard::Error::SerdeSerCustom))
+        );
+    }
+
+    #[test]
+    fn the_probe_accepts_every_shape() {
+        use std::collections::HashMap;
+
+        #[derive(Serialize)]
+        enum Every {
+            Unit,
+            Newtype(f32),
+            Tuple(char, bool),
+            Struct { a: i8, b: i16 },
+        }
+        #[derive(Serialize)]
+        struct UnitStruct;
+        let mut map = HashMap::new();
+        map.insert((1u8, vec![2u16]), [Every::Unit, Every::Newtype(1.5)]);
+        let item = (
+            map,
+            Every::Tuple('x', true),
+            Every::Struct { a: -1, b: -2 },
+            UnitStruct,
+            (i32::MIN, i64::MIN, u64::MAX, f64::MAX, u128::MAX, i128::MIN),
+            Bytes::from_static(b"bytes"),
+            None::<u8>,
+            (),
+        );
+        assert_eq!(item.serialize(MessageProbe), Ok(()));
+        assert!(super::encode(&item, usize::MAX).is_ok());
     }
 
     proptest! {

@@ -1,7 +1,7 @@
 //! The crate's one error type.
 
 use std::fmt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 /// The result type of every fallible operation in this crate.
@@ -33,10 +33,15 @@ type Source = Arc<dyn std::error::Error + Send + Sync + 'static>;
 #[non_exhaustive]
 pub enum Error {
     /// An item could not be serialized at `enqueue`. Nothing was added to the transaction.
+    ///
+    /// The message includes what the item's `Serialize` implementation reported, its own
+    /// text included when it failed with `serde::ser::Error::custom` (for example
+    /// `item for queue "mail" could not be serialized: no widgets on Tuesdays`).
     Serialize {
         /// The queue the item was meant for.
         queue: String,
-        /// What the serializer reported.
+        /// What the serializer reported: the custom message of the item's `Serialize`
+        /// implementation when it gave one, otherwise postcard's error (a `postcard::Error`).
         source: Source,
     },
 
@@ -88,16 +93,24 @@ pub enum Error {
         reason: String,
     },
 
-    /// The storage engine failed (I/O error, disk full, ...). A commit that fails this way
-    /// is rolled back: its dequeued items are back in their queues. The store stops
-    /// writing after such a failure: later calls get [`Error::PreviousFailure`].
+    /// The storage engine failed (I/O error, disk full, a permission problem, ...). A commit
+    /// that fails this way is rolled back: its dequeued items are back in their queues. The
+    /// store stops writing after such a failure: later calls get [`Error::PreviousFailure`].
+    ///
+    /// The message says where and what: `storage failure in <path>: <cause>`, for example
+    /// `storage failure in /var/lib/app/store/db: Permission denied (os error 13)`
+    /// (`storage failure: <cause>` when the path is not known). A file that the storage
+    /// engine finds damaged is [`Error::Damaged`] instead.
     Storage {
-        /// What the storage engine reported.
+        /// The store's directory, or the file in it the failure concerns, when known.
+        path: Option<PathBuf>,
+        /// What the storage engine reported (for sled, a `sled::Error`; for a failure of the
+        /// crate's own file handling, a `std::io::Error`).
         source: Source,
     },
 
     /// An earlier storage failure stopped the store; nothing is written any more. Reopen the
-    /// store. `source` is that first failure.
+    /// store. `source` is that first failure; the message repeats it.
     PreviousFailure {
         /// The failure that stopped the store.
         source: Source,
@@ -170,10 +183,17 @@ pub enum Error {
     },
 
     /// A file of the store is damaged in a way that no record-level check can set aside: the
-    /// storage engine's own files (its configuration, its log's structure, a large value kept
-    /// in a file of its own) or the store's mark file. Nothing was opened.
+    /// storage engine's own files (its configuration `conf`, its log `db`, its snapshot
+    /// `snap.*`, a large value kept in a file of its own in `blobs/`) or the store's mark
+    /// file. Found at open, nothing was opened; found later, the call failed.
+    ///
+    /// The message names the file and what was found, for example `store file
+    /// /var/lib/app/store/conf is damaged: its checksum does not match its contents ...`.
+    /// Restore the file (or the store) from a backup; the detail says when there is a
+    /// simpler way.
     Damaged {
-        /// The file or directory found damaged.
+        /// The file found damaged, or the store's directory when the storage engine did not
+        /// say which file.
         path: PathBuf,
         /// What was found.
         detail: String,
@@ -215,13 +235,20 @@ pub enum DirectoryProblem {
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Error::Serialize { queue, .. } => {
-                write!(f, "item for queue {queue:?} could not be serialized")
-            }
-            Error::Deserialize { queue, item_id, .. } => {
+            Error::Serialize { queue, source } => {
                 write!(
                     f,
-                    "item {item_id} of queue {queue:?} could not be deserialized"
+                    "item for queue {queue:?} could not be serialized: {source}"
+                )
+            }
+            Error::Deserialize {
+                queue,
+                item_id,
+                source,
+            } => {
+                write!(
+                    f,
+                    "item {item_id} of queue {queue:?} could not be deserialized: {source}"
                 )
             }
             Error::ItemTooLarge { queue, size, limit } => write!(
@@ -240,10 +267,15 @@ impl fmt::Display for Error {
                 f,
                 "queue {queue:?} is fenced: log record {record} was set aside ({reason})"
             ),
-            Error::Storage { .. } => f.write_str("storage failure"),
-            Error::PreviousFailure { .. } => {
-                f.write_str("the store stopped after an earlier storage failure; reopen it")
-            }
+            Error::Storage {
+                path: Some(path),
+                source,
+            } => write!(f, "storage failure in {}: {source}", path.display()),
+            Error::Storage { path: None, source } => write!(f, "storage failure: {source}"),
+            Error::PreviousFailure { source } => write!(
+                f,
+                "the store stopped after an earlier storage failure ({source}); reopen it"
+            ),
             Error::WrongStore { queue } => write!(
                 f,
                 "queue {queue:?} belongs to another store than the transaction"
@@ -335,7 +367,7 @@ impl std::error::Error for Error {
         match self {
             Error::Serialize { source, .. }
             | Error::Deserialize { source, .. }
-            | Error::Storage { source }
+            | Error::Storage { source, .. }
             | Error::PreviousFailure { source } => Some(&**source),
             _ => None,
         }
@@ -343,22 +375,39 @@ impl std::error::Error for Error {
 }
 
 impl Error {
+    /// A storage failure whose place is not known yet (see [`Error::at`]).
     pub(crate) fn storage(source: impl std::error::Error + Send + Sync + 'static) -> Self {
         Error::Storage {
+            path: None,
             source: Arc::new(source),
         }
     }
 
-    /// Fills in the path of a storage error (placeholder until `Storage` carries a path).
-    pub(crate) fn at(self, path: &std::path::Path) -> Error {
-        let _ = path;
-        self
+    /// Says where a storage failure happened: `path` is the store's directory, or the file
+    /// in it that the failure concerns.
+    ///
+    /// A [`Error::Storage`] without a path gets `path`; one that is sled reporting corrupted
+    /// data becomes [`Error::Damaged`], naming the file sled points at when it does (`db` and
+    /// the offset in it, or the large value's file in `blobs/`), `path` itself when it does
+    /// not: for corruption, `path` must be the store's directory. Every other error, a
+    /// `Storage` error that has its path already included, is returned unchanged.
+    pub(crate) fn at(self, path: &Path) -> Error {
+        match self {
+            Error::Storage { path: None, source } => match source.downcast_ref::<sled::Error>() {
+                Some(sled::Error::Corruption { at, .. }) => sled_corruption(path, *at),
+                _ => Error::Storage {
+                    path: Some(path.to_path_buf()),
+                    source,
+                },
+            },
+            other => other,
+        }
     }
 
     /// The sticky form of a storage failure, for calls after the first.
     pub(crate) fn previous(first: &Error) -> Self {
         match first {
-            Error::Storage { source } | Error::PreviousFailure { source } => {
+            Error::Storage { source, .. } | Error::PreviousFailure { source } => {
                 Error::PreviousFailure {
                     source: source.clone(),
                 }
@@ -367,12 +416,43 @@ impl Error {
         }
     }
 
-    pub(crate) fn serialize(queue: &str, source: postcard::Error) -> Self {
+    /// An item for `queue` that did not serialize: the source is the item's own message when
+    /// it gave one, postcard's error otherwise.
+    pub(crate) fn serialize(queue: &str, source: crate::codec::SerializeError) -> Self {
+        let source: Source = match source {
+            crate::codec::SerializeError::Postcard(e) => Arc::new(e),
+            crate::codec::SerializeError::Custom(message) => Arc::new(message),
+        };
         Error::Serialize {
             queue: queue.to_owned(),
-            source: Arc::new(source),
+            source,
         }
     }
+}
+
+/// What sled's `Corruption { at }` says about the store in `dir`, as [`Error::Damaged`].
+fn sled_corruption(dir: &Path, at: Option<sled::DiskPtr>) -> Error {
+    let (path, detail) = match at {
+        Some(sled::DiskPtr::Inline(offset)) => (
+            dir.join("db"),
+            format!(
+                "the storage engine (sled) found no valid data at offset {offset} of its log, \
+                 where its own index says there is some"
+            ),
+        ),
+        Some(sled::DiskPtr::Blob(_, blob)) => (
+            dir.join("blobs").join(blob.to_string()),
+            "the storage engine (sled) could not use the large value it keeps in this file: \
+             its checksum does not match its contents"
+                .to_owned(),
+        ),
+        None => (
+            dir.to_path_buf(),
+            "the storage engine (sled) reported corrupted data without saying in which file"
+                .to_owned(),
+        ),
+    };
+    Error::Damaged { path, detail }
 }
 
 impl From<sled::Error> for Error {
@@ -400,6 +480,97 @@ mod tests {
             .downcast_ref::<std::io::Error>()
             .expect("an io::Error");
         assert_eq!(io.kind(), std::io::ErrorKind::StorageFull);
-        assert_eq!(e.to_string(), "storage failure");
+        assert_eq!(e.to_string(), "storage failure: disk full");
+    }
+
+    #[test]
+    fn a_storage_failure_says_where_and_what() {
+        let denied = || std::io::Error::from_raw_os_error(13);
+        let e = Error::storage(denied()).at(Path::new("/x/store/db"));
+        let cause = denied().to_string();
+        assert_eq!(
+            e.to_string(),
+            format!("storage failure in /x/store/db: {cause}")
+        );
+        let Error::Storage { path, .. } = &e else {
+            panic!("expected Storage, got {e:?}");
+        };
+        assert_eq!(path.as_deref(), Some(Path::new("/x/store/db")));
+        // The first place given stays.
+        let again = e.clone().at(Path::new("/x/store"));
+        assert_eq!(again.to_string(), e.to_string());
+        // The source is still the error itself.
+        let source = std::error::Error::source(&again).expect("a source");
+        assert_eq!(
+            source.downcast_ref::<std::io::Error>().map(|e| e.kind()),
+            Some(denied().kind())
+        );
+
+        let sled = Error::from(sled::Error::Io(denied())).at(Path::new("/x/store"));
+        assert_eq!(
+            sled.to_string(),
+            format!("storage failure in /x/store: IO error: {cause}")
+        );
+        assert!(std::error::Error::source(&sled)
+            .and_then(|s| s.downcast_ref::<sled::Error>())
+            .is_some());
+    }
+
+    #[test]
+    fn the_sticky_failure_says_what_the_first_one_was() {
+        let first = Error::storage(std::io::Error::other("disk on fire")).at(Path::new("/s"));
+        let later = Error::previous(&first);
+        assert_eq!(
+            later.to_string(),
+            "the store stopped after an earlier storage failure (disk on fire); reopen it"
+        );
+        assert_eq!(
+            Error::previous(&later).to_string(),
+            later.to_string(),
+            "still the first failure"
+        );
+    }
+
+    #[test]
+    fn sled_corruption_becomes_damage_of_the_file_sled_points_at() {
+        let corrupt = |at| Error::from(sled::Error::Corruption { at, bt: () });
+        let dir = Path::new("/x/store");
+        match corrupt(Some(sled::DiskPtr::Inline(4096))).at(dir) {
+            Error::Damaged { path, detail } => {
+                assert_eq!(path, dir.join("db"));
+                assert!(detail.contains("offset 4096"), "{detail}");
+            }
+            other => panic!("expected Damaged, got {other:?}"),
+        }
+        match corrupt(Some(sled::DiskPtr::Blob(0, 118))).at(dir) {
+            Error::Damaged { path, detail } => {
+                assert_eq!(path, dir.join("blobs").join("118"));
+                assert!(detail.contains("checksum"), "{detail}");
+            }
+            other => panic!("expected Damaged, got {other:?}"),
+        }
+        let e = corrupt(None).at(dir);
+        assert!(
+            matches!(&e, Error::Damaged { path, .. } if path == dir),
+            "{e:?}"
+        );
+        assert!(
+            e.to_string()
+                .starts_with("store file /x/store is damaged: "),
+            "{e}"
+        );
+        // Unplaced, it stays a storage failure.
+        assert!(matches!(corrupt(None), Error::Storage { path: None, .. }));
+    }
+
+    #[test]
+    fn other_errors_pass_through_at_unchanged() {
+        let e = Error::Closed.at(Path::new("/x"));
+        assert!(matches!(e, Error::Closed));
+        let e = Error::AlreadyOpen {
+            path: PathBuf::from("/y"),
+        }
+        .at(Path::new("/x"));
+        assert!(matches!(e, Error::AlreadyOpen { path } if path == Path::new("/y")));
     }
 }

@@ -162,7 +162,7 @@ impl Sticky {
     /// before on the same store.
     fn check(&mut self, e: &Error) -> Result<(), String> {
         match (e, &self.stopped_by) {
-            (Error::Storage { source }, None) => {
+            (Error::Storage { source, .. }, None) => {
                 self.stopped_by = Some(source.clone());
                 Ok(())
             }
@@ -1301,7 +1301,7 @@ impl Drop for Tmpfs {
 
 fn is_disk_full(e: &Error) -> bool {
     // sled copies I/O errors into new ones of the same kind (the OS code is lost).
-    let Error::Storage { source } = e else {
+    let Error::Storage { source, .. } = e else {
         return false;
     };
     match source.downcast_ref::<sled::Error>() {
@@ -1366,7 +1366,10 @@ fn fill_the_disk(path: &Path, records: Records) -> Filled {
         matches!(failure, Error::Storage { .. }) && is_disk_full(&failure),
         "expected a storage error caused by ENOSPC, got {failure:?}"
     );
-    let Error::Storage { source: stopped_by } = &failure else {
+    let Error::Storage {
+        source: stopped_by, ..
+    } = &failure
+    else {
         unreachable!("checked above");
     };
     // Every later call that needs the log hears of that failure, as `PreviousFailure`.

@@ -397,7 +397,7 @@ impl Committer {
 
     /// Passes `result` on; a storage failure in it stops the store.
     fn sticky<T>(&mut self, result: Result<T>) -> Result<T> {
-        if let Err(e @ Error::Storage { .. }) = &result {
+        if let Err(e @ (Error::Storage { .. } | Error::Damaged { .. })) = &result {
             self.stop(e);
         }
         result

@@ -189,11 +189,27 @@ const LOCK_PATIENCE: Duration = Duration::from_secs(2);
 const LOCK_RETRY: Duration = Duration::from_millis(2);
 
 /// Opens sled in `path`, waiting up to [`LOCK_PATIENCE`] for its lock.
+///
+/// A failure names the file concerned where it can be told ([`explain_open_failure`]):
+/// [`Error::Damaged`] for a `conf` whose checksum fails ([`check_sled_config`]) and for the
+/// corruption sled reports (naming `db` and the offset, a snapshot or a large value's file);
+/// [`Error::Storage`] with the path of the file sled could not open for an I/O error (a
+/// permission problem, say), the directory's when no single file is to blame.
 pub(crate) fn open_sled(
     path: &Path,
     config: &Config,
     flush_every: Option<u64>,
 ) -> Result<sled::Db> {
+    check_sled_config(path)?;
+    check_sled_log(path)?;
+    // sled 0.34.7 takes a large value's file it may not read for a damaged record, and cuts
+    // its log short there: a permission problem would become lost data. So what sled will
+    // open is tried first (directories are not written to here: that only on failure).
+    if let Some((file, e)) = inaccessible(path, false, |_| true) {
+        return Err(Error::from(e).at(&file));
+    }
+    // sled creates a missing log file, so whether it was there must be seen before.
+    let log_existed = std::fs::symlink_metadata(path.join("db")).is_ok();
     let give_up = Instant::now() + LOCK_PATIENCE;
     let mut snapshots_checked = false;
     loop {
@@ -213,13 +229,312 @@ pub(crate) fn open_sled(
                 std::thread::sleep(LOCK_RETRY);
             }
             Err(sled::Error::Corruption { .. })
-                if !snapshots_checked && discard_torn_sled_snapshots(path)? =>
+                if !snapshots_checked
+                    && discard_torn_sled_snapshots(path).map_err(|e| e.at(path))? =>
             {
                 snapshots_checked = true;
             }
-            Err(other) => return Err(Error::from(other)),
+            Err(other) => return Err(explain_open_failure(path, other, log_existed)),
         }
     }
+}
+
+/// Refuses, as [`Error::Damaged`], a `conf` (sled's settings file) in `dir` whose checksum
+/// does not match its text.
+///
+/// sled 0.34.7 computes the checksum but only logs a warning when it fails, then parses the
+/// text; what a flipped bit gives then depends on where it fell: `Corruption` without a place
+/// (most of the text), `Unsupported` saying the database "may have been created using a sled
+/// version earlier than 0.29" (a byte that is no longer UTF-8), `Unsupported` asking to change
+/// the segment size back or to upgrade from another "pagecache version" (a digit turned into
+/// another), or a store that opens as if nothing happened (a bit of the checksum itself).
+/// Checked here first, every one of them is reported as what it is.
+///
+/// A `conf` of 8 bytes or fewer sled takes for absent and writes anew; so is it left here.
+fn check_sled_config(dir: &Path) -> Result<()> {
+    let conf = dir.join("conf");
+    let bytes = match std::fs::read(&conf) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(Error::from(e).at(&conf)),
+    };
+    if bytes.len() <= 8 {
+        return Ok(());
+    }
+    let (text, checksum) = bytes.split_at(bytes.len() - 4);
+    if crc32fast::hash(text).to_le_bytes()[..] == *checksum {
+        return Ok(());
+    }
+    Err(Error::Damaged {
+        path: conf,
+        detail: "its checksum does not match its contents. It is the storage engine's (sled's) \
+                 settings file, the same in every store made by the same version of \
+                 reliable-queue: a copy of `conf` from such a store can replace it"
+            .to_owned(),
+    })
+}
+
+/// Refuses, as [`Error::Damaged`], a store in `dir` whose log file `db` is missing or empty
+/// while sled's snapshot of that log is there: the log was deleted, truncated or replaced.
+///
+/// Checked before sled opens the directory, because sled 0.34.7 does not refuse it: it
+/// creates an empty `db`, reports corruption at an offset its snapshot points at, and on the
+/// way deletes the large values in `blobs/` that the short log does not reach, so that
+/// restoring `db` from a backup afterwards would no longer be enough.
+fn check_sled_log(dir: &Path) -> Result<()> {
+    let log = dir.join("db");
+    let missing = match std::fs::metadata(&log) {
+        Ok(meta) => meta.len() == 0,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => true,
+        Err(e) => return Err(Error::from(e).at(&log)),
+    };
+    if !missing {
+        return Ok(());
+    }
+    // sled writes a snapshot (never one at position 0) only once its log holds something,
+    // and renames it from `.generating` once complete.
+    let snapshot = std::fs::read_dir(dir)
+        .map_err(|e| Error::from(e).at(dir))?
+        .filter_map(|entry| entry.ok())
+        .map(|entry| entry.file_name().to_string_lossy().into_owned())
+        .filter(|name| {
+            name.starts_with("snap.")
+                && !name.ends_with(".generating")
+                && !name.ends_with(".in___motion")
+                && !name
+                    .trim_start_matches("snap.")
+                    .trim_start_matches('0')
+                    .is_empty()
+        })
+        .max();
+    let Some(snapshot) = snapshot else {
+        return Ok(());
+    };
+    let (what, how) = if std::fs::symlink_metadata(&log).is_ok() {
+        ("empty", "truncated or replaced")
+    } else {
+        ("missing", "deleted or moved")
+    };
+    Err(Error::Damaged {
+        path: log,
+        detail: format!(
+            "the storage engine's (sled's) log file is {what}, though its snapshot `{snapshot}` \
+             says the log held data: the file was {how}. Nothing in the store was changed: \
+             restore the file from a backup"
+        ),
+    })
+}
+
+/// What a failed `sled::Config::open` of the store in `dir` means, with the file concerned.
+/// `log_existed`: whether sled's log file `db` was there before sled opened the directory.
+fn explain_open_failure(dir: &Path, error: sled::Error, log_existed: bool) -> Error {
+    match &error {
+        sled::Error::Corruption { at, .. } => {
+            // sled 0.34.7 reports some failures to read or write as corruption without a
+            // place: a large value's file it may not read, a directory it may not write.
+            if let Some((path, e)) = inaccessible(dir, true, |_| true) {
+                return Error::from(e).at(&path);
+            }
+            if let Some(damage) = missing_log(dir, *at, log_existed) {
+                return damage;
+            }
+            if at.is_some() {
+                // `at` turns sled's own pointer into the file and offset.
+                return Error::from(error).at(dir);
+            }
+            // sled does not say where: the checksums of its other files tell.
+            damaged_snapshot_or_blob(dir).unwrap_or_else(|| Error::Damaged {
+                path: dir.join("db"),
+                detail: "the storage engine (sled) found its log file damaged, or shorter than \
+                         its snapshot says (its other files check out: `conf`, the snapshot and \
+                         the large values in `blobs/` match their checksums)"
+                    .to_owned(),
+            })
+        }
+        sled::Error::Io(io) => {
+            let kind = io.kind();
+            if matches!(
+                kind,
+                std::io::ErrorKind::UnexpectedEof | std::io::ErrorKind::InvalidData
+            ) {
+                if let Some(damage) = damaged_snapshot_or_blob(dir) {
+                    return damage;
+                }
+            }
+            let file = inaccessible(dir, true, |e| e.kind() == kind)
+                .map_or_else(|| dir.to_path_buf(), |(path, _)| path);
+            Error::from(error).at(&file)
+        }
+        // sled's complaints about the settings in `conf` (found intact by
+        // `check_sled_config`): a store of another sled version or other settings.
+        sled::Error::Unsupported(why)
+            if why.contains("created using") || why.contains("across restarts") =>
+        {
+            Error::from(error).at(&dir.join("conf"))
+        }
+        _ => Error::from(error).at(dir),
+    }
+}
+
+/// sled's log file `db` in `dir` gone or cut short, when sled reports corruption at `at`:
+/// sled creates a missing `db` empty, then finds its snapshot pointing into nothing.
+fn missing_log(dir: &Path, at: Option<sled::DiskPtr>, log_existed: bool) -> Option<Error> {
+    let log = dir.join("db");
+    let len = std::fs::metadata(&log).map(|m| m.len()).unwrap_or(0);
+    let detail = if !log_existed {
+        "the storage engine's (sled's) log file was missing, though its other files say it \
+         held data (sled has put an empty file in its place): the file was deleted or moved"
+            .to_owned()
+    } else if len == 0 {
+        "the storage engine's (sled's) log file is empty, though its other files say it held \
+         data: the file was truncated or replaced"
+            .to_owned()
+    } else {
+        match at {
+            Some(sled::DiskPtr::Inline(offset)) if offset >= len => format!(
+                "the storage engine's (sled's) log file is {len} byte{} long, but its index \
+                 refers to offset {offset}: the file was truncated or replaced",
+                if len == 1 { "" } else { "s" }
+            ),
+            _ => return None,
+        }
+    };
+    Some(Error::Damaged { path: log, detail })
+}
+
+/// The first of sled's files in `dir` whose checksum fails: its newest snapshot (`snap.*`),
+/// which sled reads at every open, then the large values it keeps in `blobs/`. Called on the
+/// failure path only: it reads every blob file.
+fn damaged_snapshot_or_blob(dir: &Path) -> Option<Error> {
+    // The snapshot sled reads: the last `snap.*` by name.
+    let newest = std::fs::read_dir(dir)
+        .ok()?
+        .filter_map(|entry| entry.ok().map(|entry| entry.path()))
+        .filter(|path| {
+            path.file_name()
+                .and_then(|name| name.to_str())
+                .is_some_and(|name| name.starts_with("snap.") && !name.ends_with(".in___motion"))
+        })
+        .max();
+    if let Some(snapshot) = newest {
+        // The snapshot, then its length (8 bytes) and the CRC-32 of the snapshot (4 bytes).
+        let intact = std::fs::read(&snapshot).ok().is_none_or(|bytes| {
+            bytes.len() > 12 && {
+                let (body, tail) = bytes.split_at(bytes.len() - 12);
+                crc32fast::hash(body).to_le_bytes()[..] == tail[8..]
+            }
+        });
+        if !intact {
+            return Some(Error::Damaged {
+                path: snapshot,
+                detail: "its checksum does not match its contents. It is the storage engine's \
+                         (sled's) snapshot, an index of its log that sled rebuilds from the log \
+                         when no snapshot is present: moving this file out of the store's \
+                         directory may let the store open"
+                    .to_owned(),
+            });
+        }
+    }
+    let mut blobs: Vec<PathBuf> = std::fs::read_dir(dir.join("blobs"))
+        .ok()?
+        .filter_map(|entry| entry.ok().map(|entry| entry.path()))
+        .collect();
+    blobs.sort();
+    blobs.into_iter().find_map(|blob| {
+        // The CRC-32 of the rest (4 bytes), a kind byte, the value.
+        let intact = std::fs::read(&blob).ok().is_none_or(|bytes| {
+            bytes.len() > 4 && crc32fast::hash(&bytes[4..]).to_le_bytes()[..] == bytes[..4]
+        });
+        (!intact).then(|| Error::Damaged {
+            path: blob,
+            detail: "its checksum does not match its contents. It holds a large value of the \
+                     storage engine's (sled's) log"
+                .to_owned(),
+        })
+    })
+}
+
+/// The first of sled's files and directories in `dir` that cannot be used as sled uses them,
+/// with the error that says why, among the errors `counts` accepts: the directory (listed,
+/// and if `write`, written: a probe file is created and removed), `conf` (read), `db` (read
+/// and write), the snapshots (read), `blobs/` (listed, written if `write`) and the files in
+/// it (read). Files that are missing are sled's to create, not to blame. `None` when all of
+/// them can be used.
+fn inaccessible(
+    dir: &Path,
+    write: bool,
+    counts: impl Fn(&std::io::Error) -> bool,
+) -> Option<(PathBuf, std::io::Error)> {
+    /// Opens the file `path` for reading, and for writing too if `write`.
+    fn open(path: &Path, write: bool) -> std::io::Result<()> {
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(write)
+            .open(path)
+            .map(drop)
+    }
+    /// Lists the directory `path`, sorted.
+    fn list(path: &Path) -> std::io::Result<Vec<PathBuf>> {
+        let mut paths = std::fs::read_dir(path)?
+            .map(|entry| entry.map(|entry| entry.path()))
+            .collect::<std::io::Result<Vec<_>>>()?;
+        paths.sort();
+        Ok(paths)
+    }
+    /// Creates a file in the directory `path`, then removes it.
+    fn write_into(path: &Path) -> std::io::Result<()> {
+        let probe = path.join(format!(".reliable-queue-probe.{}", std::process::id()));
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&probe)?;
+        std::fs::remove_file(&probe)
+    }
+    let exists = |path: &Path| std::fs::symlink_metadata(path).is_ok();
+    let mut checks: Vec<(PathBuf, std::io::Result<()>)> = Vec::new();
+    let entries = list(dir);
+    let entries = match entries {
+        Ok(entries) => entries,
+        Err(e) => return counts(&e).then(|| (dir.to_path_buf(), e)),
+    };
+    if write {
+        checks.push((dir.to_path_buf(), write_into(dir)));
+    }
+    for (name, for_writing) in [("conf", false), ("db", true)] {
+        let path = dir.join(name);
+        if exists(&path) {
+            let opened = open(&path, for_writing);
+            checks.push((path, opened));
+        }
+    }
+    for path in entries {
+        let name = path
+            .file_name()
+            .map(|name| name.to_string_lossy().into_owned());
+        if name.is_some_and(|name| name.starts_with("snap.")) {
+            let opened = open(&path, false);
+            checks.push((path, opened));
+        }
+    }
+    let blobs = dir.join("blobs");
+    if exists(&blobs) {
+        match list(&blobs) {
+            Err(e) => checks.push((blobs, Err(e))),
+            Ok(files) => {
+                if write {
+                    checks.push((blobs.clone(), write_into(&blobs)));
+                }
+                for file in files {
+                    let opened = open(&file, false);
+                    checks.push((file, opened));
+                }
+            }
+        }
+    }
+    checks.into_iter().find_map(|(path, result)| match result {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound && counts(&e) => Some((path, e)),
+        _ => None,
+    })
 }
 
 /// Removes snapshot files sled did not finish writing; true if there were any.

@@ -285,7 +285,7 @@ impl MarksFile {
             *self = MarksFile::create(&self.dir, mark, counter, self.allow_shared)?;
             return Ok(());
         };
-        let offset = if counter % 2 == 0 { 0 } else { self.slot_size };
+        let offset = if counter.is_multiple_of(2) { 0 } else { self.slot_size };
         let offset = u64::try_from(offset).map_err(|_| Error::Bug {
             invariant: "a mark slot's offset fits in 64 bits",
         })?;

@@ -67,6 +67,10 @@ impl Sled {
     /// directory is safe to use ([`directory::prepare_dir`]), takes it, recovers the log and
     /// starts the committer.
     pub(crate) fn open(path: &Path, config: &Config) -> Result<Sled> {
+        Sled::open_at(path, config).map_err(|e| e.at(path))
+    }
+
+    fn open_at(path: &Path, config: &Config) -> Result<Sled> {
         let shared = config.allow_shared_directory;
         prepare_dir(path, shared)?;
         let path = path.canonicalize()?;
