@@ -75,9 +75,13 @@ fn copy_dir(from: &Path, to: &Path) {
     }
 }
 
-fn missing_records(result: reliable_queue::Result<Store>) -> (Vec<std::ops::RangeInclusive<u64>>, Vec<String>) {
+fn missing_records(
+    result: reliable_queue::Result<Store>,
+) -> (Vec<std::ops::RangeInclusive<u64>>, Vec<String>) {
     match result {
-        Err(Error::MissingRecords { missing, queues, .. }) => (missing, queues),
+        Err(Error::MissingRecords {
+            missing, queues, ..
+        }) => (missing, queues),
         Err(other) => panic!("expected MissingRecords, got {other}"),
         Ok(store) => panic!(
             "expected MissingRecords, the store opened with queues {:?}",
@@ -176,7 +180,10 @@ fn a_bit_flip_near_the_end_of_the_data_file_never_brings_consumed_items_back() {
         std::fs::write(&db, &bytes).expect("write db");
 
         let opened = Store::open(&path);
-        eprintln!("flip {back} bytes before the end: {:?}", opened.as_ref().map(|_| "opened").map_err(|e| e.to_string()));
+        eprintln!(
+            "flip {back} bytes before the end: {:?}",
+            opened.as_ref().map(|_| "opened").map_err(|e| e.to_string())
+        );
         match opened {
             Ok(store) => {
                 let fenced = matches!(
@@ -228,7 +235,10 @@ fn a_deleted_data_file_is_reported_with_every_queue() {
             assert!(!store.missing_records().is_empty(), "{how}");
             for queue in ["jobs", "other"] {
                 assert!(
-                    matches!(store.blocking_queue::<u32>(queue), Err(Error::Fenced { .. })),
+                    matches!(
+                        store.blocking_queue::<u32>(queue),
+                        Err(Error::Fenced { .. })
+                    ),
                     "{how}: {queue} must be fenced"
                 );
             }
@@ -254,8 +264,15 @@ fn a_lost_mark_is_reported() {
             _ => std::fs::write(&marks, b"RQ").expect("truncate"),
         }
         match Store::open(&path) {
-            Err(Error::Damaged { path: damaged, detail }) => {
-                assert_eq!(damaged.file_name().and_then(|n| n.to_str()), Some("marks"), "{how}");
+            Err(Error::Damaged {
+                path: damaged,
+                detail,
+            }) => {
+                assert_eq!(
+                    damaged.file_name().and_then(|n| n.to_str()),
+                    Some("marks"),
+                    "{how}"
+                );
                 assert!(!detail.is_empty());
             }
             other => panic!("{how}: expected Damaged, got {other:?}"),

@@ -352,7 +352,9 @@ impl Committer {
     /// Writes the mark now and waits for it.
     fn write_mark_now(&mut self) -> Result<()> {
         match &self.marker {
-            Some(marker) => marker.write_now(false).map_err(|e| e.at(&self.storage.path)),
+            Some(marker) => marker
+                .write_now(false)
+                .map_err(|e| e.at(&self.storage.path)),
             None => Ok(()),
         }
     }

@@ -87,7 +87,10 @@ pub(crate) struct Mark {
 
 impl Mark {
     /// The queues a record in `range` may name.
-    pub(crate) fn queues_touched_by(&self, range: &std::ops::RangeInclusive<u64>) -> Vec<&MarkedQueue> {
+    pub(crate) fn queues_touched_by(
+        &self,
+        range: &std::ops::RangeInclusive<u64>,
+    ) -> Vec<&MarkedQueue> {
         self.queues
             .iter()
             .filter(|q| q.first_seq <= *range.end())
@@ -194,7 +197,10 @@ fn decode_slot(bytes: &[u8], offset: usize) -> Option<(Mark, u64, usize)> {
 /// One slot's bytes, `slot_size` long, or `None` if the mark does not fit in it.
 fn encode_slot(mark: &Mark, counter: u64, slot_size: usize) -> Result<Option<Vec<u8>>> {
     let body = postcard::to_allocvec(mark).map_err(Error::storage)?;
-    let Some(needed) = HEADER.checked_add(body.len()).and_then(|n| n.checked_add(4)) else {
+    let Some(needed) = HEADER
+        .checked_add(body.len())
+        .and_then(|n| n.checked_add(4))
+    else {
         return Ok(None);
     };
     if needed > slot_size {
@@ -233,7 +239,12 @@ impl MarksFile {
     /// Writes a new marks file holding `mark` in both slots, replacing any file there:
     /// written beside it, synced, renamed over it, and the directory synced. Owner-only (0600)
     /// unless `allow_shared`.
-    pub(crate) fn create(dir: &Path, mark: &Mark, counter: u64, allow_shared: bool) -> Result<Self> {
+    pub(crate) fn create(
+        dir: &Path,
+        mark: &Mark,
+        counter: u64,
+        allow_shared: bool,
+    ) -> Result<Self> {
         let mut slot_size = MIN_SLOT;
         let slot = loop {
             if let Some(slot) = encode_slot(mark, counter, slot_size)? {
@@ -285,15 +296,17 @@ impl MarksFile {
             *self = MarksFile::create(&self.dir, mark, counter, self.allow_shared)?;
             return Ok(());
         };
-        let offset = if counter.is_multiple_of(2) { 0 } else { self.slot_size };
+        let offset = if counter.is_multiple_of(2) {
+            0
+        } else {
+            self.slot_size
+        };
         let offset = u64::try_from(offset).map_err(|_| Error::Bug {
             invariant: "a mark slot's offset fits in 64 bits",
         })?;
         let path = self.dir.join(FILE);
         write_at(&self.file, &slot, offset).map_err(|e| io_at(e, &path))?;
-        self.file
-            .sync_data()
-            .map_err(|e| io_at(e, &path))?;
+        self.file.sync_data().map_err(|e| io_at(e, &path))?;
         self.counter = counter;
         Ok(())
     }
@@ -393,6 +406,10 @@ impl Marker {
             state.mark.start = start;
             changed = true;
         }
+        debug_assert!(
+            state.mark.start <= state.mark.end,
+            "a mark's start is never past its end"
+        );
         if changed && !state.changed {
             state.changed = true;
             self.shared.wake.notify_one();

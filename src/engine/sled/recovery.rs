@@ -69,7 +69,11 @@ pub(crate) fn recover(trees: &Trees, disk: &DiskSync, opening: Opening<'_>) -> R
     let restored: Vec<MarkedQueue> = mark
         .iter()
         .flat_map(|m| &m.queues)
-        .filter(|q| !queues.iter().any(|(name, id)| *name == q.name || *id == q.id))
+        .filter(|q| {
+            !queues
+                .iter()
+                .any(|(name, id)| *name == q.name || *id == q.id)
+        })
         .cloned()
         .collect();
     queues.extend(restored.iter().map(|q| (q.name.clone(), q.id)));
@@ -269,7 +273,10 @@ fn checked_mark(trees: &Trees, opening: &Opening<'_>) -> Result<(Option<Mark>, u
 
 /// `gaps` without the sequence numbers in `known`: records set aside (in the quarantine
 /// tree) or found missing by an earlier salvaging open, absent but not lost now.
-fn without(gaps: Vec<RangeInclusive<u64>>, known: &[RangeInclusive<u64>]) -> Vec<RangeInclusive<u64>> {
+fn without(
+    gaps: Vec<RangeInclusive<u64>>,
+    known: &[RangeInclusive<u64>],
+) -> Vec<RangeInclusive<u64>> {
     let mut known = known.to_vec();
     known.sort_by_key(|r| *r.start());
     let mut out = Vec::new();

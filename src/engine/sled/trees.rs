@@ -184,7 +184,10 @@ pub(crate) fn load_missing(meta: &sled::Tree) -> Result<Vec<std::ops::RangeInclu
     for kv in meta.scan_prefix(MISSING_PREFIX) {
         let (k, _) = kv?;
         let rest = &k[MISSING_PREFIX.len()..];
-        if let (Some(first), Some(last)) = (rest.get(..8).and_then(seq_of), rest.get(8..).and_then(seq_of)) {
+        if let (Some(first), Some(last)) = (
+            rest.get(..8).and_then(seq_of),
+            rest.get(8..).and_then(seq_of),
+        ) {
             if first <= last {
                 ranges.push(first..=last);
             }
