@@ -4,6 +4,9 @@
 //! to become visible is handed straight to the oldest request and only its waiter is woken.
 //! A request that ends early (future dropped, timeout, unwinding) leaves the line, and an
 //! item already handed to it goes back to the front of the queue, or to the next waiter.
+//! A request that is never polled again (a future leaked with `mem::forget`) cannot leave;
+//! the item handed to it is taken by the second dequeue attempt after the hand-over that
+//! finds nothing (see [`ReliableConcurrentQueue::dequeue`] and `core/waiters.rs`).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -45,7 +48,7 @@ where
         }
         // tokio's cooperative budget, before taking anything: a poll refused by it leaves the
         // transaction as it was (an item already handed to the request stays with its ticket,
-        // and goes back to the queue if the future is dropped).
+        // and goes back to the queue if the future is dropped) and is not a miss.
         let budget = std::task::ready!(poll_budget(cx));
         let engine = this.queue.engine();
         match engine.poll_dequeue(&mut this.waiting, this.tx.work_mut(), cx.waker()) {
@@ -71,14 +74,44 @@ where
     /// committed if none is visible.
     ///
     /// Waiting consumers are served first come, first served: an item that becomes visible is
-    /// handed straight to the oldest waiter, and only that waiter is woken. While anyone waits,
-    /// [`try_dequeue`](Self::try_dequeue) finds nothing, so it cannot jump the line. Like
-    /// tokio's own resources it takes part in tokio's cooperative budget: once the task has
-    /// spent it, the future yields before taking an item, even one that is ready.
+    /// handed straight to the oldest waiting request, only that waiter is woken, and the
+    /// request takes the item when the future is polled next. While anyone waits,
+    /// [`try_dequeue`](Self::try_dequeue) finds nothing, so it cannot jump the line (but see
+    /// below for a request that is not polled). Like tokio's own resources it takes part in
+    /// tokio's cooperative budget: once the task has spent it, the future yields before
+    /// taking an item, even one that is ready.
     ///
     /// There is no built-in timeout: wrap the future in `tokio::time::timeout`. After
     /// [`Store::close`](crate::Store::close), waiting consumers wake with
     /// [`Error::Closed`](crate::Error::Closed).
+    ///
+    /// # A future that is not polled
+    ///
+    /// The item handed to a request is reserved for it within a bound, so that a `Dequeue`
+    /// that is never polled again (leaked with [`std::mem::forget`], or kept and not polled)
+    /// cannot keep a committed item from every other consumer. The bound is counted in
+    /// *misses*, the dequeue attempts on this queue, by any transaction, that find nothing to
+    /// take: a `try_dequeue` that returns `None`, a poll of a `Dequeue` that returns `Pending`
+    /// (other than one refused by the cooperative budget), a check by a blocking dequeue that
+    /// goes (back) to waiting.
+    ///
+    /// - **The second miss after an item was handed to a request that has not taken it takes
+    ///   the item itself**: that `try_dequeue` returns it, that `Dequeue` resolves to it, as
+    ///   if it had been visible. A single miss takes nothing, so a `try_dequeue` racing the
+    ///   wake-up of a waiter finds nothing, as long as the waiter takes its item before a
+    ///   second miss.
+    /// - Misses take such items one each, the one handed over first first: when `n`
+    ///   requests hold items they have not taken, the first `n + 1` misses after the last of
+    ///   those hand-overs take them all.
+    /// - A request whose item was taken this way has lost its place too. Never polled again,
+    ///   it holds nothing and keeps no one waiting: a leaked `Dequeue` takes at most one item
+    ///   out of circulation, and only until those misses. Polled again, it takes a visible
+    ///   item if there is one, else it waits again at the place in line it had, ahead of the
+    ///   requests that came after it.
+    /// - Until it is taken, the reserved item is not visible ([`count`](Self::count) leaves
+    ///   it out). If nobody misses (every other consumer already waits and nothing is
+    ///   committed), it stays reserved until somebody does. It is never lost, nor given to
+    ///   two consumers; in a store on disk it is still in the queue after a restart.
     ///
     /// # Cancel safety
     ///

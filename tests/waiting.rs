@@ -374,7 +374,8 @@ async fn dropping_a_served_future_puts_the_item_back(kind: Kind) {
 }
 
 /// While a consumer waits, a committed item goes to it, not to a `try_dequeue` that comes
-/// later.
+/// later. (That `try_dequeue` is one miss; a second miss before the waiter collects would take
+/// the item: `tests/leak.rs`.)
 async fn try_dequeue_does_not_jump_the_line(kind: Kind) {
     let f = Fixture::new(kind);
     let waiter = spawn_waiter(&f);

@@ -132,7 +132,8 @@ fn repoll_with_new_waker_races_publish() {
 }
 
 /// While a request waits, an item committed concurrently with a `try_dequeue` goes to the
-/// waiter: `try_dequeue` never jumps the line.
+/// waiter: `try_dequeue` never jumps the line. (A `try_dequeue` that finds nothing is one
+/// miss; only a second one would take an item the waiter has not collected: `leak.rs`.)
 #[test]
 fn try_dequeue_does_not_jump_the_line() {
     check(|| {

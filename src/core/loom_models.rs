@@ -6,7 +6,8 @@
 //! ```
 //!
 //! The models of `loom-tests/` drive the same core through the public API; these reach the
-//! parts the API cannot isolate (closing a queue under a waiter, a restore racing a take).
+//! parts the API cannot isolate (closing a queue under a waiter, a restore racing a take, a
+//! miss reclaiming an entry from a request that is late or never polled again).
 
 use std::collections::VecDeque;
 use std::future::poll_fn;
@@ -16,6 +17,7 @@ use std::task::Poll;
 use loom::thread;
 
 use super::queue::{Closed, QueueCore, Request};
+use super::waiters::RECLAIM_AFTER;
 use super::Entry;
 
 fn queue_with(ids: &[u64]) -> Arc<QueueCore> {
@@ -93,5 +95,106 @@ fn close_wakes_a_waiter() {
             !matches!(polled, Poll::Pending),
             "nobody waits on a closed queue"
         );
+    });
+}
+
+/// Two misses race the late poll of a request that was handed an entry: the entry goes to
+/// exactly one of them. If the misses took it, the request waits again (at its place) and is
+/// served the next entry.
+#[test]
+fn reclaim_races_a_late_collect() {
+    loom::model(|| {
+        let q = queue_with(&[]);
+        let mut late = Request::default();
+        assert!(q
+            .poll_take(&mut late, std::task::Waker::noop())
+            .is_pending());
+        q.publish([Entry::new(1, Box::new([0]))]);
+        let misser = {
+            let q = q.clone();
+            thread::spawn(move || {
+                (0..RECLAIM_AFTER)
+                    .filter_map(|_| q.try_take().map(|e| e.id))
+                    .collect::<Vec<_>>()
+            })
+        };
+        let polled = q.poll_take(&mut late, std::task::Waker::noop());
+        let taken = misser.join().unwrap();
+        match polled {
+            Poll::Ready(Ok(entry)) => assert_eq!((entry.id, taken.len()), (1, 0)),
+            Poll::Pending => {
+                assert_eq!(taken, [1], "reclaimed by the misses");
+                assert_eq!(q.waiters(), 1, "the late request waits again");
+                q.publish([Entry::new(2, Box::new([0]))]);
+                let served = q.poll_take(&mut late, std::task::Waker::noop());
+                assert!(matches!(served, Poll::Ready(Ok(ref e)) if e.id == 2));
+            }
+            Poll::Ready(Err(Closed)) => panic!("the queue is open"),
+        }
+        assert_eq!((q.count(), q.waiters(), q.staged()), (0, 0, 0));
+    });
+}
+
+/// A request in line that is never polled again (a leaked future) is handed the entry a
+/// publisher makes visible, while a live consumer waits and the main thread misses twice;
+/// a second entry is published last. The live consumer always gets an entry, the leaked one
+/// never keeps one, and each entry ends up in exactly one place.
+#[test]
+fn a_leaked_request_does_not_strand_an_entry() {
+    loom::model(|| {
+        let q = queue_with(&[]);
+        let mut leaked = Request::default();
+        assert!(q
+            .poll_take(&mut leaked, std::task::Waker::noop())
+            .is_pending());
+        let publisher = {
+            let q = q.clone();
+            thread::spawn(move || q.publish([Entry::new(1, Box::new([0]))]))
+        };
+        let live = {
+            let q = q.clone();
+            thread::spawn(move || take_waiting(&q))
+        };
+        publisher.join().unwrap();
+        let mut seen: Vec<u64> = (0..RECLAIM_AFTER)
+            .filter_map(|_| q.try_take().map(|e| e.id))
+            .collect();
+        assert_eq!(
+            q.staged(),
+            0,
+            "{RECLAIM_AFTER} misses after the hand-over reclaim it"
+        );
+        q.publish([Entry::new(2, Box::new([0]))]);
+        seen.push(live.join().unwrap().expect("the queue is open"));
+        seen.extend(std::iter::from_fn(|| q.try_take()).map(|e| e.id));
+        seen.sort_unstable();
+        assert_eq!(seen, [1, 2], "each entry exactly once");
+        assert_eq!((q.count(), q.waiters(), q.staged()), (0, 0, 0));
+    });
+}
+
+/// A request that was handed an entry is dropped (cancelled) while two misses race it: the
+/// entry goes back to the queue or to the misses, exactly once, and nothing stays staged.
+#[test]
+fn cancel_races_a_reclaim() {
+    loom::model(|| {
+        let q = queue_with(&[]);
+        let mut late = Request::default();
+        assert!(q
+            .poll_take(&mut late, std::task::Waker::noop())
+            .is_pending());
+        q.publish([Entry::new(1, Box::new([0]))]);
+        let misser = {
+            let q = q.clone();
+            thread::spawn(move || {
+                (0..RECLAIM_AFTER)
+                    .filter_map(|_| q.try_take().map(|e| e.id))
+                    .count()
+            })
+        };
+        q.cancel(&mut late);
+        let taken = misser.join().unwrap();
+        assert_eq!(u64::try_from(taken).unwrap() + q.count(), 1, "exactly once");
+        assert_eq!((q.waiters(), q.staged()), (0, 0));
     });
 }

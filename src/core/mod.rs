@@ -2,7 +2,9 @@
 //!
 //! The core does no I/O and knows nothing of item types, transactions or engines: it moves
 //! [`Entry`]s between a queue's ready deque, its waiters and its callers (the embedded
-//! engines). It takes its locks and atomics from `crate::sync`, so loom can model-check it,
+//! engines). An entry handed to a waiter is reserved for it until it takes it, or until the
+//! second dequeue attempt after the hand-over that finds nothing takes it instead (so a
+//! waiter that is never polled again cannot strand it; see `waiters.rs`). It takes its locks and atomics from `crate::sync`, so loom can model-check it,
 //! from the in-crate models below and from `loom-tests`.
 
 mod entry;

@@ -7,6 +7,12 @@
 //! - An entry is in exactly one place: `ready`, handed to one request, or owned by a caller
 //!   (a transaction, or a commit about to publish it).
 //! - Once the queue is closed, nobody joins the line again.
+//!
+//! An entry handed to a request stays staged until the request takes it, or until the
+//! request is overdue: the second dequeue attempt after the hand-over that finds nothing to
+//! take (a miss: `try_take` on an empty deque, `poll_take` about to wait) takes the entry
+//! itself (see `waiters.rs`). That is the bound on what a request that is never polled again
+//! (a leaked future) keeps from everyone else.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -28,6 +34,7 @@ struct State {
 impl State {
     /// Checks the invariants of the module docs that can be seen from here.
     fn check(&self, visible: &AtomicU64) {
+        self.waiters.check();
         debug_assert!(
             self.ready.is_empty() || !self.waiters.any(),
             "ready items while a request waits"
@@ -45,14 +52,16 @@ impl State {
 pub(crate) struct Closed;
 
 /// A dequeue request that may wait: created empty, in line after the first poll that finds
-/// nothing, finished when it collects an entry or leaves.
+/// nothing, finished when it collects an entry or leaves. While it has a ticket it is
+/// waiting, served (an entry is staged for it), or reclaimed (its entry was taken by a miss;
+/// its next poll puts it back in line at its old place).
 #[derive(Debug, Default)]
 pub(crate) struct Request {
     ticket: Option<Ticket>,
 }
 
 impl Request {
-    /// Is the request in line and not yet finished?
+    /// Does the request hold a ticket (waiting, served or reclaimed), not yet finished?
     #[cfg(all(test, not(reliable_queue_loom)))]
     pub(crate) fn is_waiting(&self) -> bool {
         self.ticket.is_some()
@@ -108,6 +117,12 @@ impl QueueCore {
         self.state.lock().waiters.len()
     }
 
+    /// Number of entries handed to requests that have not taken them yet.
+    #[cfg(test)]
+    pub(crate) fn staged(&self) -> usize {
+        self.state.lock().waiters.staged()
+    }
+
     fn set_visible(&self, state: &State) {
         self.visible
             .store(len_u64(state.ready.len()), Ordering::Release);
@@ -115,11 +130,21 @@ impl QueueCore {
     }
 
     /// Takes the item at the front, if any. Never waits for anything but the queue lock.
+    /// With nothing visible it is a miss, and takes an entry handed to a request that is
+    /// overdue, if there is one (see the module docs).
     pub(crate) fn try_take(&self) -> Option<Entry> {
         let mut state = self.state.lock();
-        let entry = state.ready.pop_front()?;
-        self.set_visible(&state);
-        Some(entry)
+        match state.ready.pop_front() {
+            Some(entry) => {
+                self.set_visible(&state);
+                Some(entry)
+            }
+            None => {
+                let reclaimed = state.waiters.miss();
+                state.check(&self.visible);
+                reclaimed
+            }
+        }
     }
 
     /// Makes committed entries visible at the back, in the given order; the oldest waiters
@@ -150,6 +175,10 @@ impl QueueCore {
     /// Takes an item for `request`, or puts it in line to be woken through `waker` when one
     /// is handed to it. After `Ready` the request is finished and may be polled afresh.
     /// `Closed` once the queue is closed, unless an entry was handed to the request before.
+    ///
+    /// A poll that finds nothing is a miss: it may take an entry handed to another request
+    /// that is overdue (see the module docs). A request whose own entry was taken that way
+    /// polls afresh and, if it has to wait, waits at the place in line it had.
     pub(crate) fn poll_take(
         &self,
         request: &mut Request,
@@ -157,38 +186,70 @@ impl QueueCore {
     ) -> Poll<Result<Entry, Closed>> {
         let mut state = self.state.lock();
         let polled = match request.ticket {
-            Some(ticket) => match state.waiters.collect(ticket) {
-                Some(entry) => {
+            Some(ticket) => {
+                if let Some(entry) = state.waiters.collect(ticket) {
                     request.ticket = None;
                     Poll::Ready(Ok(entry))
-                }
-                None if state.closed => {
+                } else if state.closed {
                     request.ticket = None;
                     Poll::Ready(Err(Closed))
+                } else if state.waiters.is_waiting(ticket) {
+                    // Polled while in line (woken for another reason, or moved): a miss, since
+                    // `ready` is empty while anyone waits.
+                    match state.waiters.miss() {
+                        Some(entry) => {
+                            let left = state.waiters.leave(ticket);
+                            debug_assert!(left.is_none(), "a waiting request holds nothing");
+                            request.ticket = None;
+                            Poll::Ready(Ok(entry))
+                        }
+                        None => {
+                            state.waiters.rewake(ticket, waker);
+                            Poll::Pending
+                        }
+                    }
+                } else {
+                    // Its entry was reclaimed by a miss: it polls afresh, keeping its place.
+                    self.take_or_wait(&mut state, request, waker)
                 }
-                None => {
-                    state.waiters.rewake(ticket, waker);
-                    Poll::Pending
-                }
-            },
-            None => match state.ready.pop_front() {
-                Some(entry) => {
-                    self.set_visible(&state);
-                    Poll::Ready(Ok(entry))
-                }
-                None if state.closed => Poll::Ready(Err(Closed)),
-                None => {
-                    request.ticket = Some(state.waiters.join(waker));
-                    Poll::Pending
-                }
-            },
+            }
+            None => self.take_or_wait(&mut state, request, waker),
         };
         state.check(&self.visible);
         polled
     }
 
-    /// Ends `request` without waiting further. An entry already handed to it is returned to
-    /// the caller, who must either use it or [`restore`](Self::restore) it.
+    /// `poll_take` for a request that is not in line and has nothing staged: a fresh one, or
+    /// one whose entry was reclaimed (it joins again under its old ticket).
+    fn take_or_wait(
+        &self,
+        state: &mut State,
+        request: &mut Request,
+        waker: &Waker,
+    ) -> Poll<Result<Entry, Closed>> {
+        if let Some(entry) = state.ready.pop_front() {
+            self.set_visible(state);
+            request.ticket = None;
+            return Poll::Ready(Ok(entry));
+        }
+        if state.closed {
+            request.ticket = None;
+            return Poll::Ready(Err(Closed));
+        }
+        if let Some(entry) = state.waiters.miss() {
+            request.ticket = None;
+            return Poll::Ready(Ok(entry));
+        }
+        match request.ticket {
+            Some(ticket) => state.waiters.rejoin(ticket, waker),
+            None => request.ticket = Some(state.waiters.join(waker)),
+        }
+        Poll::Pending
+    }
+
+    /// Ends `request` without waiting further. An entry already handed to it (and not
+    /// reclaimed) is returned to the caller, who must either use it or
+    /// [`restore`](Self::restore) it.
     pub(crate) fn withdraw(&self, request: &mut Request) -> Option<Entry> {
         let ticket = request.ticket.take()?;
         self.state.lock().waiters.leave(ticket)
@@ -353,5 +414,127 @@ mod tests {
             Poll::Ready(Err(Closed))
         );
         assert_eq!(q.waiters(), 0);
+    }
+
+    #[test]
+    fn an_entry_left_with_a_request_goes_to_the_second_miss() {
+        let q = core();
+        let mut leaked = Request::default();
+        assert!(q.poll_take(&mut leaked, Waker::noop()).is_pending());
+        q.publish([entry(1)]);
+        assert_eq!((q.count(), q.waiters(), q.staged()), (0, 0, 1));
+        assert!(q.try_take().is_none(), "one miss takes nothing");
+        assert_eq!(q.try_take().map(|e| e.id), Some(1));
+        assert_eq!((q.count(), q.waiters(), q.staged()), (0, 0, 0));
+        // The request is out of the line: the next item is visible, not handed to it.
+        q.publish([entry(2)]);
+        assert_eq!((q.count(), q.waiters(), q.staged()), (1, 0, 0));
+        assert_eq!(ids(&q), vec![2]);
+    }
+
+    #[test]
+    fn a_waiting_request_that_misses_takes_an_overdue_entry() {
+        let q = core();
+        let mut leaked = Request::default();
+        let mut live = Request::default();
+        assert!(q.poll_take(&mut leaked, Waker::noop()).is_pending());
+        q.publish([entry(1)]);
+        // Joins the line: the first miss since the hand-over.
+        assert!(q.poll_take(&mut live, Waker::noop()).is_pending());
+        assert_eq!(q.waiters(), 1);
+        // Polled again without being served: the second miss.
+        assert_eq!(ready_id(q.poll_take(&mut live, Waker::noop())), Some(1));
+        assert!(!live.is_waiting());
+        assert_eq!((q.count(), q.waiters(), q.staged()), (0, 0, 0));
+    }
+
+    #[test]
+    fn a_fresh_request_that_misses_takes_an_overdue_entry() {
+        let q = core();
+        let mut leaked = Request::default();
+        assert!(q.poll_take(&mut leaked, Waker::noop()).is_pending());
+        q.publish([entry(1)]);
+        assert!(q.try_take().is_none());
+        let mut fresh = Request::default();
+        assert_eq!(ready_id(q.poll_take(&mut fresh, Waker::noop())), Some(1));
+        assert!(!fresh.is_waiting());
+        assert_eq!((q.waiters(), q.staged()), (0, 0));
+    }
+
+    #[test]
+    fn a_late_request_waits_again_at_its_old_place() {
+        let q = core();
+        let mut late = Request::default();
+        let mut next = Request::default();
+        assert!(q.poll_take(&mut late, Waker::noop()).is_pending());
+        q.publish([entry(1)]);
+        assert!(q.poll_take(&mut next, Waker::noop()).is_pending());
+        assert_eq!(q.try_take().map(|e| e.id), Some(1));
+        // Polled at last: nothing for it now, so it waits, ahead of `next`.
+        assert!(q.poll_take(&mut late, Waker::noop()).is_pending());
+        assert!(late.is_waiting());
+        assert_eq!(q.waiters(), 2);
+        q.publish([entry(2), entry(3)]);
+        assert_eq!(ready_id(q.poll_take(&mut next, Waker::noop())), Some(3));
+        assert_eq!(ready_id(q.poll_take(&mut late, Waker::noop())), Some(2));
+        assert_eq!((q.count(), q.waiters(), q.staged()), (0, 0, 0));
+    }
+
+    #[test]
+    fn a_late_request_takes_what_is_visible() {
+        let q = core();
+        let mut late = Request::default();
+        assert!(q.poll_take(&mut late, Waker::noop()).is_pending());
+        q.publish([entry(1)]);
+        assert!(q.try_take().is_none());
+        assert_eq!(q.try_take().map(|e| e.id), Some(1));
+        q.publish([entry(2)]);
+        assert_eq!(ready_id(q.poll_take(&mut late, Waker::noop())), Some(2));
+        assert_eq!((q.count(), q.waiters(), q.staged()), (0, 0, 0));
+    }
+
+    #[test]
+    fn a_reclaimed_request_cancels_and_withdraws_cleanly() {
+        let q = core();
+        let mut late = Request::default();
+        assert!(q.poll_take(&mut late, Waker::noop()).is_pending());
+        q.publish([entry(1)]);
+        assert!(q.try_take().is_none());
+        assert!(q.try_take().is_some());
+        assert!(q.withdraw(&mut late).is_none());
+        assert!(!late.is_waiting());
+        q.cancel(&mut late);
+        assert_eq!((q.count(), q.waiters(), q.staged()), (0, 0, 0));
+    }
+
+    #[test]
+    fn a_reclaimed_request_finds_the_queue_closed() {
+        let q = core();
+        let mut late = Request::default();
+        assert!(q.poll_take(&mut late, Waker::noop()).is_pending());
+        q.publish([entry(1)]);
+        assert!(q.try_take().is_none());
+        assert!(q.try_take().is_some());
+        q.close();
+        assert_eq!(
+            q.poll_take(&mut late, Waker::noop()),
+            Poll::Ready(Err(Closed))
+        );
+        assert!(!late.is_waiting());
+    }
+
+    #[test]
+    fn a_request_served_in_time_keeps_its_entry() {
+        let q = core();
+        let mut a = Request::default();
+        assert!(q.poll_take(&mut a, Waker::noop()).is_pending());
+        q.publish([entry(1)]);
+        assert!(
+            q.try_take().is_none(),
+            "one miss is a race with the wake-up"
+        );
+        assert_eq!(ready_id(q.poll_take(&mut a, Waker::noop())), Some(1));
+        assert!(q.try_take().is_none());
+        assert_eq!((q.count(), q.waiters(), q.staged()), (0, 0, 0));
     }
 }

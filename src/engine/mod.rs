@@ -96,7 +96,10 @@ impl QueueRef {
 }
 
 /// A dequeue request that may wait, as an engine keeps it. Dropping it withdraws it; an item
-/// already handed to it goes back to the front of its queue (or to the next waiter).
+/// already handed to it goes back to the front of its queue (or to the next waiter). One that
+/// is never dropped nor polled again (leaked) loses the item handed to it, and its place, to
+/// the second dequeue attempt on the queue that finds nothing after the hand-over (see
+/// `core/waiters.rs`); nothing else is needed from the engine.
 #[derive(Debug)]
 pub(crate) struct Waiting<'a> {
     queue: &'a QueueRef,
@@ -303,7 +306,8 @@ impl Engine {
     }
 
     /// Takes an item for `waiting` into `work`, or puts the request in line to be woken
-    /// through `waker`.
+    /// through `waker`. A poll that finds nothing may take an item handed to another request
+    /// that has not taken it in time (a leaked one); see [`Waiting`].
     pub(crate) fn poll_dequeue<'w>(
         &self,
         waiting: &mut Waiting<'_>,
