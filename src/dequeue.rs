@@ -44,6 +44,8 @@ where
         let this = self.get_mut();
         if !this.checked {
             this.queue.check(this.tx)?;
+            // A dequeue of this transaction leaked before this one started: withdrawn now.
+            this.tx.work_mut().withdraw_leaked();
             this.checked = true;
         }
         // tokio's cooperative budget, before taking anything: a poll refused by it leaves the
@@ -108,10 +110,15 @@ where
     ///   out of circulation, and only until those misses. Polled again, it takes a visible
     ///   item if there is one, else it waits again at the place in line it had, ahead of the
     ///   requests that came after it.
-    /// - Until it is taken, the reserved item is not visible ([`count`](Self::count) leaves
-    ///   it out). If nobody misses (every other consumer already waits and nothing is
-    ///   committed), it stays reserved until somebody does. It is never lost, nor given to
-    ///   two consumers; in a store on disk it is still in the queue after a restart.
+    /// - **Its transaction ends it too.** The future borrows its transaction mutably, so once
+    ///   the transaction is used again (any dequeue, enqueue, `commit` or `abort` on it) or
+    ///   dropped, the future is gone: a leaked one's request is withdrawn then, and its item
+    ///   goes back to the front of the queue or to the next waiter, misses or not. This covers
+    ///   the case misses do not: every other consumer already asleep in line.
+    /// - Until then, the reserved item is not visible ([`count`](Self::count) leaves it out).
+    ///   It is never lost, nor given to two consumers; in a store on disk it is still in the
+    ///   queue after a restart. Only a leaked future whose transaction is leaked too (or kept
+    ///   unused) while every other consumer sleeps keeps its item until the next miss.
     ///
     /// # Cancel safety
     ///
@@ -224,6 +231,7 @@ where
 
     fn blocking_wait(&self, tx: &mut Transaction, deadline: Option<Instant>) -> Result<Option<T>> {
         self.check(tx)?;
+        tx.work_mut().withdraw_leaked();
         let engine = self.engine();
         let waker = Unparker::current();
         let mut waiting = engine.waiting(self.queue_ref());

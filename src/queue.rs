@@ -220,7 +220,8 @@ where
     /// item.
     ///
     /// Returns `None` when no item is visible (the queue is empty, or every item is held by
-    /// an open transaction or promised to a waiting consumer). The item is hidden from
+    /// an open transaction or promised to a waiting consumer; a promise its consumer leaves
+    /// untaken is broken by the second such miss: see [`dequeue`](Self::dequeue)). The item is hidden from
     /// everyone else at once; it is removed for good when `tx` commits and put back at the
     /// front if it does not. Ready at once on the embedded engines, but for tokio's
     /// cooperative budget: once the task has spent it, the future yields before taking

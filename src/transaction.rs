@@ -213,6 +213,7 @@ impl Transaction {
 
 impl Drop for Transaction {
     fn drop(&mut self) {
+        self.work.withdraw_leaked();
         if !self.work.dequeued.is_empty() {
             self.engine.abort(std::mem::take(&mut self.work));
         }

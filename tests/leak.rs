@@ -1,7 +1,8 @@
 //! A `Dequeue` future that is never polled again (leaked with `std::mem::forget`, or kept and
 //! not polled) cannot keep a committed item from every other consumer: the item handed to it
 //! is taken by the second *miss* after the hand-over (a dequeue attempt on the queue that
-//! finds nothing to take), and the request loses its place in line. Nothing is lost or given
+//! finds nothing to take), and the request loses its place in line; and whatever happens, the
+//! item goes back when the leaked future's transaction is used again or ends. Nothing is lost or given
 //! twice. Each scenario runs on an in-memory and an on-disk store.
 //!
 //! Every step is ordered by events (commits returning, `waiters()` counts, tasks and threads
@@ -129,6 +130,8 @@ on_both_stores!(
     blocking_consumer_takes_the_item_of_a_leaked_dequeue,
     every_leaked_dequeue_is_reclaimed_within_n_plus_one_misses,
     leaked_dequeue_handed_an_item_later_loses_it_too,
+    leaked_dequeue_gives_its_item_back_when_its_transaction_ends,
+    leaked_dequeue_gives_its_item_back_when_its_transaction_is_used_again,
 );
 
 /// Polls `future` once with a waker that does nothing.
@@ -445,7 +448,8 @@ fn leaked_dequeue_handed_an_item_later_loses_it_too(kind: Kind) {
         (1, 0),
         "2 handed to the new leaked request, 1 visible"
     );
-    drop((leaked_tx, leaked_again));
+    // The leaked requests' transactions stay alive (and unused) to the end: only misses
+    // can reclaim.
     if kind == Kind::Memory {
         // Nothing to reopen. A drain takes 1, misses once (and commits), then its second
         // miss takes 2.
@@ -458,4 +462,57 @@ fn leaked_dequeue_handed_an_item_later_loses_it_too(kind: Kind) {
     } else {
         check_after_reopen(f, &[1, 2]);
     }
+    drop((leaked_tx, leaked_again));
+}
+
+/// The leaked request is first in line and every other consumer is asleep in line behind it,
+/// so nobody misses: the item handed to the leaked request goes to the next waiter as soon as
+/// the leaked request's transaction ends (dropped here), without any other dequeue attempt.
+fn leaked_dequeue_gives_its_item_back_when_its_transaction_ends(kind: Kind) {
+    let f = Fixture::new(kind);
+    let mut leaked_tx = f.store.begin();
+    leak_waiting_dequeue(&f.q, &mut leaked_tx);
+    let waiter = spawn_blocking_waiter(&f);
+    until_waiters_blocking(&f.q, 2);
+
+    f.commit(&[1]);
+    assert_eq!(
+        f.state(),
+        (0, 1),
+        "handed to the leaked request, the waiter still waits"
+    );
+    drop(leaked_tx);
+    assert_eq!(
+        waiter.join().expect("the waiter"),
+        1,
+        "the waiter got the item"
+    );
+    assert_eq!(f.state(), (0, 0));
+    check_after_reopen(f, &[]);
+}
+
+/// As above, the transaction used again instead of dropped: any use of it (here an enqueue)
+/// withdraws the leaked request first.
+fn leaked_dequeue_gives_its_item_back_when_its_transaction_is_used_again(kind: Kind) {
+    let f = Fixture::new(kind);
+    let mut leaked_tx = f.store.begin();
+    leak_waiting_dequeue(&f.q, &mut leaked_tx);
+    let waiter = spawn_blocking_waiter(&f);
+    until_waiters_blocking(&f.q, 2);
+
+    f.commit(&[1]);
+    assert_eq!(
+        f.state(),
+        (0, 1),
+        "handed to the leaked request, the waiter still waits"
+    );
+    f.q.enqueue(&mut leaked_tx, 2).expect("enqueue");
+    assert_eq!(
+        waiter.join().expect("the waiter"),
+        1,
+        "the waiter got the item"
+    );
+    leaked_tx.blocking_commit().expect("commit");
+    assert_eq!(f.state(), (1, 0));
+    check_after_reopen(f, &[2]);
 }

@@ -16,6 +16,7 @@ mod loom_models;
 
 pub(crate) use entry::{Entry, QueueId};
 pub(crate) use queue::{QueueCore, Request};
+pub(crate) use waiters::Ticket;
 
 use std::sync::Arc;
 use std::task::Waker;

@@ -61,6 +61,11 @@ pub(crate) struct Request {
 }
 
 impl Request {
+    /// The request's ticket while it has one.
+    pub(crate) fn ticket(&self) -> Option<Ticket> {
+        self.ticket
+    }
+
     /// Does the request hold a ticket (waiting, served or reclaimed), not yet finished?
     #[cfg(all(test, not(reliable_queue_loom)))]
     pub(crate) fn is_waiting(&self) -> bool {
@@ -253,6 +258,17 @@ impl QueueCore {
     pub(crate) fn withdraw(&self, request: &mut Request) -> Option<Entry> {
         let ticket = request.ticket.take()?;
         self.state.lock().waiters.leave(ticket)
+    }
+
+    /// Ends the request holding `ticket`, if it is still in line or holds a handed entry; the
+    /// entry goes back to the front (or to the next waiter). Nothing happens for a ticket that
+    /// is finished: tickets are never reused. For a request whose owner is gone without
+    /// dropping it (a leaked `Dequeue`), found by its transaction.
+    pub(crate) fn cancel_ticket(&self, ticket: Ticket) {
+        let entry = self.state.lock().waiters.leave(ticket);
+        if let Some(entry) = entry {
+            self.restore(std::iter::once(entry));
+        }
     }
 
     /// Ends `request`; an entry already handed to it goes back to the front (or to the next

@@ -31,7 +31,7 @@ use smallvec::SmallVec;
 
 use self::catalog::Catalog;
 use crate::config::Config;
-use crate::core::{restore_all, QueueCore, Request};
+use crate::core::{restore_all, QueueCore, Request, Ticket};
 
 pub(crate) use crate::core::Entry;
 use crate::error::{Error, Result};
@@ -75,11 +75,29 @@ pub(crate) struct Work {
     /// What `enqueues` cost, checked against the transaction size limit: each item's encoded
     /// size plus [`ITEM_OVERHEAD`].
     pub(crate) enqueued_bytes: usize,
+    /// Waiting dequeues of this transaction that joined a line and have not finished: their
+    /// queues and tickets. A `Dequeue` borrows its transaction mutably, so when the
+    /// transaction is used again every one of them is gone: dropped (and withdrawn already)
+    /// or leaked (`mem::forget`), in which case [`Work::withdraw_leaked`] withdraws it.
+    requests: SmallVec<[(Arc<QueueCore>, Ticket); 1]>,
 }
 
 impl Work {
     fn is_empty(&self) -> bool {
         self.enqueues.is_empty() && self.dequeued.is_empty()
+    }
+
+    /// Withdraws the requests of waiting dequeues whose futures are gone: an item handed to a
+    /// leaked one goes back to the front of its queue (or to the next waiter). Called by every
+    /// use of the transaction other than a waiting dequeue's own polls. Withdrawing a request
+    /// that was dropped properly does nothing.
+    pub(crate) fn withdraw_leaked(&mut self) {
+        if self.requests.is_empty() {
+            return;
+        }
+        for (core, ticket) in self.requests.drain(..) {
+            core.cancel_ticket(ticket);
+        }
     }
 }
 
@@ -104,6 +122,9 @@ impl QueueRef {
 pub(crate) struct Waiting<'a> {
     queue: &'a QueueRef,
     request: Request,
+    /// The ticket noted in the transaction's [`Work`], so that the transaction can withdraw
+    /// the request should this be leaked.
+    noted: Option<Ticket>,
 }
 
 impl Drop for Waiting<'_> {
@@ -263,6 +284,7 @@ impl Engine {
         work: &mut Work,
         bytes: Box<[u8]>,
     ) -> Result<()> {
+        work.withdraw_leaked();
         let limits = &*self.hot;
         debug_assert!(
             bytes.len() <= limits.max_item_size,
@@ -293,6 +315,7 @@ impl Engine {
         queue: &QueueRef,
         work: &'w mut Work,
     ) -> Result<Option<&'w Entry>> {
+        work.withdraw_leaked();
         self.check_open()?;
         Ok(queue.core.try_take().map(|entry| hold(work, queue, entry)))
     }
@@ -302,6 +325,7 @@ impl Engine {
         Waiting {
             queue,
             request: Request::default(),
+            noted: None,
         }
     }
 
@@ -318,7 +342,16 @@ impl Engine {
             return Poll::Ready(Err(e));
         }
         let queue = waiting.queue;
-        match queue.core.poll_take(&mut waiting.request, waker) {
+        let polled = queue.core.poll_take(&mut waiting.request, waker);
+        if polled.is_pending() {
+            if let (None, Some(ticket)) = (waiting.noted, waiting.request.ticket()) {
+                work.requests.push((Arc::clone(&queue.core), ticket));
+                waiting.noted = Some(ticket);
+            }
+        } else if let Some(ticket) = waiting.noted.take() {
+            work.requests.retain(|(_, t)| *t != ticket);
+        }
+        match polled {
             Poll::Ready(Ok(entry)) => Poll::Ready(Ok(hold(work, queue, entry))),
             Poll::Ready(Err(_closed)) => Poll::Ready(Err(Error::Closed)),
             Poll::Pending => Poll::Pending,
@@ -333,6 +366,9 @@ impl Engine {
         work: &'w mut Work,
     ) -> Option<&'w Entry> {
         let queue = waiting.queue;
+        if let Some(ticket) = waiting.noted.take() {
+            work.requests.retain(|(_, t)| *t != ticket);
+        }
         let entry = queue.core.withdraw(&mut waiting.request)?;
         Some(hold(work, queue, entry))
     }
@@ -368,6 +404,7 @@ impl Engine {
     /// Applies `work` where that needs no waiting, or hands it to the engine.
     #[inline]
     fn start_commit(&self, work: &mut Work) -> Committing {
+        work.withdraw_leaked();
         if let Err(e) = self.check_open() {
             abort(std::mem::take(work));
             return Committing::Done(Err(e));
@@ -458,7 +495,8 @@ fn hold<'w>(work: &'w mut Work, queue: &QueueRef, entry: Entry) -> &'w Entry {
 }
 
 /// Gives `work`'s dequeued items back; its enqueues are dropped.
-fn abort(work: Work) {
+fn abort(mut work: Work) {
+    work.withdraw_leaked();
     if !work.dequeued.is_empty() {
         restore_all(work.dequeued);
     }
