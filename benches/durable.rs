@@ -9,6 +9,9 @@
 //!   item + `commit().await` (every task both produces and consumes).
 //! - `durable/4p-4c/64-item-tx`: 4 producer threads commit 64-item enqueue transactions, 4
 //!   consumer threads commit 64-item dequeue transactions.
+//! - `buffered/16p-16c/1-item-tx`: the first workload under `Durability::Buffered` (flushed
+//!   and synced every 100 ms, the default), against persistent-queue over `SledStore` without
+//!   fsync (its `None` policy).
 //!
 //! Peers: `reliable-queue` (`Durability::Sync`, the default), `persistent-queue` over
 //! `SledStore` under its `Group` and its `Sync` policies, and sled used directly (one key per
@@ -72,6 +75,13 @@ fn durable(c: &mut Criterion) {
         threads(&mut group, &RawSled, producers, consumers, batch);
         group.finish();
     }
+
+    let mut group = c.benchmark_group("buffered/16p-16c/1-item-tx");
+    group.throughput(Throughput::Elements(1));
+    group.sampling_mode(SamplingMode::Flat);
+    threads(&mut group, &Ours::BUFFERED, 16, 16, 1);
+    threads(&mut group, &Pq::SLED_UNSYNCED, 16, 16, 1);
+    group.finish();
 
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

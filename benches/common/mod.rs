@@ -185,6 +185,10 @@ impl Ours {
     pub const SYNC: Ours = Ours {
         durability: Some(Durability::Sync),
     };
+    /// On disk, `Durability::Buffered` with the default flush interval (100 ms).
+    pub const BUFFERED: Ours = Ours {
+        durability: Some(Durability::Buffered),
+    };
 }
 
 /// [`Ours`] with plain `Vec<u8>` items instead of [`Payload`]s (each enqueue still builds its
@@ -257,7 +261,10 @@ impl<T> OursQueue<T> {
 impl Peer for Ours {
     type Queue = OursQueue;
     fn name(&self) -> &'static str {
-        "reliable-queue"
+        match self.durability {
+            Some(Durability::Buffered) => "reliable-queue-buffered",
+            _ => "reliable-queue",
+        }
     }
     fn open(&self, dir: &Path) -> OursQueue {
         OursQueue::open(self.durability, dir)
