@@ -321,7 +321,7 @@ impl fmt::Display for Error {
             } => {
                 write!(
                     f,
-                    "the log of store {} came back without records it held: ",
+                    "the log of store {} is missing records it had made durable: ",
                     path.display()
                 )?;
                 for (i, range) in missing.iter().enumerate() {

@@ -16,9 +16,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 
-use super::directory::{
-    close_after_failure, wait_until_released, BlobFiles, DirLock, DiskSync, BLOB_CANDIDATE,
-};
+use super::directory::{close_after_failure, wait_until_released, DirLock, DiskSync};
 use super::liveness::Liveness;
 use super::marks::{MarkedQueue, Marker};
 use super::record::{Bytes, Op, RecordBuilder};
@@ -333,7 +331,7 @@ impl Committer {
         let end = self.next_seq;
         let trees = self.usable()?;
         trees.db.flush()?;
-        self.storage.disk.sync_log()?;
+        self.storage.disk.sync_flushed()?;
         self.made_durable(end)
     }
 
@@ -385,18 +383,6 @@ impl Committer {
         Ok(())
     }
 
-    /// The blob files present now, if any of `sizes` may become one.
-    pub(super) fn blobs_before(
-        &self,
-        sizes: impl IntoIterator<Item = usize>,
-    ) -> Result<Option<BlobFiles>> {
-        if sizes.into_iter().any(|size| size >= BLOB_CANDIDATE) {
-            Ok(Some(self.storage.disk.blob_files()?))
-        } else {
-            Ok(None)
-        }
-    }
-
     /// Passes `result` on; a storage failure in it stops the store.
     fn sticky<T>(&mut self, result: Result<T>) -> Result<T> {
         if let Err(e @ (Error::Storage { .. } | Error::Damaged { .. })) = &result {
@@ -436,15 +422,12 @@ impl Committer {
             .collect();
         let end = seq + u64::try_from(records.len()).unwrap_or(u64::MAX);
         let written = self
-            .blobs_before(sizes.iter().map(|(_, bytes)| *bytes))
-            .and_then(|blobs| {
-                self.write(seq, records)?;
+            .write(seq, records)
+            .map_err(Error::from)
+            .and_then(|()| {
                 if self.durability == Durability::Sync {
                     self.storage.trees.db.flush()?;
-                    self.storage.disk.sync_log()?;
-                }
-                if let Some(before) = &blobs {
-                    self.storage.disk.sync_new_blobs(before)?;
+                    self.storage.disk.sync_flushed()?;
                 }
                 Ok(())
             });

@@ -27,7 +27,6 @@ impl Committer {
         let mut batch = sled::Batch::default();
         let mut changed = false;
         let mut moved_bytes = 0;
-        let mut largest = 0;
         while let Some(front) = self.liveness.front() {
             if front.is_last || front.seq >= self.delete_below {
                 break;
@@ -46,7 +45,6 @@ impl Committer {
             match self.rewrite_front(front.seq, &mut batch) {
                 Ok(bytes) => {
                     moved_bytes += u64::try_from(bytes).unwrap_or(u64::MAX);
-                    largest = largest.max(bytes);
                     changed = true;
                 }
                 Err(e) => {
@@ -58,15 +56,14 @@ impl Committer {
         }
         self.want_start(false);
         if changed {
-            // The batch becomes durable with the next group's flush; a record sled keeps as a
-            // file of its own must be synced here, since that flush does not cover it.
-            let applied = self.blobs_before([largest]).and_then(|blobs| {
-                self.storage.trees.log.apply_batch(batch)?;
-                if let Some(before) = &blobs {
-                    self.storage.disk.sync_new_blobs(before)?;
-                }
-                Ok(())
-            });
+            // The batch becomes durable with the next flush, which syncs any blob file it
+            // made as well.
+            let applied = self
+                .storage
+                .trees
+                .log
+                .apply_batch(batch)
+                .map_err(Error::from);
             if let Err(e) = applied {
                 tracing::error!(error = %e, "compaction failed; the store stops writing");
                 self.stop(&e);

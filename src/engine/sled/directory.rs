@@ -668,45 +668,50 @@ pub(crate) fn close_after_failure(trees: Trees) {
     }
 }
 
-/// Records larger than this may be stored by sled as a file of their own in `blobs/` (sled's
-/// threshold is a quarter of its 512 KiB segment, less headers; this stays below it).
-pub(crate) const BLOB_CANDIDATE: usize = 96 << 10;
-
 /// Makes what sled wrote durable past the disk's write cache.
 ///
 /// sled 0.34's `Db::flush` writes its log with `pwrite` and `sync_file_range`: the pages reach
 /// the device, but its write cache is not flushed and a grown file's new size is not committed,
 /// so a power loss could still lose them. It never syncs the files in which it keeps large
-/// values (`blobs/`) either. After sled's flush the committer calls [`DiskSync::sync_log`], which
-/// adds the missing `fdatasync` of the log file; for groups with a large record the committer
-/// also syncs every new blob file and the blob directory.
+/// values and large tree nodes (`blobs/`) either, although its log points at them: a power
+/// cut after the log is durable and before a blob file is would leave the log pointing at an
+/// empty file (found with LazyFS: sled then stops its recovery there). So after every sled
+/// flush the committer calls [`DiskSync::sync_flushed`]: every blob file created since the
+/// last call is synced, then the blob directory, and only then the log file (`fdatasync`), so
+/// that the log never becomes durable before what it points at.
 #[derive(Debug)]
 pub(crate) struct DiskSync {
     db: File,
     blobs: std::path::PathBuf,
+    /// The blob files known durable: those present at open (synced then) and those synced
+    /// since.
+    synced: crate::sync::process::Mutex<BlobFiles>,
 }
 
-/// Names of the files in sled's blob directory before a large record was written.
-pub(crate) type BlobFiles = std::collections::HashSet<std::ffi::OsString>;
+/// Names of files in sled's blob directory.
+type BlobFiles = std::collections::HashSet<std::ffi::OsString>;
 
 impl DiskSync {
-    /// Opens sled's log file of the store in `path`, and makes the directory's entries (the
-    /// files sled created) durable.
+    /// Opens sled's log file of the store in `path`, syncs every blob file there (a process
+    /// that crashed may have left some that never were), and makes the directory's entries
+    /// (the files sled created) durable.
     pub(crate) fn open(path: &Path) -> Result<Self> {
         let db = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
             .open(path.join("db"))?;
-        File::open(path)?.sync_all()?;
-        Ok(DiskSync {
+        let disk = DiskSync {
             db,
             blobs: path.join("blobs"),
-        })
+            synced: crate::sync::process::Mutex::new(BlobFiles::new()),
+        };
+        disk.sync_new_blobs()?;
+        File::open(path)?.sync_all()?;
+        Ok(disk)
     }
 
-    /// The blob files present now (call before writing a record of [`BLOB_CANDIDATE`] bytes
-    /// or more).
-    pub(crate) fn blob_files(&self) -> std::io::Result<BlobFiles> {
+    /// The blob files present now.
+    fn blob_files(&self) -> std::io::Result<BlobFiles> {
         match std::fs::read_dir(&self.blobs) {
             Ok(entries) => entries.map(|e| e.map(|e| e.file_name())).collect(),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(BlobFiles::new()),
@@ -714,23 +719,33 @@ impl DiskSync {
         }
     }
 
-    /// Syncs the blob files created since `before` was taken, and the blob directory.
-    pub(crate) fn sync_new_blobs(&self, before: &BlobFiles) -> std::io::Result<()> {
+    /// Syncs the blob files not synced yet, then the blob directory if there were any.
+    /// Files sled removed are forgotten.
+    fn sync_new_blobs(&self) -> std::io::Result<()> {
+        let now = self.blob_files()?;
+        let mut synced = self.synced.lock();
         let mut new = false;
-        for name in self.blob_files()? {
-            if !before.contains(&name) {
-                File::open(self.blobs.join(&name))?.sync_all()?;
+        for name in &now {
+            if !synced.contains(name) {
+                match File::open(self.blobs.join(name)) {
+                    Ok(file) => file.sync_all()?,
+                    // Removed by sled between the listing and now: nothing to sync.
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                    Err(e) => return Err(e),
+                }
                 new = true;
             }
         }
         if new {
             File::open(&self.blobs)?.sync_all()?;
         }
+        *synced = now;
         Ok(())
     }
 
-    /// Syncs sled's log file: after `Db::flush`, this is what makes it durable.
-    pub(crate) fn sync_log(&self) -> std::io::Result<()> {
+    /// After `Db::flush`: makes what it wrote durable, blob files first, then the log file.
+    pub(crate) fn sync_flushed(&self) -> std::io::Result<()> {
+        self.sync_new_blobs()?;
         self.db.sync_data()
     }
 }

@@ -97,7 +97,7 @@ impl Sled {
         if !trees::keeps_marks(&trees.meta)? {
             trees::set_keeps_marks(&trees.meta)?;
             trees.db.flush()?;
-            disk.sync_log()?;
+            disk.sync_flushed()?;
         }
         let marker = Marker::start(file, mark)?;
         let catalog = Catalog::recovered(queues, fences, set_aside, missing);

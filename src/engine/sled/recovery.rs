@@ -152,7 +152,7 @@ pub(crate) fn recover(trees: &Trees, disk: &DiskSync, opening: Opening<'_>) -> R
     }
     if !restored.is_empty() || !salvaged.is_empty() {
         trees.db.flush()?;
-        disk.sync_log()?;
+        disk.sync_flushed()?;
     }
     set_aside(trees, disk, &known, newly_bad)?;
 
@@ -503,11 +503,11 @@ fn set_aside(trees: &Trees, disk: &DiskSync, known: &[QueueId], bad: Vec<Bad>) -
         }
     }
     trees.db.flush()?;
-    disk.sync_log()?;
+    disk.sync_flushed()?;
     for (key, ..) in bad {
         trees.log.remove(key)?;
     }
     trees.db.flush()?;
-    disk.sync_log()?;
+    disk.sync_flushed()?;
     Ok(())
 }
