@@ -599,7 +599,28 @@ pub(crate) fn complete_torn_sled_config(path: &Path, allow_shared: bool) -> Resu
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => true,
         Err(e) => return Err(e.into()),
     };
-    if !settings_only || !stored_nothing {
+    if !stored_nothing {
+        return Ok(());
+    }
+    if !settings_only {
+        // Nothing was ever stored: a `conf` that is not sled's settings with their checksum
+        // is what a power cut during the first open leaves (sled never syncs the file; the
+        // store syncs it once sled has opened). Removed, sled writes it again. With a
+        // snapshot beside it the store did hold data, and the damage is reported instead.
+        let checksum_ok = text.len() > 4 && {
+            let (body, crc) = text.split_at(text.len() - 4);
+            crc32fast::hash(body).to_le_bytes()[..] == *crc
+        };
+        let snapshot = std::fs::read_dir(path)?
+            .filter_map(|entry| entry.ok())
+            .any(|entry| entry.file_name().to_string_lossy().starts_with("snap."));
+        if text.len() > 8 && !checksum_ok && !snapshot {
+            tracing::warn!(
+                ?path,
+                "removing sled's configuration file, cut short before anything was stored"
+            );
+            std::fs::remove_file(&conf)?;
+        }
         return Ok(());
     }
     tracing::warn!(
@@ -706,6 +727,12 @@ impl DiskSync {
             synced: crate::sync::process::Mutex::new(BlobFiles::new()),
         };
         disk.sync_new_blobs()?;
+        // sled never syncs its settings file: once, here, so that a power cut cannot take it.
+        match File::open(path.join("conf")) {
+            Ok(conf) => conf.sync_all()?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e.into()),
+        }
         File::open(path)?.sync_all()?;
         Ok(disk)
     }
