@@ -101,7 +101,7 @@ fn first_state(path: &Path) {
 
 /// An older copy of the store's log put back under a newer mark (a backup restored over part
 /// of the store, or a disk that lost recent writes): the records written since are missing,
-/// the error names them and the queues, nothing is changed, and a salvaging open fences the
+/// the error names them and the queues, the refusal is repeatable, and a salvaging open fences the
 /// queues, reports the ranges and becomes the new starting point.
 #[test]
 fn an_older_log_under_a_newer_mark_is_refused_then_salvaged() {

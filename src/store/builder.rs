@@ -215,8 +215,10 @@ impl Builder {
     /// ([`Store::missing_records`](crate::Store::missing_records)) and takes what is left as
     /// the new starting point: the next open opens it plainly, with those queues still fenced.
     ///
-    /// Off by default: without it such a store is refused and nothing in it is changed, so it
-    /// can still be restored from a backup. A healthy store opens the same either way.
+    /// Off by default: without it such a store is refused and the store writes nothing to it
+    /// (sled's own recovery, which runs first, may already have cut its log at the damage:
+    /// to restore from a backup, replace the whole directory). A healthy store opens the same
+    /// either way.
     ///
     /// # Examples
     ///

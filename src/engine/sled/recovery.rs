@@ -55,8 +55,9 @@ pub(crate) struct Opening<'a> {
 }
 
 /// Replays the log, after checking it against the mark (see `marks`). Bad records are set
-/// aside as described in the module docs. Nothing is written before the checks pass: a store
-/// refused with [`Error::MissingRecords`] or [`Error::Damaged`] is left as it was.
+/// aside as described in the module docs. The store writes nothing before the checks pass
+/// (sled's own recovery, which ran before, may have cut its log at the damage and removed blob
+/// files past it; that is sled's, and cannot be prevented from here).
 pub(crate) fn recover(trees: &Trees, disk: &DiskSync, opening: Opening<'_>) -> Result<Recovered> {
     let fresh = trees.meta.is_empty() && trees.log.is_empty();
     if !fresh {
