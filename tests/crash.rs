@@ -121,18 +121,24 @@ fn a_recovered_store_reopens_at_once_after_close() {
     assert!(failures.is_empty(), "{failures:#?}");
 }
 
+/// An empty store directory, owner-only as the store makes it (it refuses a directory open
+/// to others), in a temporary directory that lives as long as the guard.
+fn empty_store_dir() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().expect("create a temporary directory");
+    let path = dir.path().join("store");
+    std::fs::create_dir_all(&path).expect("create the store directory");
+    #[cfg(unix)]
+    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o700))
+        .expect("make the store directory owner-only");
+    (dir, path)
+}
+
 /// A kill during the very first open of a directory, between sled's two writes of its
 /// settings file (the text, then its checksum), leaves a directory that opens. The crash cycles
 /// below find this now and then; here it is made on purpose.
 #[test]
 fn a_store_killed_in_its_first_open_opens() {
-    let dir = tempfile::tempdir().expect("create a temporary directory");
-    let path = dir.path().join("store");
-    std::fs::create_dir_all(&path).expect("create the store directory");
-    // Owner-only, as the store makes it (it refuses a directory open to others).
-    #[cfg(unix)]
-    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o700))
-        .expect("make the store directory owner-only");
+    let (_dir, path) = empty_store_dir();
     // What sled 0.34.7 had written when the kill came: its settings, without their checksum.
     let settings = "segment_size: 524288\nuse_compression: false\nversion: 0.34\n";
     std::fs::write(path.join("conf"), settings).expect("write the settings");
@@ -159,12 +165,7 @@ fn a_first_open_cut_by_a_power_loss_opens() {
     let mut full = settings.as_bytes().to_vec();
     full.extend_from_slice(&crc32fast::hash(settings.as_bytes()).to_le_bytes());
     for cut in 9..full.len() {
-        let dir = tempfile::tempdir().expect("create a temporary directory");
-        let path = dir.path().join("store");
-        std::fs::create_dir_all(&path).expect("create the store directory");
-        #[cfg(unix)]
-        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o700))
-            .expect("make the store directory owner-only");
+        let (_dir, path) = empty_store_dir();
         std::fs::write(path.join("conf"), &full[..cut]).expect("write the settings");
         std::fs::write(path.join("db"), b"").expect("an empty log");
         let store = open_store(&path, Durability::Sync)

@@ -11,114 +11,16 @@
 mod common;
 
 use std::future::{poll_fn, Future};
-use std::path::PathBuf;
 use std::pin::{pin, Pin};
 use std::task::{Context, Poll, Waker};
-use std::time::{Duration, Instant};
 
-use common::{drain, temp_dir};
-use reliable_queue::{ReliableConcurrentQueue, Store, Transaction};
+use common::drain;
+use reliable_queue::{Store, Transaction};
 
-type Queue = ReliableConcurrentQueue<u64>;
-
-/// How long any single scenario may take before it counts as hung.
-const SCENARIO_LIMIT: Duration = Duration::from_secs(120);
-/// How long to wait for consumers to register before counting it as a failure.
-const REGISTRATION_LIMIT: Duration = Duration::from_secs(30);
-
-/// Where a scenario's store lives.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    Memory,
-    Disk,
-}
-
-/// A store with one queue, and the directory behind it when on disk.
-struct Fixture {
-    store: Store,
-    q: Queue,
-    path: Option<PathBuf>,
-    _dir: Option<tempfile::TempDir>,
-}
-
-impl Fixture {
-    fn new(kind: Kind) -> Fixture {
-        let (dir, path, store) = match kind {
-            Kind::Memory => (None, None, Store::in_memory().expect("in-memory store")),
-            Kind::Disk => {
-                let (dir, path) = temp_dir();
-                let store = Store::open(&path).expect("open the store");
-                (Some(dir), Some(path), store)
-            }
-        };
-        let q = store.blocking_queue::<u64>("jobs").expect("open the queue");
-        Fixture {
-            store,
-            q,
-            path,
-            _dir: dir,
-        }
-    }
-
-    fn commit(&self, items: &[u64]) {
-        let mut tx = self.store.begin();
-        for &item in items {
-            self.q.enqueue(&mut tx, item).expect("enqueue");
-        }
-        tx.blocking_commit().expect("commit");
-    }
-
-    async fn commit_async(&self, items: &[u64]) {
-        let mut tx = self.store.begin();
-        for &item in items {
-            self.q.enqueue(&mut tx, item).expect("enqueue");
-        }
-        tx.commit().await.expect("commit");
-    }
-
-    /// `(count(), waiters())`.
-    fn state(&self) -> (u64, usize) {
-        (self.q.blocking_count().expect("count"), self.q.waiters())
-    }
-}
-
-/// Runs an async scenario on a two-worker runtime, once per store kind.
-macro_rules! on_both_stores_async {
-    ($($name:ident),* $(,)?) => {$(
-        mod $name {
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn in_memory() {
-                tokio::time::timeout(super::SCENARIO_LIMIT, super::$name(super::Kind::Memory))
-                    .await
-                    .expect("the scenario did not finish in time");
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn on_disk() {
-                tokio::time::timeout(super::SCENARIO_LIMIT, super::$name(super::Kind::Disk))
-                    .await
-                    .expect("the scenario did not finish in time");
-            }
-        }
-    )*};
-}
-
-/// Runs a blocking scenario on the test thread, once per store kind.
-macro_rules! on_both_stores {
-    ($($name:ident),* $(,)?) => {$(
-        mod $name {
-            #[test]
-            fn in_memory() {
-                super::$name(super::Kind::Memory);
-            }
-
-            #[test]
-            fn on_disk() {
-                super::$name(super::Kind::Disk);
-            }
-        }
-    )*};
-}
+use common::scenarios::{
+    spawn_blocking_waiter, spawn_waiter, until_waiters, until_waiters_blocking, Fixture, Kind,
+    Queue, SCENARIO_LIMIT,
+};
 
 on_both_stores_async!(
     leaked_dequeue_loses_its_item_to_the_second_miss,
@@ -156,54 +58,6 @@ async fn leak_waiting_dequeue_in_task(q: &Queue, tx: &mut Transaction) {
     let first = poll_fn(|cx| Poll::Ready(Pin::new(&mut dequeue).poll(cx))).await;
     assert!(first.is_pending(), "the queue is empty: the dequeue waits");
     std::mem::forget(dequeue);
-}
-
-/// Waits, yielding, until `n` consumers are registered on `q`.
-async fn until_waiters(q: &Queue, n: usize) {
-    let start = Instant::now();
-    while q.waiters() < n {
-        assert!(
-            start.elapsed() < REGISTRATION_LIMIT,
-            "{} of {n} consumers registered",
-            q.waiters()
-        );
-        tokio::task::yield_now().await;
-    }
-}
-
-/// Blocking version of [`until_waiters`], for consumers on threads.
-fn until_waiters_blocking(q: &Queue, n: usize) {
-    let start = Instant::now();
-    while q.waiters() < n {
-        assert!(
-            start.elapsed() < REGISTRATION_LIMIT,
-            "{} of {n} consumers registered",
-            q.waiters()
-        );
-        std::thread::yield_now();
-    }
-}
-
-/// Spawns a consumer task that waits in `dequeue` and commits what it gets.
-fn spawn_waiter(f: &Fixture) -> tokio::task::JoinHandle<u64> {
-    let (store, q) = (f.store.clone(), f.q.clone());
-    tokio::spawn(async move {
-        let mut tx = store.begin();
-        let item = q.dequeue(&mut tx).await.expect("dequeue");
-        tx.commit().await.expect("commit the dequeue");
-        item
-    })
-}
-
-/// Spawns a consumer thread that waits in `blocking_dequeue` and commits what it gets.
-fn spawn_blocking_waiter(f: &Fixture) -> std::thread::JoinHandle<u64> {
-    let (store, q) = (f.store.clone(), f.q.clone());
-    std::thread::spawn(move || {
-        let mut tx = store.begin();
-        let item = q.blocking_dequeue(&mut tx).expect("blocking_dequeue");
-        tx.blocking_commit().expect("commit the dequeue");
-        item
-    })
 }
 
 /// Asserts that `seen` holds each of `expected` exactly once, and nothing else.
@@ -469,18 +323,7 @@ fn leaked_dequeue_handed_an_item_later_loses_it_too(kind: Kind) {
 /// so nobody misses: the item handed to the leaked request goes to the next waiter as soon as
 /// the leaked request's transaction ends (dropped here), without any other dequeue attempt.
 fn leaked_dequeue_gives_its_item_back_when_its_transaction_ends(kind: Kind) {
-    let f = Fixture::new(kind);
-    let mut leaked_tx = f.store.begin();
-    leak_waiting_dequeue(&f.q, &mut leaked_tx);
-    let waiter = spawn_blocking_waiter(&f);
-    until_waiters_blocking(&f.q, 2);
-
-    f.commit(&[1]);
-    assert_eq!(
-        f.state(),
-        (0, 1),
-        "handed to the leaked request, the waiter still waits"
-    );
+    let (f, leaked_tx, waiter) = item_handed_to_a_leaked_request_first_in_line(kind);
     drop(leaked_tx);
     assert_eq!(
         waiter.join().expect("the waiter"),
@@ -494,18 +337,7 @@ fn leaked_dequeue_gives_its_item_back_when_its_transaction_ends(kind: Kind) {
 /// As above, the transaction used again instead of dropped: any use of it (here an enqueue)
 /// withdraws the leaked request first.
 fn leaked_dequeue_gives_its_item_back_when_its_transaction_is_used_again(kind: Kind) {
-    let f = Fixture::new(kind);
-    let mut leaked_tx = f.store.begin();
-    leak_waiting_dequeue(&f.q, &mut leaked_tx);
-    let waiter = spawn_blocking_waiter(&f);
-    until_waiters_blocking(&f.q, 2);
-
-    f.commit(&[1]);
-    assert_eq!(
-        f.state(),
-        (0, 1),
-        "handed to the leaked request, the waiter still waits"
-    );
+    let (f, mut leaked_tx, waiter) = item_handed_to_a_leaked_request_first_in_line(kind);
     f.q.enqueue(&mut leaked_tx, 2).expect("enqueue");
     assert_eq!(
         waiter.join().expect("the waiter"),
@@ -515,4 +347,23 @@ fn leaked_dequeue_gives_its_item_back_when_its_transaction_is_used_again(kind: K
     leaked_tx.blocking_commit().expect("commit");
     assert_eq!(f.state(), (1, 0));
     check_after_reopen(f, &[2]);
+}
+
+/// A leaked request first in line with its transaction, a blocking waiter asleep behind it,
+/// and item 1 committed and handed to the leaked request.
+fn item_handed_to_a_leaked_request_first_in_line(
+    kind: Kind,
+) -> (Fixture, Transaction, std::thread::JoinHandle<u64>) {
+    let f = Fixture::new(kind);
+    let mut leaked_tx = f.store.begin();
+    leak_waiting_dequeue(&f.q, &mut leaked_tx);
+    let waiter = spawn_blocking_waiter(&f);
+    until_waiters_blocking(&f.q, 2);
+    f.commit(&[1]);
+    assert_eq!(
+        f.state(),
+        (0, 1),
+        "handed to the leaked request, the waiter still waits"
+    );
+    (f, leaked_tx, waiter)
 }

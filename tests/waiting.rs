@@ -7,112 +7,19 @@ mod common;
 
 use std::collections::BTreeSet;
 use std::future::Future;
-use std::path::PathBuf;
 use std::pin::pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
-use common::{drain, temp_dir, TotalQueue};
+use common::{drain, TotalQueue};
 use rand::Rng;
-use reliable_queue::{ReliableConcurrentQueue, Store};
+use reliable_queue::Store;
 
-type Queue = ReliableConcurrentQueue<u64>;
-
-/// How long any single scenario may take before it counts as hung.
-const SCENARIO_LIMIT: Duration = Duration::from_secs(120);
-/// How long to wait for consumers to register before counting it as a failure.
-const REGISTRATION_LIMIT: Duration = Duration::from_secs(30);
-
-/// Where a scenario's store lives.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    Memory,
-    Disk,
-}
-
-/// A store with one queue, and the directory behind it when on disk.
-struct Fixture {
-    store: Store,
-    q: Queue,
-    path: Option<PathBuf>,
-    _dir: Option<tempfile::TempDir>,
-}
-
-impl Fixture {
-    fn new(kind: Kind) -> Fixture {
-        let (dir, path, store) = match kind {
-            Kind::Memory => (None, None, Store::in_memory().expect("in-memory store")),
-            Kind::Disk => {
-                let (dir, path) = temp_dir();
-                let store = Store::open(&path).expect("open the store");
-                (Some(dir), Some(path), store)
-            }
-        };
-        let q = store.blocking_queue::<u64>("jobs").expect("open the queue");
-        Fixture {
-            store,
-            q,
-            path,
-            _dir: dir,
-        }
-    }
-
-    fn commit(&self, items: &[u64]) {
-        let mut tx = self.store.begin();
-        for &item in items {
-            self.q.enqueue(&mut tx, item).expect("enqueue");
-        }
-        tx.blocking_commit().expect("commit");
-    }
-
-    async fn commit_async(&self, items: &[u64]) {
-        let mut tx = self.store.begin();
-        for &item in items {
-            self.q.enqueue(&mut tx, item).expect("enqueue");
-        }
-        tx.commit().await.expect("commit");
-    }
-}
-
-/// Runs an async scenario on a two-worker runtime, once per store kind.
-macro_rules! on_both_stores_async {
-    ($($name:ident),* $(,)?) => {$(
-        mod $name {
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn in_memory() {
-                tokio::time::timeout(super::SCENARIO_LIMIT, super::$name(super::Kind::Memory))
-                    .await
-                    .expect("the scenario did not finish in time");
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn on_disk() {
-                tokio::time::timeout(super::SCENARIO_LIMIT, super::$name(super::Kind::Disk))
-                    .await
-                    .expect("the scenario did not finish in time");
-            }
-        }
-    )*};
-}
-
-/// Runs a blocking scenario on the test thread, once per store kind.
-macro_rules! on_both_stores {
-    ($($name:ident),* $(,)?) => {$(
-        mod $name {
-            #[test]
-            fn in_memory() {
-                super::$name(super::Kind::Memory);
-            }
-
-            #[test]
-            fn on_disk() {
-                super::$name(super::Kind::Disk);
-            }
-        }
-    )*};
-}
+use common::scenarios::{
+    spawn_waiter, until_waiters, until_waiters_blocking, Fixture, Kind, SCENARIO_LIMIT,
+};
 
 on_both_stores_async!(
     waiter_is_woken_by_commit,
@@ -128,43 +35,6 @@ on_both_stores!(
     blocking_dequeue_timeout_gives_up,
     blocking_dequeue_timeout_is_woken_by_commit,
 );
-
-/// Waits, yielding, until `n` consumers are registered on `q`.
-async fn until_waiters(q: &Queue, n: usize) {
-    let start = Instant::now();
-    while q.waiters() < n {
-        assert!(
-            start.elapsed() < REGISTRATION_LIMIT,
-            "{} of {n} consumers registered",
-            q.waiters()
-        );
-        tokio::task::yield_now().await;
-    }
-}
-
-/// Blocking version of [`until_waiters`], for consumers on threads.
-fn until_waiters_blocking(q: &Queue, n: usize) {
-    let start = Instant::now();
-    while q.waiters() < n {
-        assert!(
-            start.elapsed() < REGISTRATION_LIMIT,
-            "{} of {n} consumers registered",
-            q.waiters()
-        );
-        std::thread::yield_now();
-    }
-}
-
-/// Spawns a consumer task that waits in `dequeue` and commits what it gets.
-fn spawn_waiter(f: &Fixture) -> tokio::task::JoinHandle<u64> {
-    let (store, q) = (f.store.clone(), f.q.clone());
-    tokio::spawn(async move {
-        let mut tx = store.begin();
-        let item = q.dequeue(&mut tx).await.expect("dequeue");
-        tx.commit().await.expect("commit the dequeue");
-        item
-    })
-}
 
 async fn waiter_is_woken_by_commit(kind: Kind) {
     let f = Fixture::new(kind);

@@ -4,6 +4,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
+pub mod scenarios;
+
 use reliable_queue::{ReliableConcurrentQueue, Store};
 use serde::de::DeserializeOwned;
 use serde::Serialize;

@@ -50,8 +50,8 @@ fn create_dir(path: &Path) -> std::io::Result<()> {
 /// creates it (owner-only) if missing, then refuses, with [`Error::UnsafeDirectory`]:
 ///
 /// - a path that is not a directory, or whose last component is a symbolic link;
-/// - sled's files in it (`db`, `conf`, `blobs`, `snap.*`) or the files in `blobs/` when one is
-///   a symbolic link: sled opens them by name for writing, so a planted link would make it
+/// - sled's files in it (`db`, `conf`, `blobs`, `snap.*`), the store's `marks`, or the files
+///   in `blobs/` when one is a symbolic link: they are opened by name for writing, so a planted link would make it
 ///   write wherever the link points (a root process overwrote a root-only file that way);
 /// - on Unix, unless `allow_shared` ([`Builder::allow_shared_directory`]): a directory owned
 ///   by another user than the process's effective user, or whose mode gives its group or
@@ -111,7 +111,7 @@ pub(crate) fn prepare_dir(path: &Path, allow_shared: bool) -> Result<()> {
     for entry in std::fs::read_dir(path)? {
         let entry = entry?;
         let name = entry.file_name();
-        let sleds = name == "db" || name == "conf" || name == "blobs";
+        let sleds = name == "db" || name == "conf" || name == "blobs" || name == super::marks::FILE;
         if !sleds && !name.to_string_lossy().starts_with("snap.") {
             continue;
         }
@@ -139,7 +139,7 @@ pub(crate) fn prepare_dir(path: &Path, allow_shared: bool) -> Result<()> {
 /// A process that made itself non-dumpable (`prctl(PR_SET_DUMPABLE, 0)`, or a set-user-id
 /// program) sees `/proc/self` owned by root instead: such a process must open its store with
 /// [`Builder::allow_shared_directory`](crate::Builder::allow_shared_directory) unless it runs
-/// as root. (std has no safe `geteuid`, and this crate forbids `unsafe`.)
+/// as root. (std offers no `geteuid` of its own, and this crate calls no C functions.)
 #[cfg(unix)]
 fn effective_uid() -> Option<u32> {
     use std::os::unix::fs::MetadataExt;
@@ -274,6 +274,25 @@ fn check_sled_config(dir: &Path) -> Result<()> {
     })
 }
 
+/// The name of the newest complete snapshot sled wrote in `dir`, if any. sled writes one
+/// (never one at position 0) only once its log holds something, and renames it from
+/// `.generating` once complete.
+fn complete_snapshot(dir: &Path) -> std::io::Result<Option<String>> {
+    Ok(std::fs::read_dir(dir)?
+        .filter_map(|entry| entry.ok())
+        .map(|entry| entry.file_name().to_string_lossy().into_owned())
+        .filter(|name| {
+            name.starts_with("snap.")
+                && !name.ends_with(".generating")
+                && !name.ends_with(".in___motion")
+                && !name
+                    .trim_start_matches("snap.")
+                    .trim_start_matches('0')
+                    .is_empty()
+        })
+        .max())
+}
+
 /// Refuses, as [`Error::Damaged`], a store in `dir` whose log file `db` is missing or empty
 /// while sled's snapshot of that log is there: the log was deleted, truncated or replaced.
 ///
@@ -291,22 +310,7 @@ fn check_sled_log(dir: &Path) -> Result<()> {
     if !missing {
         return Ok(());
     }
-    // sled writes a snapshot (never one at position 0) only once its log holds something,
-    // and renames it from `.generating` once complete.
-    let snapshot = std::fs::read_dir(dir)
-        .map_err(|e| Error::from(e).at(dir))?
-        .filter_map(|entry| entry.ok())
-        .map(|entry| entry.file_name().to_string_lossy().into_owned())
-        .filter(|name| {
-            name.starts_with("snap.")
-                && !name.ends_with(".generating")
-                && !name.ends_with(".in___motion")
-                && !name
-                    .trim_start_matches("snap.")
-                    .trim_start_matches('0')
-                    .is_empty()
-        })
-        .max();
+    let snapshot = complete_snapshot(dir).map_err(|e| Error::from(e).at(dir))?;
     let Some(snapshot) = snapshot else {
         return Ok(());
     };
@@ -611,10 +615,7 @@ pub(crate) fn complete_torn_sled_config(path: &Path, allow_shared: bool) -> Resu
             let (body, crc) = text.split_at(text.len() - 4);
             crc32fast::hash(body).to_le_bytes()[..] == *crc
         };
-        let snapshot = std::fs::read_dir(path)?
-            .filter_map(|entry| entry.ok())
-            .any(|entry| entry.file_name().to_string_lossy().starts_with("snap."));
-        if text.len() > 8 && !checksum_ok && !snapshot {
+        if text.len() > 8 && !checksum_ok && complete_snapshot(path)?.is_none() {
             tracing::warn!(
                 ?path,
                 "removing sled's configuration file, cut short before anything was stored"

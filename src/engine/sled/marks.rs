@@ -48,7 +48,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use crate::core::QueueId;
-use crate::error::{DirectoryProblem, Error, Result};
+use crate::error::{Error, Result};
 use crate::sync::process::{Condvar, Mutex};
 
 /// The file's name in the store's directory.
@@ -114,23 +114,10 @@ fn io_at(e: std::io::Error, path: &Path) -> Error {
     Error::storage(e).at(path)
 }
 
-/// Refuses a symbolic link where the file should be: the store follows none.
-fn refuse_symlink(path: &Path) -> Result<()> {
-    match std::fs::symlink_metadata(path) {
-        Ok(meta) if meta.file_type().is_symlink() => Err(Error::UnsafeDirectory {
-            path: path.to_path_buf(),
-            problem: DirectoryProblem::Symlink,
-        }),
-        Ok(_) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(io_at(e, path)),
-    }
-}
-
 /// Reads the marks file of the store in `dir`.
 pub(crate) fn read(dir: &Path) -> Result<Found> {
+    // `prepare_dir` refused a symbolic link in its place.
     let path = dir.join(FILE);
-    refuse_symlink(&path)?;
     let bytes = match std::fs::read(&path) {
         Ok(bytes) => bytes,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Found::Absent),
@@ -259,7 +246,6 @@ impl MarksFile {
         };
         let path = dir.join(FILE);
         let new = dir.join(NEW_FILE);
-        refuse_symlink(&path)?;
         let at = |e: std::io::Error| io_at(e, &new);
         match std::fs::remove_file(&new) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(at(e)),
@@ -275,6 +261,7 @@ impl MarksFile {
         std::io::Write::write_all(&mut file, &slot).map_err(at)?;
         std::io::Write::write_all(&mut file, &slot).map_err(at)?;
         file.sync_all().map_err(at)?;
+        // A rename replaces whatever is at `path`, a symbolic link included, without following it.
         std::fs::rename(&new, &path).map_err(at)?;
         File::open(dir)
             .and_then(|d| d.sync_all())
