@@ -51,6 +51,8 @@ pub(crate) struct Config {
     /// Open a store whose log came back without records it held, fencing the queues they may
     /// have touched; see [`Builder::salvage`](crate::Builder::salvage).
     pub(crate) salvage: bool,
+    /// The store's clock: the real one, or a test's [`ManualClock`](crate::ManualClock).
+    pub(crate) clock: crate::clock::Clock,
 }
 
 /// Default limit on one encoded item: 4 MiB.
@@ -75,6 +77,7 @@ impl Default for Config {
             compaction_floor: 16 << 20,
             allow_shared_directory: false,
             salvage: false,
+            clock: crate::clock::Clock::default(),
         }
     }
 }

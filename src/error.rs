@@ -199,6 +199,42 @@ pub enum Error {
         detail: String,
     },
 
+    /// An argument is out of range: a zero or too long lease time, a delay past what the
+    /// clock can count, a time before the Unix epoch. Nothing was done.
+    InvalidArgument {
+        /// The argument, as the method names it.
+        argument: &'static str,
+        /// Its allowed range.
+        expected: &'static str,
+    },
+
+    /// The lease ended before it was settled: its deadline passed (the item went back to its
+    /// queue, or to its dead letters), or it was settled already. Nothing was done; when the
+    /// lease was acknowledged in a transaction, the whole commit failed and nothing of it
+    /// applied. The item is someone else's to process now.
+    LeaseExpired {
+        /// The item's queue.
+        queue: String,
+        /// The lease's fencing token.
+        token: u64,
+    },
+
+    /// A lease, a dead letter or a transaction of one store was used with another store.
+    /// Nothing was done.
+    ForeignHandle {
+        /// What was passed.
+        what: &'static str,
+    },
+
+    /// A dead letter asked for by id is not among the queue's dead letters (it was never
+    /// one, or it was replayed or purged since). Nothing was done.
+    NotDeadLetter {
+        /// The queue.
+        queue: String,
+        /// The id asked for.
+        id: u64,
+    },
+
     /// An internal invariant did not hold: a bug in this crate. The operation was not
     /// applied. Please report it with the message.
     Bug {
@@ -281,6 +317,19 @@ impl fmt::Display for Error {
                 "queue {queue:?} belongs to another store than the transaction"
             ),
             Error::Closed => f.write_str("store is closed"),
+            Error::InvalidArgument { argument, expected } => {
+                write!(f, "invalid argument `{argument}`: expected {expected}")
+            }
+            Error::LeaseExpired { queue, token } => write!(
+                f,
+                "lease {token} on queue {queue:?} has ended (expired or settled); nothing was done"
+            ),
+            Error::ForeignHandle { what } => {
+                write!(f, "{what} belongs to another store; nothing was done")
+            }
+            Error::NotDeadLetter { queue, id } => {
+                write!(f, "item {id} is not a dead letter of queue {queue:?}")
+            }
             Error::AlreadyOpen { path } => {
                 write!(f, "store directory {} is already open", path.display())
             }

@@ -69,21 +69,29 @@
     clippy::cast_lossless
 )]
 
+mod clock;
 mod codec;
 mod config;
 mod core;
 mod dequeue;
 mod engine;
 mod error;
+mod lease;
+mod processing;
 mod queue;
 mod store;
 mod sync;
 mod transaction;
 
+pub use crate::clock::ManualClock;
 pub use crate::config::Durability;
 pub use crate::dequeue::Dequeue;
 pub use crate::engine::SetAsideRecord;
 pub use crate::error::{DirectoryProblem, Error, Result};
+pub use crate::lease::{Failed, Lease};
+pub use crate::processing::{
+    BrowsedItem, DeadLetter, ItemState, QueueStats, Replay, RetryPolicy, MAX_DELAY, MAX_TTL,
+};
 pub use crate::queue::ReliableConcurrentQueue;
 pub use crate::store::Builder;
 pub use crate::store::Store;

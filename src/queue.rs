@@ -75,6 +75,10 @@ impl<T> ReliableConcurrentQueue<T> {
         &self.engine
     }
 
+    pub(crate) fn engine_arc(&self) -> &Arc<Engine> {
+        &self.engine
+    }
+
     pub(crate) fn queue_ref(&self) -> &QueueRef {
         &self.queue
     }

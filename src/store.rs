@@ -115,7 +115,7 @@ impl Store {
 
     pub(crate) fn open_with(config: Config) -> Result<Store> {
         Ok(Store {
-            engine: Arc::new(Engine::open(config)?),
+            engine: Engine::open(config)?,
         })
     }
 

@@ -214,7 +214,7 @@ impl Transaction {
 impl Drop for Transaction {
     fn drop(&mut self) {
         self.work.withdraw_leaked();
-        if !self.work.dequeued.is_empty() {
+        if !self.work.dequeued.is_empty() || !self.work.moves.is_empty() {
             self.engine.abort(std::mem::take(&mut self.work));
         }
     }

@@ -23,7 +23,7 @@ use super::Entry;
 fn queue_with(ids: &[u64]) -> Arc<QueueCore> {
     let ready: VecDeque<Entry> = ids
         .iter()
-        .map(|&id| Entry::new(id, Box::new([0])))
+        .map(|&id| Entry::new(id, Box::new([0]), 0))
         .collect();
     Arc::new(QueueCore::new(0, "q".into(), ready))
 }
@@ -45,7 +45,7 @@ fn publish_reaches_a_waiting_consumer() {
             let q = q.clone();
             thread::spawn(move || take_waiting(&q))
         };
-        q.publish([Entry::new(1, Box::new([0]))]);
+        q.publish([Entry::new(1, Box::new([0]), 0)]);
         assert_eq!(consumer.join().unwrap(), Ok(1));
         assert_eq!((q.count(), q.waiters()), (0, 0));
     });
@@ -80,7 +80,7 @@ fn close_wakes_a_waiter() {
         };
         let publisher = {
             let q = q.clone();
-            thread::spawn(move || q.publish([Entry::new(7, Box::new([0]))]))
+            thread::spawn(move || q.publish([Entry::new(7, Box::new([0]), 0)]))
         };
         q.close();
         publisher.join().unwrap();
@@ -109,7 +109,7 @@ fn reclaim_races_a_late_collect() {
         assert!(q
             .poll_take(&mut late, std::task::Waker::noop())
             .is_pending());
-        q.publish([Entry::new(1, Box::new([0]))]);
+        q.publish([Entry::new(1, Box::new([0]), 0)]);
         let misser = {
             let q = q.clone();
             thread::spawn(move || {
@@ -125,7 +125,7 @@ fn reclaim_races_a_late_collect() {
             Poll::Pending => {
                 assert_eq!(taken, [1], "reclaimed by the misses");
                 assert_eq!(q.waiters(), 1, "the late request waits again");
-                q.publish([Entry::new(2, Box::new([0]))]);
+                q.publish([Entry::new(2, Box::new([0]), 0)]);
                 let served = q.poll_take(&mut late, std::task::Waker::noop());
                 assert!(matches!(served, Poll::Ready(Ok(ref e)) if e.id == 2));
             }
@@ -149,7 +149,7 @@ fn a_leaked_request_does_not_strand_an_entry() {
             .is_pending());
         let publisher = {
             let q = q.clone();
-            thread::spawn(move || q.publish([Entry::new(1, Box::new([0]))]))
+            thread::spawn(move || q.publish([Entry::new(1, Box::new([0]), 0)]))
         };
         let live = {
             let q = q.clone();
@@ -164,7 +164,7 @@ fn a_leaked_request_does_not_strand_an_entry() {
             0,
             "{RECLAIM_AFTER} misses after the hand-over reclaim it"
         );
-        q.publish([Entry::new(2, Box::new([0]))]);
+        q.publish([Entry::new(2, Box::new([0]), 0)]);
         seen.push(live.join().unwrap().expect("the queue is open"));
         seen.extend(std::iter::from_fn(|| q.try_take()).map(|e| e.id));
         seen.sort_unstable();
@@ -183,7 +183,7 @@ fn cancel_races_a_reclaim() {
         assert!(q
             .poll_take(&mut late, std::task::Waker::noop())
             .is_pending());
-        q.publish([Entry::new(1, Box::new([0]))]);
+        q.publish([Entry::new(1, Box::new([0]), 0)]);
         let misser = {
             let q = q.clone();
             thread::spawn(move || {

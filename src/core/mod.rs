@@ -14,7 +14,7 @@ mod waiters;
 #[cfg(all(test, reliable_queue_loom))]
 mod loom_models;
 
-pub(crate) use entry::{Entry, QueueId};
+pub(crate) use entry::{Entry, QueueId, Times};
 pub(crate) use queue::{QueueCore, Request};
 pub(crate) use waiters::Ticket;
 
@@ -46,10 +46,10 @@ fn single_queue<T>(items: &[(Arc<QueueCore>, T)]) -> Option<Arc<QueueCore>> {
         .then(|| first.clone())
 }
 
-/// Makes freshly committed items visible: the `n`-th item gets id `first + n`. Items for
-/// several queues become visible at once: every queue is locked (in id order) before any
-/// changes.
-pub(crate) fn publish_all<L>(items: L, first: u64)
+/// Makes freshly committed items visible: the `n`-th item gets id `first + n`, and `time` as
+/// its enqueue time. Items for several queues become visible at once: every queue is locked
+/// (in id order) before any changes.
+pub(crate) fn publish_all<L>(items: L, first: u64, time: u64)
 where
     L: IntoIterator<Item = (Arc<QueueCore>, Box<[u8]>)> + AsRef<[(Arc<QueueCore>, Box<[u8]>)]>,
 {
@@ -58,13 +58,13 @@ where
     }
     if let Some(queue) = single_queue(items.as_ref()) {
         let entries = items.into_iter().zip(first..);
-        queue.publish(entries.map(|((_, bytes), id)| Entry::new(id, bytes)));
+        queue.publish(entries.map(|((_, bytes), id)| Entry::new(id, bytes, time)));
         return;
     }
     let entries = items
         .into_iter()
         .zip(first..)
-        .map(|((queue, bytes), id)| (queue, Entry::new(id, bytes)));
+        .map(|((queue, bytes), id)| (queue, Entry::new(id, bytes, time)));
     change_together(by_queue(entries), |lock, entries, wake| {
         lock.publish(entries, wake)
     });

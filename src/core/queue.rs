@@ -81,6 +81,9 @@ pub(crate) struct QueueCore {
     state: Mutex<State>,
     /// Mirror of `ready.len()`, readable without the lock.
     visible: AtomicU64,
+    /// Entries held by open transactions (a statistic: counted by the engines as they
+    /// move entries into and out of transactions).
+    held: AtomicU64,
 }
 
 fn len_u64(len: usize) -> u64 {
@@ -101,6 +104,7 @@ impl QueueCore {
                 closed: false,
             }),
             visible,
+            held: AtomicU64::new(0),
         }
     }
 
@@ -115,6 +119,28 @@ impl QueueCore {
     /// Items visible now: committed, and held by no transaction or waiter.
     pub(crate) fn count(&self) -> u64 {
         self.visible.load(Ordering::Acquire)
+    }
+
+    /// Entries held by open transactions now.
+    pub(crate) fn held(&self) -> u64 {
+        self.held.load(Ordering::Relaxed)
+    }
+
+    /// One more entry held by a transaction.
+    #[inline]
+    pub(crate) fn hold(&self) {
+        self.held.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// `n` entries no longer held (committed or given back).
+    #[inline]
+    pub(crate) fn unhold(&self, n: u64) {
+        self.held.fetch_sub(n, Ordering::Relaxed);
+    }
+
+    /// Copies of the visible entries (for browsing; the queue is locked meanwhile).
+    pub(crate) fn ready_entries(&self) -> Vec<Entry> {
+        self.state.lock().ready.iter().cloned().collect()
     }
 
     /// Number of dequeue requests waiting.
@@ -358,7 +384,7 @@ mod tests {
     }
 
     fn entry(id: u64) -> Entry {
-        Entry::new(id, Box::new([1]))
+        Entry::new(id, Box::new([1]), 0)
     }
 
     fn ids(core: &QueueCore) -> Vec<u64> {

@@ -212,7 +212,7 @@ mod tests {
     use std::task::Waker;
 
     fn entry(id: u64) -> Entry {
-        Entry::new(id, Box::new([1]))
+        Entry::new(id, Box::new([1]), 0)
     }
 
     fn ids(entries: impl IntoIterator<Item = Option<Entry>>) -> Vec<Option<u64>> {

@@ -127,6 +127,11 @@ impl Catalog {
         Ok((core, Some(recorded)))
     }
 
+    /// Every queue's core.
+    pub(crate) fn cores(&self) -> Vec<Arc<QueueCore>> {
+        self.0.lock().queues.values().cloned().collect()
+    }
+
     /// Takes back queue `name` (id `id`) when its creation could not be recorded. Its id is
     /// not given out again.
     pub(crate) fn forget(&self, name: &str, id: QueueId) {

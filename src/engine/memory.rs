@@ -8,6 +8,7 @@ use std::sync::Arc;
 use crossbeam_utils::CachePadded;
 
 use super::catalog::Catalog;
+use super::processing::{apply, Timers};
 use super::Work;
 use crate::core::{publish_all, QueueCore};
 use crate::error::Result;
@@ -35,14 +36,30 @@ impl Memory {
             .map(|(core, _)| core)
     }
 
-    /// Applies a commit, leaving `work` empty: ids in commit order, items visible at once.
+    /// Applies a commit, leaving `work` empty: ids in commit order, items visible at once,
+    /// then the processing-layer moves (prepared already: see `Engine::prepare_moves`).
     #[inline]
-    pub(crate) fn commit(&self, work: &mut Work) {
-        if !work.enqueues.is_empty() {
-            let n = u64::try_from(work.enqueues.len()).unwrap_or(u64::MAX);
+    pub(crate) fn commit(&self, work: &mut Work, timers: &Timers) {
+        let versions = work.moves.iter().filter(|m| m.makes_version()).count();
+        let n = work.enqueues.len() + versions;
+        if n > 0 {
+            let n = u64::try_from(n).unwrap_or(u64::MAX);
             let first = self.next_id.fetch_add(n, Ordering::Relaxed);
-            publish_all(std::mem::take(&mut work.enqueues), first);
+            let now = timers.clock().now();
+            let enqueued = u64::try_from(work.enqueues.len()).unwrap_or(u64::MAX);
+            if enqueued > 0 {
+                publish_all(std::mem::take(&mut work.enqueues), first, now);
+            }
+            let mut id = first + enqueued;
+            for mv in work.moves.drain(..) {
+                let takes_id = mv.makes_version();
+                apply(mv, id, now, timers, false);
+                id += u64::from(takes_id);
+            }
         }
+        // Settlements without a new version (acks, purges) are done once prepared.
+        work.moves.clear();
+        work.release_held();
         work.dequeued.clear();
         work.enqueued_bytes = 0;
     }

@@ -20,6 +20,7 @@
 
 pub(crate) mod catalog;
 pub(crate) mod memory;
+pub(crate) mod processing;
 pub(crate) mod sled;
 mod wait;
 
@@ -29,13 +30,17 @@ use std::task::{Poll, Waker};
 use crossbeam_utils::CachePadded;
 use smallvec::SmallVec;
 
+use std::collections::HashMap;
+
 use self::catalog::Catalog;
+use self::processing::{Move, Proc, Timers};
 use crate::config::Config;
-use crate::core::{restore_all, QueueCore, Request, Ticket};
+use crate::core::{restore_all, QueueCore, QueueId, Request, Ticket};
+use crate::processing::RetryPolicy;
 
 pub(crate) use crate::core::Entry;
 use crate::error::{Error, Result};
-use crate::sync::process::{AtomicBool, Ordering};
+use crate::sync::process::{AtomicBool, Mutex, Ordering};
 
 pub use self::catalog::SetAsideRecord;
 pub(crate) use self::wait::{block_on, consume_budget, park_until, poll_budget, Unparker};
@@ -80,11 +85,28 @@ pub(crate) struct Work {
     /// transaction is used again every one of them is gone: dropped (and withdrawn already)
     /// or leaked (`mem::forget`), in which case [`Work::withdraw_leaked`] withdraws it.
     requests: SmallVec<[(Arc<QueueCore>, Ticket); 1]>,
+    /// Processing-layer changes (delayed enqueues, lease records, settlements, dead-letter
+    /// moves), applied after the enqueues; see `processing`.
+    pub(crate) moves: Vec<Move>,
 }
 
 impl Work {
     fn is_empty(&self) -> bool {
-        self.enqueues.is_empty() && self.dequeued.is_empty()
+        self.enqueues.is_empty() && self.dequeued.is_empty() && self.moves.is_empty()
+    }
+
+    /// Counts the dequeued items as no longer held (committed or given back).
+    pub(crate) fn release_held(&self) {
+        for (core, _) in &self.dequeued {
+            core.unhold(1);
+        }
+    }
+
+    /// Undoes what the moves took (after a failed commit or an abort).
+    pub(crate) fn undo_moves(&mut self) {
+        for mv in self.moves.drain(..) {
+            mv.undo();
+        }
     }
 
     /// Withdraws the requests of waiting dequeues whose futures are gone: an item handed to a
@@ -105,6 +127,7 @@ impl Work {
 #[derive(Debug, Clone)]
 pub(crate) struct QueueRef {
     core: Arc<QueueCore>,
+    pub(crate) proc: Arc<Proc>,
 }
 
 impl QueueRef {
@@ -141,6 +164,10 @@ pub(crate) struct Engine {
     /// `Arc`'s, the memory engine's ids) do not share its cache line.
     hot: CachePadded<Hot>,
     flavor: Flavor,
+    /// Lease deadlines and delayed items.
+    pub(crate) timers: Arc<Timers>,
+    /// The processing-layer state of each queue opened or recovered, by queue id.
+    procs: Mutex<HashMap<QueueId, Arc<Proc>>>,
 }
 
 /// The engine's state read on every call and (almost) never written.
@@ -162,12 +189,28 @@ enum Flavor {
 
 impl Engine {
     /// Opens the engine the settings name: on disk in `config.path` (sled), else in memory.
-    pub(crate) fn open(config: Config) -> Result<Engine> {
+    pub(crate) fn open(config: Config) -> Result<Arc<Engine>> {
+        let timers = Timers::new(config.clock.clone());
+        let mut procs = HashMap::new();
         let flavor = match &config.path {
-            Some(path) => Flavor::Sled(sled::Sled::open(path, &config)?),
+            Some(path) => {
+                let (sled, recovered) = sled::Sled::open(path, &config, Arc::clone(&timers))?;
+                let now = timers.clock().now();
+                for queue in recovered {
+                    let proc = Arc::new(Proc::new(queue.core, queue.policy));
+                    for entry in queue.delayed {
+                        timers.due_at(&proc, entry, now);
+                    }
+                    for slot in queue.dead {
+                        proc.put_dead(slot);
+                    }
+                    procs.insert(proc.core.id(), proc);
+                }
+                Flavor::Sled(sled)
+            }
             None => Flavor::Memory(memory::Memory::new()),
         };
-        Ok(Engine {
+        let engine = Arc::new(Engine {
             hot: CachePadded::new(Hot {
                 closed: AtomicBool::new(false),
                 max_item_size: config.max_item_size,
@@ -175,7 +218,32 @@ impl Engine {
             }),
             config,
             flavor,
-        })
+            timers,
+            procs: Mutex::new(procs),
+        });
+        engine.timers.start(Arc::downgrade(&engine))?;
+        Ok(engine)
+    }
+
+    /// The processing-layer state of `core`'s queue, created on first use.
+    fn proc_of(&self, core: Arc<QueueCore>) -> Arc<Proc> {
+        let mut procs = self.procs.lock();
+        Arc::clone(
+            procs
+                .entry(core.id())
+                .or_insert_with(|| Arc::new(Proc::new(core, RetryPolicy::default()))),
+        )
+    }
+
+    fn queue_ref(&self, core: Arc<QueueCore>) -> QueueRef {
+        let proc = self.proc_of(Arc::clone(&core));
+        QueueRef { core, proc }
+    }
+
+    /// The store's clock, in milliseconds since the epoch.
+    #[inline]
+    pub(crate) fn now(&self) -> u64 {
+        self.timers.clock().now()
     }
 
     #[inline]
@@ -215,7 +283,7 @@ impl Engine {
             Flavor::Memory(m) => m.queue(name),
             Flavor::Sled(s) => s.queue(name).await,
         }
-        .map(|core| QueueRef { core })
+        .map(|core| self.queue_ref(core))
     }
 
     /// [`queue`](Self::queue) for threads.
@@ -225,7 +293,7 @@ impl Engine {
             Flavor::Memory(m) => m.queue(name),
             Flavor::Sled(s) => block_on(s.queue(name)),
         }
-        .map(|core| QueueRef { core })
+        .map(|core| self.queue_ref(core))
     }
 
     /// Names of every queue, sorted.
@@ -412,9 +480,15 @@ impl Engine {
         if work.is_empty() {
             return Committing::Done(Ok(()));
         }
+        if !work.moves.is_empty() {
+            if let Err(e) = self.prepare_moves(work) {
+                abort(std::mem::take(work));
+                return Committing::Done(Err(e));
+            }
+        }
         match &self.flavor {
             Flavor::Memory(m) => {
-                m.commit(work);
+                m.commit(work, &self.timers);
                 Committing::Done(Ok(()))
             }
             Flavor::Sled(s) => Committing::Waiting(s.submit(std::mem::take(work))),
@@ -453,6 +527,7 @@ impl Engine {
         if self.hot.closed.swap(true, Ordering::AcqRel) {
             return Err(Error::Closed);
         }
+        self.timers.stop();
         self.catalog().close_queues();
         match &self.flavor {
             Flavor::Memory(_) => Ok(()),
@@ -490,14 +565,17 @@ enum Committing {
 /// Moves a dequeued entry into `work` and returns it there.
 #[inline]
 fn hold<'w>(work: &'w mut Work, queue: &QueueRef, entry: Entry) -> &'w Entry {
+    queue.core.hold();
     work.dequeued.push((queue.core.clone(), entry));
     &work.dequeued[work.dequeued.len() - 1].1
 }
 
-/// Gives `work`'s dequeued items back; its enqueues are dropped.
-fn abort(mut work: Work) {
+/// Gives `work`'s dequeued items back and undoes its moves; its enqueues are dropped.
+pub(crate) fn abort(mut work: Work) {
     work.withdraw_leaked();
+    work.undo_moves();
     if !work.dequeued.is_empty() {
+        work.release_held();
         restore_all(work.dequeued);
     }
 }

@@ -203,6 +203,23 @@ impl Builder {
         self
     }
 
+    /// Runs the store on `clock` instead of the real clock: lease deadlines, backoffs and
+    /// delayed items then move only when the test advances it (see [`ManualClock`]).
+    ///
+    /// [`ManualClock`]: crate::ManualClock
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let clock = reliable_queue::ManualClock::new(std::time::SystemTime::now())?;
+    /// let store = reliable_queue::Store::builder().clock(clock).open()?;
+    /// # Ok::<(), reliable_queue::Error>(())
+    /// ```
+    pub fn clock(mut self, clock: crate::ManualClock) -> Self {
+        self.config.clock = crate::clock::Clock::Manual(clock);
+        self
+    }
+
     /// Opens a store whose log came back without records it is known to have held
     /// ([`Error::MissingRecords`](crate::Error::MissingRecords)) instead of refusing it.
     ///

@@ -12,6 +12,7 @@
 //! before any record that names it.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError};
@@ -19,12 +20,13 @@ use crossbeam_channel::{Receiver, RecvTimeoutError};
 use super::directory::{close_after_failure, wait_until_released, DirLock, DiskSync};
 use super::liveness::Liveness;
 use super::marks::{MarkedQueue, Marker};
-use super::record::{Bytes, Op, RecordBuilder};
+use super::record::{self, Bytes, Op, RecordBuilder, Version};
 use super::recovery::LogState;
 use super::trees::{self, Trees};
 use super::Reply;
 use crate::config::{Config, Durability};
-use crate::core::{publish_all, restore_all, QueueId};
+use crate::core::{publish_all, Entry, QueueId};
+use crate::engine::processing::{apply, Move, MoveKind, Timers};
 use crate::engine::Work;
 use crate::error::{Error, Result};
 
@@ -58,9 +60,10 @@ impl CommitRequest {
         items + self.work.dequeued.len() * 12
     }
 
-    /// Answers the request with a failure, giving its dequeued items back to their queues.
+    /// Answers the request with a failure, giving its dequeued items back to their queues
+    /// and undoing its moves.
     fn fail(self, error: Error) {
-        restore_all(self.work.dequeued);
+        crate::engine::abort(self.work);
         drop(self.reply.send(Err(error)));
     }
 }
@@ -80,6 +83,17 @@ pub(crate) enum Message {
         queue: QueueId,
         reply: Reply,
     },
+    /// Store a queue's retry policy (encoded), durably.
+    SetPolicy {
+        queue: QueueId,
+        policy: Vec<u8>,
+        reply: Reply,
+    },
+    /// Read live items' bytes from the log (dead letters, which are not kept in memory).
+    ReadItems {
+        ids: Vec<u64>,
+        reply: tokio::sync::oneshot::Sender<Result<Vec<(u64, Box<[u8]>)>>>,
+    },
     /// Flush everything written so far to disk, then answer.
     Flush(Reply),
     /// Finish what was sent before, flush, close sled, release the directory, answer with
@@ -92,7 +106,9 @@ impl Message {
     pub(crate) fn fail(self, error: Error) {
         match self {
             Message::Commit(req) => req.fail(error),
+            Message::ReadItems { reply, .. } => drop(reply.send(Err(error))),
             Message::CreateQueue { reply, .. }
+            | Message::SetPolicy { reply, .. }
             | Message::Unfence { reply, .. }
             | Message::Flush(reply)
             | Message::Close(reply) => drop(reply.send(Err(error))),
@@ -130,6 +146,8 @@ pub(crate) struct Committer {
     group_size: usize,
     pub(super) compaction_floor: u64,
     rx: Receiver<Message>,
+    /// The store's clock (commit times) and timers (delayed items, lease deadlines).
+    timers: Arc<Timers>,
     pub(super) liveness: Liveness,
     next_id: u64,
     pub(super) next_seq: u64,
@@ -160,6 +178,7 @@ impl Committer {
         log: LogState,
         marker: Marker,
         config: &Config,
+        timers: Arc<Timers>,
         rx: Receiver<Message>,
     ) -> Self {
         Committer {
@@ -174,6 +193,7 @@ impl Committer {
             group_size: config.group_size,
             compaction_floor: config.compaction_floor,
             rx,
+            timers,
             liveness: log.liveness,
             next_id: log.next_id,
             next_seq: log.next_seq,
@@ -222,6 +242,20 @@ impl Committer {
                             Ok(()) => after.flushes.push(reply),
                             Err(e) => drop(reply.send(Err(e))),
                         }
+                    }
+                    Message::SetPolicy {
+                        queue,
+                        policy,
+                        reply,
+                    } => match self
+                        .usable()
+                        .and_then(|trees| trees::set_policy(&trees.meta, queue, &policy))
+                    {
+                        Ok(()) => after.flushes.push(reply),
+                        Err(e) => drop(reply.send(Err(e))),
+                    },
+                    Message::ReadItems { ids, reply } => {
+                        drop(reply.send(self.read_items(&ids)));
                     }
                     Message::Flush(reply) => after.flushes.push(reply),
                     Message::Close(reply) => after.close = Some(reply),
@@ -317,6 +351,11 @@ impl Committer {
         }
     }
 
+    /// The store clock's time.
+    pub(super) fn timers_now(&self) -> u64 {
+        self.timers.clock().now()
+    }
+
     /// sled's trees, unless a storage failure stopped the store.
     fn usable(&self) -> Result<&Trees> {
         match &self.failed {
@@ -398,14 +437,95 @@ impl Committer {
         }
     }
 
+    /// Reads the bytes of live items from their records.
+    fn read_items(&self, ids: &[u64]) -> Result<Vec<(u64, Box<[u8]>)>> {
+        let trees = self.usable()?;
+        let mut out = Vec::with_capacity(ids.len());
+        for &id in ids {
+            let Some(seq) = self.liveness.seq_of(id) else {
+                continue;
+            };
+            let Some(raw) = trees.log.get(seq.to_be_bytes())? else {
+                continue;
+            };
+            let rec = record::decode(&raw).map_err(|damage| Error::Damaged {
+                path: self.storage.path.join("db"),
+                detail: format!("log record {seq}: {}", damage.reason),
+            })?;
+            let bytes = rec.ops.iter().find_map(|op| match op {
+                Op::Enqueue { id: i, bytes, .. } if *i == id => Some(bytes.0),
+                Op::Lease(v) | Op::Retry(v) | Op::Bury(v) | Op::Replay(v) | Op::Moved(v)
+                    if v.id == id =>
+                {
+                    Some(v.bytes.0)
+                }
+                _ => None,
+            });
+            if let Some(bytes) = bytes {
+                out.push((id, bytes.into()));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Reads the bytes of the dead letters a request replays; a request whose dead letter
+    /// cannot be read fails.
+    fn resolve_replays(&self, group: Vec<CommitRequest>) -> Vec<CommitRequest> {
+        let mut kept = Vec::with_capacity(group.len());
+        for mut req in group {
+            let mut wanted = Vec::new();
+            for mv in &req.work.moves {
+                if let MoveKind::Replay { slot, .. } = &mv.kind {
+                    if !slot.has_bytes {
+                        wanted.push(slot.entry.id);
+                    }
+                }
+            }
+            if wanted.is_empty() {
+                kept.push(req);
+                continue;
+            }
+            match self.read_items(&wanted) {
+                Ok(read) if read.len() == wanted.len() => {
+                    for mv in &mut req.work.moves {
+                        if let MoveKind::Replay { slot, .. } = &mut mv.kind {
+                            if let Some((_, bytes)) =
+                                read.iter().find(|(id, _)| *id == slot.entry.id)
+                            {
+                                slot.entry.bytes = bytes.clone();
+                                slot.has_bytes = true;
+                            }
+                        }
+                    }
+                    kept.push(req);
+                }
+                Ok(_) => req.fail(Error::Bug {
+                    invariant: "a dead letter's record is in the log",
+                }),
+                Err(e) => req.fail(e),
+            }
+        }
+        kept
+    }
+
     fn commit_group(&mut self, group: Vec<CommitRequest>) {
         if let Some(e) = &self.failed {
             let e = Error::previous(e);
             group.into_iter().for_each(|req| req.fail(e.clone()));
             return;
         }
+        let group = if group.iter().any(|r| !r.work.moves.is_empty()) {
+            let group = self.resolve_replays(group);
+            if group.is_empty() {
+                return;
+            }
+            group
+        } else {
+            group
+        };
         let first = self.next_id;
-        let records = match self.encode(&group, first) {
+        let now = self.timers.clock().now();
+        let records = match self.encode(&group, first, now) {
             Ok(records) => records,
             Err(e) => {
                 // Only a bug can get here; fail the group, keep the store going.
@@ -462,7 +582,7 @@ impl Committer {
         }
         self.next_seq = record_seq;
         let mut id = first;
-        for req in group {
+        for mut req in group {
             for (_, entry) in &req.work.dequeued {
                 debug_assert!(
                     entry.id < first,
@@ -471,9 +591,19 @@ impl Committer {
                 self.liveness.ack(entry.id);
             }
             let n = u64::try_from(req.work.enqueues.len()).unwrap_or(u64::MAX);
-            publish_all(req.work.enqueues, id);
+            publish_all(std::mem::take(&mut req.work.enqueues), id, now);
             id += n;
-            drop(req.work.dequeued);
+            for mv in req.work.moves.drain(..) {
+                if let Some(ended) = ended_id(&mv) {
+                    self.liveness.ack(ended);
+                }
+                let takes_id = mv.makes_version();
+                // A dead letter's bytes stay in the log only.
+                apply(mv, id, now, &self.timers, true);
+                id += u64::from(takes_id);
+            }
+            req.work.release_held();
+            req.work.dequeued.clear();
             drop(req.reply.send(Ok(())));
         }
         debug_assert_eq!(id, self.next_id, "every new id was published");
@@ -498,6 +628,7 @@ impl Committer {
         &mut self,
         group: &[CommitRequest],
         first: u64,
+        now: u64,
     ) -> Result<Vec<NewRecord>, postcard::Error> {
         let mut records = Vec::new();
         let mut id = first;
@@ -512,18 +643,25 @@ impl Committer {
                     bytes: Bytes(bytes),
                 })?;
                 id += 1;
-                self.split_if_full(&mut records, &mut record_first, id)?;
+                self.split_if_full(&mut records, &mut record_first, id, now)?;
             }
             for (queue, entry) in &req.work.dequeued {
                 self.builder.push(&Op::Ack {
                     queue: queue.id(),
                     id: entry.id,
                 })?;
-                self.split_if_full(&mut records, &mut record_first, id)?;
+                self.split_if_full(&mut records, &mut record_first, id, now)?;
+            }
+            for mv in &req.work.moves {
+                self.builder.push(&op_of(mv, id))?;
+                if mv.makes_version() {
+                    id += 1;
+                }
+                self.split_if_full(&mut records, &mut record_first, id, now)?;
             }
         }
         if !self.builder.is_empty() || records.is_empty() {
-            records.push(self.finish_record(record_first..id)?);
+            records.push(self.finish_record(record_first..id, now)?);
         }
         Ok(records)
     }
@@ -535,18 +673,81 @@ impl Committer {
         records: &mut Vec<NewRecord>,
         record_first: &mut u64,
         end: u64,
+        now: u64,
     ) -> Result<(), postcard::Error> {
         if self.builder.len() >= RECORD_SIZE {
-            records.push(self.finish_record(*record_first..end)?);
+            records.push(self.finish_record(*record_first..end, now)?);
             *record_first = end;
         }
         Ok(())
     }
 
-    fn finish_record(&mut self, ids: std::ops::Range<u64>) -> Result<NewRecord, postcard::Error> {
+    fn finish_record(
+        &mut self,
+        ids: std::ops::Range<u64>,
+        now: u64,
+    ) -> Result<NewRecord, postcard::Error> {
         Ok(NewRecord {
-            record: self.builder.finish()?,
+            record: self.builder.finish(now)?,
             ids,
         })
+    }
+}
+
+/// The id a move ends, if it ends one (a delayed enqueue ends none).
+fn ended_id(mv: &Move) -> Option<u64> {
+    match &mv.kind {
+        MoveKind::Delayed(_) => None,
+        MoveKind::Lease { entry, .. }
+        | MoveKind::Retry { entry }
+        | MoveKind::Bury { entry, .. } => Some(entry.id),
+        MoveKind::Replay { slot, .. } | MoveKind::Purge { slot } => Some(slot.entry.id),
+        MoveKind::Ack { token, .. } => Some(*token),
+    }
+}
+
+/// The version op of `entry` moving to new id `id`.
+fn version<'a>(queue: QueueId, entry: &'a Entry, id: u64, reason: Option<&'a str>) -> Version<'a> {
+    Version {
+        queue,
+        from: Some(entry.id),
+        id,
+        attempts: entry.attempts,
+        not_before: entry.not_before,
+        enqueued_at: entry.times.enqueued_at,
+        first_attempt: entry.times.first_attempt,
+        last_attempt: entry.times.last_attempt,
+        reason,
+        bytes: Bytes(&entry.bytes),
+    }
+}
+
+/// The log op of a move; `id` is the new version's id (unused by moves that make none).
+fn op_of(mv: &Move, id: u64) -> Op<'_> {
+    let queue = mv.proc.core.id();
+    match &mv.kind {
+        MoveKind::Delayed(entry) => Op::Enqueue {
+            queue,
+            id,
+            attempts: entry.attempts,
+            not_before: entry.not_before,
+            bytes: Bytes(&entry.bytes),
+        },
+        MoveKind::Lease { entry, .. } => Op::Lease(version(queue, entry, id, None)),
+        MoveKind::Retry { entry } => Op::Retry(version(queue, entry, id, None)),
+        MoveKind::Bury { entry, reason } => Op::Bury(version(queue, entry, id, Some(reason))),
+        MoveKind::Replay { slot, reset } => {
+            let mut v = version(queue, &slot.entry, id, None);
+            v.not_before = 0;
+            if *reset {
+                v.attempts = 0;
+            }
+            Op::Replay(v)
+        }
+        MoveKind::Ack { token, .. } => Op::Ack { queue, id: *token },
+        MoveKind::Purge { slot } => Op::Purge {
+            queue,
+            id: slot.entry.id,
+        },
     }
 }

@@ -11,7 +11,7 @@
 //! copies. So the oldest records of a log can be told lost from deleted.
 
 use super::committer::Committer;
-use super::record::{self, Op};
+use super::record::{self, Op, Version};
 use crate::error::{Error, Result};
 
 /// The most live bytes one compaction round moves.
@@ -107,16 +107,48 @@ impl Committer {
         })?;
         let live = self.liveness.front_live();
         let mut kept = Vec::with_capacity(live.len());
+        let time = rec.time.unwrap_or(0);
         for op in &rec.ops {
-            if let Op::Enqueue { id, .. } = op {
-                if live.binary_search(id).is_ok() {
-                    if let Err(e) = self.builder.push(op) {
-                        self.builder.reset();
-                        return Err(Error::storage(e));
-                    }
-                    kept.push(*id);
-                }
+            let Some(id) = op.new_id() else { continue };
+            if live.binary_search(&id).is_err() {
+                continue;
             }
+            // The copy stands on its own: it ends nothing, and keeps the enqueue time the
+            // old record's header gave a plain enqueue.
+            let copy = match op {
+                Op::Enqueue {
+                    queue,
+                    id,
+                    attempts,
+                    not_before,
+                    bytes,
+                } => Op::Moved(Version {
+                    queue: *queue,
+                    from: None,
+                    id: *id,
+                    attempts: *attempts,
+                    not_before: *not_before,
+                    enqueued_at: time,
+                    first_attempt: 0,
+                    last_attempt: 0,
+                    reason: None,
+                    bytes: *bytes,
+                }),
+                Op::Lease(v) | Op::Retry(v) | Op::Replay(v) | Op::Moved(v) => Op::Moved(Version {
+                    from: None,
+                    ..v.clone()
+                }),
+                Op::Bury(v) => Op::Bury(Version {
+                    from: None,
+                    ..v.clone()
+                }),
+                Op::Ack { .. } | Op::Purge { .. } => continue,
+            };
+            if let Err(e) = self.builder.push(&copy) {
+                self.builder.reset();
+                return Err(Error::storage(e));
+            }
+            kept.push(id);
         }
         kept.sort_unstable();
         if kept != live {
@@ -125,7 +157,10 @@ impl Committer {
                 invariant: "a record holds every item the log counts as live in it",
             });
         }
-        let record = self.builder.finish().map_err(Error::storage)?;
+        let record = self
+            .builder
+            .finish(self.timers_now())
+            .map_err(Error::storage)?;
         let bytes = record.len();
         let new_seq = self.next_seq;
         batch.insert(&new_seq.to_be_bytes()[..], record);

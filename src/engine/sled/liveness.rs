@@ -220,6 +220,19 @@ impl Liveness {
         cleared
     }
 
+    /// The sequence number of the record holding live item `id`.
+    pub(crate) fn seq_of(&self, id: u64) -> Option<u64> {
+        if let Some(&seq) = self.moved.get(&id) {
+            return Some(seq);
+        }
+        let at = self
+            .ranges
+            .partition_point(|g| g.first <= id)
+            .checked_sub(1)?;
+        let group = self.ranges.get(at)?;
+        (id - group.first < group.len).then_some(group.seq)
+    }
+
     /// The oldest group.
     pub(crate) fn front(&self) -> Option<Front> {
         let range = self.ranges.front().map(|g| (g.seq, g.bits.live));

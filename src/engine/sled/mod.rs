@@ -35,10 +35,12 @@ use self::marks::{Marker, MarksFile};
 use self::recovery::{recover, Opening, Recovered};
 use self::trees::Trees;
 use super::catalog::Catalog;
+use super::processing::{DeadSlot, Timers};
 use super::Work;
 use crate::config::Config;
-use crate::core::QueueCore;
+use crate::core::{Entry, QueueCore, QueueId};
 use crate::error::{Error, Result};
+use crate::processing::RetryPolicy;
 use crate::sync::process::Mutex;
 
 /// How the committer answers a request. A reply dropped unanswered (the committer stopped)
@@ -51,6 +53,20 @@ pub(crate) type Answer = oneshot::Receiver<Result<()>>;
 /// Waits for the committer's answer.
 pub(crate) async fn answer(rx: Answer) -> Result<()> {
     rx.await.unwrap_or(Err(Error::Closed))
+}
+
+/// Where the committer's answer to a read arrives: items' bytes by id.
+pub(crate) type ItemsAnswer = oneshot::Receiver<Result<Vec<(u64, Box<[u8]>)>>>;
+
+/// A queue as recovered, with what the processing layer keeps of it.
+#[derive(Debug)]
+pub(crate) struct RecoveredQueue {
+    pub(crate) core: Arc<QueueCore>,
+    pub(crate) policy: RetryPolicy,
+    /// Items not due yet.
+    pub(crate) delayed: Vec<Entry>,
+    /// Dead letters, oldest first, without their bytes.
+    pub(crate) dead: Vec<DeadSlot>,
 }
 
 /// An open store directory.
@@ -66,11 +82,19 @@ impl Sled {
     /// Opens (creating it if need be) the store in directory `path`: checks that the
     /// directory is safe to use ([`directory::prepare_dir`]), takes it, recovers the log and
     /// starts the committer.
-    pub(crate) fn open(path: &Path, config: &Config) -> Result<Sled> {
-        Sled::open_at(path, config).map_err(|e| e.at(path))
+    pub(crate) fn open(
+        path: &Path,
+        config: &Config,
+        timers: Arc<Timers>,
+    ) -> Result<(Sled, Vec<RecoveredQueue>)> {
+        Sled::open_at(path, config, timers).map_err(|e| e.at(path))
     }
 
-    fn open_at(path: &Path, config: &Config) -> Result<Sled> {
+    fn open_at(
+        path: &Path,
+        config: &Config,
+        timers: Arc<Timers>,
+    ) -> Result<(Sled, Vec<RecoveredQueue>)> {
         let shared = config.allow_shared_directory;
         prepare_dir(path, shared)?;
         let path = path.canonicalize()?;
@@ -81,10 +105,13 @@ impl Sled {
             dir: &path,
             found,
             salvage: config.salvage,
+            now: timers.clock().now(),
         };
         let (trees, disk, recovered) = open_and_recover(&path, config, opening)?;
         let Recovered {
             queues,
+            mut delayed,
+            mut dead_letters,
             log,
             set_aside,
             fences,
@@ -100,7 +127,21 @@ impl Sled {
             disk.sync_flushed()?;
         }
         let marker = Marker::start(file, mark)?;
+        let mut policies = trees::load_policies(&trees.meta)?;
         let catalog = Catalog::recovered(queues, fences, set_aside, missing);
+        let recovered_queues = catalog
+            .cores()
+            .into_iter()
+            .map(|core| {
+                let id: QueueId = core.id();
+                RecoveredQueue {
+                    policy: policies.remove(&id).unwrap_or_default(),
+                    delayed: delayed.remove(&id).unwrap_or_default(),
+                    dead: dead_letters.remove(&id).unwrap_or_default(),
+                    core,
+                }
+            })
+            .collect();
         let (sender, receiver) = crossbeam_channel::unbounded();
         let committer = Committer::new(
             committer::Storage {
@@ -112,17 +153,21 @@ impl Sled {
             log,
             marker,
             config,
+            timers,
             receiver,
         );
         let committer = std::thread::Builder::new()
             .name("reliable-queue-committer".into())
             .spawn(move || committer.run())?;
-        Ok(Sled {
-            path,
-            catalog,
-            sender,
-            committer: Mutex::new(Some(committer)),
-        })
+        Ok((
+            Sled {
+                path,
+                catalog,
+                sender,
+                committer: Mutex::new(Some(committer)),
+            },
+            recovered_queues,
+        ))
     }
 
     pub(crate) fn catalog(&self) -> &Catalog {
@@ -182,6 +227,23 @@ impl Sled {
         let (reply, answer) = oneshot::channel();
         self.send(Message::Commit(CommitRequest { work, reply }));
         answer
+    }
+
+    /// Stores the retry policy of queue `queue`, durably.
+    pub(crate) async fn set_policy(&self, queue: QueueId, policy: RetryPolicy) -> Result<()> {
+        self.ask(|reply| Message::SetPolicy {
+            queue,
+            policy: policy.to_bytes(),
+            reply,
+        })
+        .await
+    }
+
+    /// Reads the bytes of live items (dead letters) from the log.
+    pub(crate) async fn read_items(&self, ids: Vec<u64>) -> Result<Vec<(u64, Box<[u8]>)>> {
+        let (reply, answer): (_, ItemsAnswer) = oneshot::channel();
+        self.send(Message::ReadItems { ids, reply });
+        answer.await.unwrap_or(Err(Error::Closed))
     }
 
     /// Waits until everything committed so far is on disk.

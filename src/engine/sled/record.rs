@@ -3,13 +3,14 @@
 //! ```text
 //! offset  size  field
 //!      0     4  magic "RQLG"
-//!      4     1  format version (1)
+//!      4     1  format version (1 or 2)
 //!      5     3  reserved, zero
 //!      8     4  header length h (u32, little-endian)
 //!     12     4  body length b (u32, little-endian)
 //!     16     4  body CRC-32 (of the b body bytes)
 //!     20     4  header CRC-32 (of bytes 4..20, then the h header bytes)
-//!     24     h  header: postcard { queues: [u32] (ids touched, ascending), ops: u32 }
+//!     24     h  header: postcard { queues: [u32] (ids touched, ascending), ops: u32,
+//!                 time: u64 (version 2 only: the commit time, ms since the Unix epoch) }
 //!   24+h     b  body: `ops` operations, each a postcard `Op`, back to back
 //! ```
 //!
@@ -22,8 +23,10 @@ use crate::core::QueueId;
 use crate::engine::catalog::BadRecord;
 
 const MAGIC: [u8; 4] = *b"RQLG";
-/// The record format this build writes and reads.
-pub(crate) const RECORD_VERSION: u8 = 1;
+/// The record format this build writes; it reads this one and version 1 (no commit time).
+pub(crate) const RECORD_VERSION: u8 = 2;
+/// The first record format, written before records carried their commit time.
+const RECORD_VERSION_1: u8 = 1;
 const FIXED: usize = 24;
 
 /// Item bytes, written as one length-prefixed run and read back without copying.
@@ -56,20 +59,85 @@ pub(crate) enum Op<'a> {
     },
     /// A committed dequeue: the item with this id is gone for good.
     Ack { queue: QueueId, id: u64 },
+    /// A lease was granted: the item lives on under a new id with one more attempt. (The
+    /// lease itself is not kept: a restart ends every lease of the previous process.)
+    Lease(#[serde(borrow)] Version<'a>),
+    /// A failed lease below the maximum attempts, or a lease given back with a delay: the item
+    /// lives on under a new id, due at `not_before`.
+    Retry(#[serde(borrow)] Version<'a>),
+    /// The item moved to its queue's dead letters (`reason` says why).
+    Bury(#[serde(borrow)] Version<'a>),
+    /// A dead letter went back to its queue.
+    Replay(#[serde(borrow)] Version<'a>),
+    /// A dead letter was deleted for good.
+    Purge { queue: QueueId, id: u64 },
+    /// A live item copied forward by compaction, as it stands (`from` is `None`).
+    Moved(#[serde(borrow)] Version<'a>),
+}
+
+/// An item as it stands after a processing-layer operation: every field the queue keeps of
+/// it, so that no older record is needed to rebuild it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Version<'a> {
+    pub(crate) queue: QueueId,
+    /// The id this version replaces (gone for good once the record is in the log).
+    pub(crate) from: Option<u64>,
+    pub(crate) id: u64,
+    pub(crate) attempts: u32,
+    /// Milliseconds since the epoch before which the item is not due (0: due now).
+    pub(crate) not_before: u64,
+    /// Commit time of the item's first enqueue (0: unknown, written before times were kept).
+    pub(crate) enqueued_at: u64,
+    /// When its first and its latest lease were granted (0: never).
+    pub(crate) first_attempt: u64,
+    pub(crate) last_attempt: u64,
+    /// Why it became a dead letter (`Bury`, and a dead letter `Moved`).
+    #[serde(borrow)]
+    pub(crate) reason: Option<&'a str>,
+    #[serde(borrow)]
+    pub(crate) bytes: Bytes<'a>,
 }
 
 impl Op<'_> {
     fn queue(&self) -> QueueId {
         match self {
-            Op::Enqueue { queue, .. } | Op::Ack { queue, .. } => *queue,
+            Op::Enqueue { queue, .. } | Op::Ack { queue, .. } | Op::Purge { queue, .. } => *queue,
+            Op::Lease(v) | Op::Retry(v) | Op::Bury(v) | Op::Replay(v) | Op::Moved(v) => v.queue,
         }
     }
+
+    /// The id of the item this op makes live, if it makes one.
+    pub(crate) fn new_id(&self) -> Option<u64> {
+        match self {
+            Op::Enqueue { id, .. } => Some(*id),
+            Op::Lease(v) | Op::Retry(v) | Op::Bury(v) | Op::Replay(v) | Op::Moved(v) => Some(v.id),
+            Op::Ack { .. } | Op::Purge { .. } => None,
+        }
+    }
+
+    /// The id of the item this op ends, if it ends one.
+    pub(crate) fn ended_id(&self) -> Option<u64> {
+        match self {
+            Op::Ack { id, .. } | Op::Purge { id, .. } => Some(*id),
+            Op::Lease(v) | Op::Retry(v) | Op::Bury(v) | Op::Replay(v) | Op::Moved(v) => v.from,
+            Op::Enqueue { .. } => None,
+        }
+    }
+}
+
+/// The header of a version 1 record.
+#[derive(Debug, Serialize, Deserialize)]
+struct HeaderV1 {
+    queues: Vec<QueueId>,
+    ops: u32,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
 struct Header {
     queues: Vec<QueueId>,
     ops: u32,
+    /// Commit time, milliseconds since the Unix epoch.
+    time: u64,
 }
 
 /// Why a record could not be read. `queues` is known when the header was intact.
@@ -102,6 +170,8 @@ impl Damage {
 pub(crate) struct Record<'a> {
     pub(crate) queues: Vec<QueueId>,
     pub(crate) ops: Vec<Op<'a>>,
+    /// Commit time in milliseconds since the Unix epoch; `None` in a version 1 record.
+    pub(crate) time: Option<u64>,
 }
 
 /// Builds one record; reused from group to group to keep its buffers.
@@ -145,12 +215,14 @@ impl RecordBuilder {
         self.ops = 0;
     }
 
-    /// Seals the record and resets the builder for the next one.
-    pub(crate) fn finish(&mut self) -> Result<Vec<u8>, postcard::Error> {
+    /// Seals the record, committed at `time` (ms since the epoch), and resets the builder
+    /// for the next one.
+    pub(crate) fn finish(&mut self, time: u64) -> Result<Vec<u8>, postcard::Error> {
         self.queues.sort_unstable();
         let header = Header {
             queues: std::mem::take(&mut self.queues),
             ops: self.ops,
+            time,
         };
         let mut header_bytes = Vec::with_capacity(8 + 5 * header.queues.len());
         let encoded = crate::codec::append(&header, &mut header_bytes);
@@ -213,8 +285,9 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<Record<'_>, Damage> {
     if bytes[0..4] != MAGIC {
         return Err(Damage::new("bad magic"));
     }
-    if bytes[4] != RECORD_VERSION {
-        return Err(Damage::new(format!("unknown record version {}", bytes[4])));
+    let version = bytes[4];
+    if version != RECORD_VERSION && version != RECORD_VERSION_1 {
+        return Err(Damage::new(format!("unknown record version {version}")));
     }
     let header_len = to_usize(read_u32(bytes, 8));
     let body_len = to_usize(read_u32(bytes, 12));
@@ -236,10 +309,20 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<Record<'_>, Damage> {
     if hasher.finalize() != read_u32(bytes, 20) || bytes[5..8] != [0, 0, 0] {
         return Err(Damage::new("header checksum mismatch"));
     }
-    let header: Header = match postcard::from_bytes(header_bytes) {
-        Ok(h) => h,
+    let decoded = if version == RECORD_VERSION_1 {
+        postcard::from_bytes::<HeaderV1>(header_bytes).map(|h| (h.queues, h.ops, None))
+    } else {
+        postcard::from_bytes::<Header>(header_bytes).map(|h| (h.queues, h.ops, Some(h.time)))
+    };
+    let header = match decoded {
+        Ok((queues, ops, time)) => Header {
+            queues,
+            ops,
+            time: time.unwrap_or(0),
+        },
         Err(e) => return Err(Damage::new(format!("undecodable header: {e}"))),
     };
+    let time = (version != RECORD_VERSION_1).then_some(header.time);
     let fail = |reason: String| Damage {
         queues: Some(header.queues.clone()),
         reason,
@@ -271,6 +354,7 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<Record<'_>, Damage> {
     Ok(Record {
         queues: header.queues,
         ops,
+        time,
     })
 }
 
@@ -289,7 +373,7 @@ mod tests {
         })
         .unwrap();
         b.push(&Op::Ack { queue: 1, id: 4 }).unwrap();
-        b.finish().unwrap()
+        b.finish(1).unwrap()
     }
 
     #[test]
@@ -309,8 +393,8 @@ mod tests {
     fn builder_is_reusable() {
         let mut b = RecordBuilder::default();
         b.push(&Op::Ack { queue: 9, id: 1 }).unwrap();
-        let first = b.finish().unwrap();
-        let second = b.finish().unwrap();
+        let first = b.finish(1).unwrap();
+        let second = b.finish(1).unwrap();
         assert_eq!(decode(&first).unwrap().ops.len(), 1);
         let empty = decode(&second).unwrap();
         assert!(empty.ops.is_empty() && empty.queues.is_empty());
@@ -443,7 +527,7 @@ mod fuzz {
         for op in ops {
             builder.push(&op.as_op()).expect("push a generated op");
         }
-        builder.finish().expect("finish a generated record")
+        builder.finish(0).expect("finish a generated record")
     }
 
     /// `decode` under `catch_unwind`, so a panic names its input.

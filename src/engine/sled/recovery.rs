@@ -5,6 +5,11 @@
 //! decode is copied to the `quarantine` tree and only then removed from the log; the queues it
 //! names (every queue, when its header is unreadable too) are fenced until the user lifts the
 //! fence. Items come back per queue in id order, which is commit order.
+//!
+//! The processing layer's ops (see `record::Op`) each end an item's current id and give it a
+//! new version: a lease or a compaction copy comes back visible (a restart ends every lease),
+//! a retry or a delayed enqueue comes back delayed until its due time, a `Bury` comes back as
+//! a dead letter (without its bytes, which stay in the log), a `Purge` ends a dead letter.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::ops::RangeInclusive;
@@ -13,10 +18,11 @@ use std::path::Path;
 use super::directory::DiskSync;
 use super::liveness::Liveness;
 use super::marks::{self, Found, Mark, MarkedQueue};
-use super::record::{self, Op};
+use super::record::{self, Op, Version};
 use super::trees::{self, seq_of, Trees};
-use crate::core::{Entry, QueueId};
+use crate::core::{Entry, QueueId, Times};
 use crate::engine::catalog::{BadRecord, Fence};
+use crate::engine::processing::DeadSlot;
 use crate::error::{Error, Result};
 
 /// Where the committer starts from: what is live in the log and the next numbers to use.
@@ -32,8 +38,12 @@ pub(crate) struct LogState {
 /// Everything the store needs to start from what is on disk.
 #[derive(Debug)]
 pub(crate) struct Recovered {
-    /// Every queue of the catalog with its items, in id order.
+    /// Every queue of the catalog with its visible items, in id order.
     pub(crate) queues: Vec<(String, QueueId, VecDeque<Entry>)>,
+    /// Items not due yet at the open, per queue.
+    pub(crate) delayed: HashMap<QueueId, Vec<Entry>>,
+    /// Dead letters, per queue, oldest first, without their bytes.
+    pub(crate) dead_letters: HashMap<QueueId, Vec<DeadSlot>>,
     pub(crate) log: LogState,
     pub(crate) set_aside: Vec<BadRecord>,
     pub(crate) fences: Vec<Fence>,
@@ -52,6 +62,8 @@ pub(crate) struct Opening<'a> {
     pub(crate) dir: &'a Path,
     pub(crate) found: Found,
     pub(crate) salvage: bool,
+    /// The store clock's time: items due later come back delayed.
+    pub(crate) now: u64,
 }
 
 /// Replays the log, after checking it against the mark (see `marks`). Bad records are set
@@ -84,6 +96,7 @@ pub(crate) fn recover(trees: &Trees, disk: &DiskSync, opening: Opening<'_>) -> R
     let Replayed {
         liveness,
         items,
+        buried,
         dead,
         max_id,
         first_seq,
@@ -124,8 +137,11 @@ pub(crate) fn recover(trees: &Trees, disk: &DiskSync, opening: Opening<'_>) -> R
     }
 
     // The checks passed: from here on the store may be changed.
+    let mut changed = false;
     if fresh {
         trees::check_format(&trees.meta, true)?;
+    } else {
+        changed |= trees::upgrade_format(&trees.meta)?;
     }
     for q in &restored {
         tracing::warn!(queue = %q.name, id = q.id, "restoring a queue missing from the catalog");
@@ -151,18 +167,35 @@ pub(crate) fn recover(trees: &Trees, disk: &DiskSync, opening: Opening<'_>) -> R
         }
         trees::add_missing(&trees.meta, range)?;
     }
-    if !restored.is_empty() || !salvaged.is_empty() {
+    if changed || !restored.is_empty() || !salvaged.is_empty() {
         trees.db.flush()?;
         disk.sync_flushed()?;
     }
     set_aside(trees, disk, &known, newly_bad)?;
 
+    let mut delayed: HashMap<QueueId, Vec<Entry>> = HashMap::new();
+    let mut dead_letters: HashMap<QueueId, Vec<DeadSlot>> = HashMap::new();
+    for (queue, mut slots) in buried.0 {
+        slots.retain(|s| !dead.contains(&s.entry.id));
+        slots.sort_by_key(|s| s.entry.id);
+        slots.dedup_by_key(|s| s.entry.id);
+        if !slots.is_empty() {
+            dead_letters.insert(queue, slots);
+        }
+    }
     let mut items: HashMap<QueueId, VecDeque<Entry>> = items
         .0
         .into_iter()
         .map(|(queue, mut entries)| {
             if !dead.is_empty() {
                 entries.retain(|e| !dead.contains(&e.id));
+            }
+            if entries.iter().any(|e| e.not_before > opening.now) {
+                let (later, now): (Vec<Entry>, Vec<Entry>) = entries
+                    .into_iter()
+                    .partition(|e| e.not_before > opening.now);
+                delayed.insert(queue, later);
+                entries = now;
             }
             // Commit groups come in id order; only items moved by compaction interleave.
             if !entries.is_sorted_by_key(|e| e.id) {
@@ -230,6 +263,8 @@ pub(crate) fn recover(trees: &Trees, disk: &DiskSync, opening: Opening<'_>) -> R
         .collect();
     Ok(Recovered {
         queues,
+        delayed,
+        dead_letters,
         log: LogState {
             liveness,
             next_id: max_id.map_or(0, |m| m.saturating_add(1)),
@@ -344,7 +379,9 @@ impl Gaps {
 /// What replaying the log produced.
 struct Replayed {
     liveness: Liveness,
-    items: PerQueue,
+    items: PerQueue<Entry>,
+    /// Dead letters (some may be ended later in the log: see `dead`).
+    buried: PerQueue<DeadSlot>,
     dead: HashSet<u64>,
     max_id: Option<u64>,
     first_seq: Option<u64>,
@@ -364,6 +401,7 @@ fn replay(
     let mut first_seq: Option<u64> = None;
     let mut liveness = Liveness::default();
     let mut items = PerQueue::default();
+    let mut buried = PerQueue::default();
     // Ids of items enqueued earlier in the log and acknowledged later: removed at the end, so
     // that replay never searches a queue.
     let mut dead: HashSet<u64> = HashSet::new();
@@ -404,12 +442,12 @@ fn replay(
         }
         ids.clear();
         for op in &rec.ops {
-            let (Op::Enqueue { id, .. } | Op::Ack { id, .. }) = *op;
-            max_id = max_id.max(Some(id));
-            if let Op::Enqueue { id, .. } = *op {
+            max_id = max_id.max(op.new_id()).max(op.ended_id());
+            if let Some(id) = op.new_id() {
                 ids.push(id);
             }
         }
+        let time = rec.time.unwrap_or(0);
         let bytes = u64::try_from(value.len()).unwrap_or(u64::MAX);
         let first = ids.first().copied();
         let contiguous = ids.iter().zip(first.unwrap_or(0)..).all(|(&id, n)| id == n);
@@ -431,6 +469,11 @@ fn replay(
             }
         }
         for op in rec.ops {
+            if let Some(id) = op.ended_id() {
+                if liveness.ack(id) {
+                    dead.insert(id);
+                }
+            }
             match op {
                 Op::Enqueue {
                     queue,
@@ -444,14 +487,29 @@ fn replay(
                         id,
                         attempts,
                         not_before,
+                        times: Times {
+                            enqueued_at: time,
+                            first_attempt: 0,
+                            last_attempt: 0,
+                        },
                         bytes: bytes.0.into(),
                     },
                 ),
-                Op::Ack { id, .. } => {
-                    if liveness.ack(id) {
-                        dead.insert(id);
-                    }
+                Op::Lease(v)
+                | Op::Retry(v)
+                | Op::Replay(v)
+                | Op::Moved(v @ Version { reason: None, .. }) => {
+                    items.push(v.queue, entry_of(&v, true));
                 }
+                Op::Bury(v) | Op::Moved(v) => buried.push(
+                    v.queue,
+                    DeadSlot {
+                        entry: entry_of(&v, false),
+                        reason: v.reason.unwrap_or_default().to_owned(),
+                        has_bytes: false,
+                    },
+                ),
+                Op::Ack { .. } | Op::Purge { .. } => {}
             }
         }
     }
@@ -459,6 +517,7 @@ fn replay(
     Ok(Replayed {
         liveness,
         items,
+        buried,
         dead,
         max_id,
         first_seq,
@@ -468,12 +527,38 @@ fn replay(
     })
 }
 
-/// Replayed items, per queue, in log order.
-#[derive(Debug, Default)]
-struct PerQueue(Vec<(QueueId, Vec<Entry>)>);
+/// The item a version op describes; its bytes only when `with_bytes` (a dead letter's stay
+/// in the log).
+fn entry_of(v: &Version<'_>, with_bytes: bool) -> Entry {
+    Entry {
+        id: v.id,
+        attempts: v.attempts,
+        not_before: v.not_before,
+        times: Times {
+            enqueued_at: v.enqueued_at,
+            first_attempt: v.first_attempt,
+            last_attempt: v.last_attempt,
+        },
+        bytes: if with_bytes {
+            v.bytes.0.into()
+        } else {
+            Box::default()
+        },
+    }
+}
 
-impl PerQueue {
-    fn push(&mut self, queue: QueueId, entry: Entry) {
+/// Replayed items, per queue, in log order.
+#[derive(Debug)]
+struct PerQueue<T>(Vec<(QueueId, Vec<T>)>);
+
+impl<T> Default for PerQueue<T> {
+    fn default() -> Self {
+        PerQueue(Vec::new())
+    }
+}
+
+impl<T> PerQueue<T> {
+    fn push(&mut self, queue: QueueId, entry: T) {
         // Records mostly touch one queue; look at the last one used first.
         match self.0.iter().rposition(|(q, _)| *q == queue) {
             Some(i) => self.0[i].1.push(entry),

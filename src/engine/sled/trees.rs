@@ -10,11 +10,15 @@
 //! "fence/" queue id (u32 BE) seq (u64 BE)  UTF-8 reason: the queue is fenced by that record
 //! "marks"                               empty: the store keeps a marks file (see `marks`)
 //! "missing/" first (u64 BE) last (u64 BE)   empty: records found missing by a salvaging open
+//! "policy/" queue id (u32 BE)            postcard `RetryPolicy`: the queue's retry policy
 //! ```
+
+use std::collections::HashMap;
 
 use crate::core::QueueId;
 use crate::engine::catalog::{BadRecord, Fence};
 use crate::error::{Error, Result};
+use crate::processing::RetryPolicy;
 
 /// The trees of an open store.
 #[derive(Debug, Clone)]
@@ -42,14 +46,19 @@ pub(crate) fn seq_of(key: &[u8]) -> Option<u64> {
     Some(u64::from_be_bytes(key.try_into().ok()?))
 }
 
-/// The store format this build reads and writes.
-pub(crate) const FORMAT_VERSION: u32 = 1;
+/// The store format this build writes. Version 2 added the processing layer's record ops
+/// and the commit time in each record; a version 1 store opens and is marked version 2 (so
+/// that a build that knows only version 1 refuses it instead of misreading its new records).
+pub(crate) const FORMAT_VERSION: u32 = 2;
+/// The oldest store format this build reads.
+const FORMAT_VERSION_1: u32 = 1;
 
 const FORMAT_KEY: &[u8] = b"format";
 const QUEUE_PREFIX: &[u8] = b"queue/";
 const FENCE_PREFIX: &[u8] = b"fence/";
 const MARKS_KEY: &[u8] = b"marks";
 const MISSING_PREFIX: &[u8] = b"missing/";
+const POLICY_PREFIX: &[u8] = b"policy/";
 
 fn u32_of(bytes: &[u8]) -> Option<u32> {
     Some(u32::from_le_bytes(bytes.try_into().ok()?))
@@ -59,7 +68,7 @@ fn u32_of(bytes: &[u8]) -> Option<u32> {
 pub(crate) fn check_format(meta: &sled::Tree, fresh: bool) -> Result<()> {
     match meta.get(FORMAT_KEY)? {
         Some(v) => match u32_of(&v) {
-            Some(FORMAT_VERSION) => Ok(()),
+            Some(FORMAT_VERSION | FORMAT_VERSION_1) => Ok(()),
             Some(found) => Err(Error::UnsupportedFormat {
                 found,
                 supported: FORMAT_VERSION,
@@ -79,6 +88,47 @@ pub(crate) fn check_format(meta: &sled::Tree, fresh: bool) -> Result<()> {
             supported: FORMAT_VERSION,
         }),
     }
+}
+
+/// Marks a store of an older format as this build's (once it opened).
+pub(crate) fn upgrade_format(meta: &sled::Tree) -> Result<bool> {
+    match meta.get(FORMAT_KEY)?.as_deref().and_then(u32_of) {
+        Some(FORMAT_VERSION_1) => {
+            meta.insert(FORMAT_KEY, &FORMAT_VERSION.to_le_bytes())?;
+            Ok(true)
+        }
+        _ => Ok(false),
+    }
+}
+
+/// Stores the retry policy of queue `queue`.
+pub(crate) fn set_policy(meta: &sled::Tree, queue: QueueId, policy: &[u8]) -> Result<()> {
+    let mut key = POLICY_PREFIX.to_vec();
+    key.extend_from_slice(&queue.to_be_bytes());
+    meta.insert(key, policy)?;
+    Ok(())
+}
+
+/// Every stored retry policy, by queue (a policy that does not decode is skipped with a
+/// warning: the queue uses the default).
+pub(crate) fn load_policies(meta: &sled::Tree) -> Result<HashMap<QueueId, RetryPolicy>> {
+    let mut out = HashMap::new();
+    for kv in meta.scan_prefix(POLICY_PREFIX) {
+        let (k, v) = kv?;
+        let id = k[POLICY_PREFIX.len()..]
+            .try_into()
+            .ok()
+            .map(u32::from_be_bytes);
+        match (id, RetryPolicy::from_bytes(&v)) {
+            (Some(id), Some(policy)) => {
+                out.insert(id, policy);
+            }
+            _ => {
+                tracing::warn!(key = ?k, "a stored retry policy is unreadable; the default applies")
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// Every queue of the catalog, by id order.

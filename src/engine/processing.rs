@@ -1,0 +1,857 @@
+//! The processing layer on the embedded engines: leases, delayed items, dead letters, and the
+//! timers that end leases and make delayed items due.
+//!
+//! Every processing-layer change of an item is a [`Move`] in a transaction's [`Work`]: it
+//! retires the item's current id and (but for an ack or a purge) gives the item a new
+//! version under a fresh id, assigned at commit like an enqueue's. A commit applies its moves
+//! after its enqueues, with the same durability: on the sled engine each move is one op of
+//! the group's record (see `sled::record`), so a lease's attempt count, a retry's due time
+//! and a dead-letter move are as durable as any commit. What is not logged:
+//!
+//! - a lease itself (its holder and deadline): a restart ends every lease of the previous
+//!   process, whose holders died with it, so only the attempt count must survive;
+//! - `extend`, and a release without delay: they change nothing that a restart keeps.
+//!
+//! Per queue, a [`Proc`] holds the leased items (by fencing token: the id of the leased
+//! version), the count of delayed items, the dead letters (on the sled engine without their
+//! bytes, which stay in the log) and the retry policy. The store's [`Timers`] hold every
+//! delayed item and every lease deadline, in time order.
+//!
+//! PostgreSQL (issue 11) maps each of these onto rows: a lease is an `UPDATE .. SET
+//! leased_until, attempts = attempts + 1, token = nextval(..)` of a row taken with `FOR UPDATE
+//! SKIP LOCKED`, expiry is the database clock passing `leased_until` (consumers take expired
+//! rows like visible ones), fencing compares the token in the `WHERE` clause, delayed items
+//! are rows with `not_before` in the future, and dead letters are rows of a table of their own.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, OnceLock, Weak};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crate::clock::{Clock, OnAdvance};
+use crate::core::{Entry, QueueCore};
+use crate::error::{Error, Result};
+use crate::processing::RetryPolicy;
+use crate::sync::process::{AtomicU64, Condvar, Mutex, Ordering};
+
+use super::{Engine, Flavor, QueueRef, Work};
+
+/// Reason given to a dead letter whose last lease expired.
+pub(crate) const EXPIRED: &str = "lease expired";
+
+/// Longest dead-letter reason kept, in bytes; a longer one is cut at a character boundary.
+pub(crate) const MAX_REASON: usize = 4096;
+
+/// A leased item.
+#[derive(Debug)]
+pub(crate) struct Leased {
+    pub(crate) entry: Entry,
+    pub(crate) deadline: u64,
+}
+
+/// A dead letter as the engine keeps it. On the sled engine `bytes` is `None`: the item's
+/// bytes stay in its `Bury` record in the log, read when asked for.
+#[derive(Debug, Clone)]
+pub(crate) struct DeadSlot {
+    pub(crate) entry: Entry,
+    pub(crate) reason: String,
+    /// False when `entry.bytes` is a placeholder (sled: read from the log).
+    pub(crate) has_bytes: bool,
+}
+
+/// The processing-layer state of one queue.
+#[derive(Debug)]
+pub(crate) struct Proc {
+    pub(crate) core: Arc<QueueCore>,
+    leases: Mutex<HashMap<u64, Leased>>,
+    delayed: AtomicU64,
+    dead: Mutex<BTreeMap<u64, DeadSlot>>,
+    policy: Mutex<RetryPolicy>,
+}
+
+impl Proc {
+    pub(crate) fn new(core: Arc<QueueCore>, policy: RetryPolicy) -> Self {
+        Proc {
+            core,
+            leases: Mutex::new(HashMap::new()),
+            delayed: AtomicU64::new(0),
+            dead: Mutex::new(BTreeMap::new()),
+            policy: Mutex::new(policy),
+        }
+    }
+
+    pub(crate) fn policy(&self) -> RetryPolicy {
+        *self.policy.lock()
+    }
+
+    pub(crate) fn set_policy(&self, policy: RetryPolicy) {
+        *self.policy.lock() = policy;
+    }
+
+    pub(crate) fn leased(&self) -> u64 {
+        u64::try_from(self.leases.lock().len()).unwrap_or(u64::MAX)
+    }
+
+    pub(crate) fn delayed(&self) -> u64 {
+        self.delayed.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn dead_count(&self) -> u64 {
+        u64::try_from(self.dead.lock().len()).unwrap_or(u64::MAX)
+    }
+
+    /// The lease `token` if it is still running at `now`: its deadline and attempt.
+    pub(crate) fn lease_state(&self, token: u64, now: u64) -> Option<(u64, u32)> {
+        self.leases
+            .lock()
+            .get(&token)
+            .filter(|l| l.deadline > now)
+            .map(|l| (l.deadline, l.entry.attempts))
+    }
+
+    /// Moves the deadline of lease `token`, if it is still running at `now`.
+    pub(crate) fn extend(&self, token: u64, now: u64, deadline: u64) -> bool {
+        match self.leases.lock().get_mut(&token) {
+            Some(l) if l.deadline > now => {
+                l.deadline = deadline;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Ends lease `token` for its holder, if it is still running at `now`.
+    pub(crate) fn claim(&self, token: u64, now: u64) -> Option<Leased> {
+        let mut leases = self.leases.lock();
+        match leases.get(&token) {
+            Some(l) if l.deadline > now => leases.remove(&token),
+            _ => None,
+        }
+    }
+
+    /// Ends lease `token` for the timer, if its deadline has passed at `now`.
+    fn expire(&self, token: u64, now: u64) -> Option<Leased> {
+        let mut leases = self.leases.lock();
+        match leases.get(&token) {
+            Some(l) if l.deadline <= now => leases.remove(&token),
+            _ => None,
+        }
+    }
+
+    /// Ends lease `token` whatever its deadline (its holder gave it up).
+    pub(crate) fn take_lease(&self, token: u64) -> Option<Leased> {
+        self.leases.lock().remove(&token)
+    }
+
+    fn insert_lease(&self, token: u64, leased: Leased) {
+        self.leases.lock().insert(token, leased);
+    }
+
+    /// Leased items, for browsing: (token, deadline, entry clone), ids from `after`.
+    pub(crate) fn leased_entries(&self) -> Vec<(u64, u64, Entry)> {
+        self.leases
+            .lock()
+            .iter()
+            .map(|(t, l)| (*t, l.deadline, l.entry.clone()))
+            .collect()
+    }
+
+    /// Dead letters with ids above `after`, oldest first, at most `limit`.
+    pub(crate) fn dead_page(&self, after: Option<u64>, limit: usize) -> Vec<DeadSlot> {
+        let dead = self.dead.lock();
+        let start = after.map_or(0, |a| a.saturating_add(1));
+        dead.range(start..)
+            .take(limit)
+            .map(|(_, s)| s.clone())
+            .collect()
+    }
+
+    /// Ids of dead letters, oldest first: all of them, or the first `n`.
+    pub(crate) fn dead_ids(&self, n: Option<usize>) -> Vec<u64> {
+        let dead = self.dead.lock();
+        dead.keys().take(n.unwrap_or(usize::MAX)).copied().collect()
+    }
+
+    /// Takes dead letter `id` out (for a replay or purge about to commit).
+    pub(crate) fn take_dead(&self, id: u64) -> Option<DeadSlot> {
+        self.dead.lock().remove(&id)
+    }
+
+    /// Puts a dead letter (back) in.
+    pub(crate) fn put_dead(&self, slot: DeadSlot) {
+        self.dead.lock().insert(slot.entry.id, slot);
+    }
+}
+
+/// The answer to a lease request: filled in by the commit that records the attempt.
+#[derive(Debug, Default)]
+pub(crate) struct Grant(Mutex<GrantState>);
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum GrantState {
+    #[default]
+    Waiting,
+    /// The lease runs under this token until this deadline.
+    Granted { token: u64, deadline: u64 },
+    /// Whoever asked is gone: the item goes back at once.
+    Abandoned,
+}
+
+impl Grant {
+    pub(crate) fn state(&self) -> GrantState {
+        *self.0.lock()
+    }
+
+    /// The asker is gone. Returns the lease to give back, if it was granted already.
+    pub(crate) fn abandon(&self) -> Option<u64> {
+        let mut state = self.0.lock();
+        let token = match *state {
+            GrantState::Granted { token, .. } => Some(token),
+            _ => None,
+        };
+        *state = GrantState::Abandoned;
+        token
+    }
+}
+
+/// One processing-layer change of an item, applied by a commit (see the module docs).
+#[derive(Debug)]
+pub(crate) struct Move {
+    pub(crate) proc: Arc<Proc>,
+    pub(crate) kind: MoveKind,
+}
+
+#[derive(Debug)]
+pub(crate) enum MoveKind {
+    /// A fresh item, due at `entry.not_before` (its id is assigned at commit).
+    Delayed(Entry),
+    /// A lease: `entry` is the item taken from the queue (its id the old one) with its next
+    /// attempt counted.
+    Lease {
+        entry: Entry,
+        ttl: u64,
+        grant: Arc<Grant>,
+    },
+    /// A settled lease (token `entry.id`) due again at `entry.not_before`.
+    Retry { entry: Entry },
+    /// To the dead letters (from a settled lease, token `entry.id`, or an expired one).
+    Bury { entry: Entry, reason: String },
+    /// A dead letter back to the queue (at its tail): claimed at commit start; on the sled
+    /// engine its bytes are read from the log by the committer.
+    Replay { slot: DeadSlot, reset: bool },
+    /// An acknowledged lease: claimed at commit start (`claimed`), then gone.
+    Ack { token: u64, claimed: Option<Leased> },
+    /// A dead letter deleted.
+    Purge { slot: DeadSlot },
+}
+
+impl Move {
+    /// Does the move give the item a new version (and so take a fresh id)?
+    pub(crate) fn makes_version(&self) -> bool {
+        !matches!(self.kind, MoveKind::Ack { .. } | MoveKind::Purge { .. })
+    }
+
+    /// Undoes the move after an abort or a failed commit. Whatever item it took goes back to
+    /// the front of its queue, as a dequeued item would: the one taken for a lease (its
+    /// attempt not counted), a settled lease (nobody holds its `Lease` any more), a lease
+    /// acknowledged in the transaction; a dead letter goes back to the dead letters.
+    pub(crate) fn undo(self) {
+        let Move { proc, kind } = self;
+        let back = match kind {
+            MoveKind::Delayed(_) => None,
+            MoveKind::Lease {
+                mut entry, grant, ..
+            } => {
+                grant.abandon();
+                entry.attempts = entry.attempts.saturating_sub(1);
+                Some(entry)
+            }
+            MoveKind::Retry { entry } | MoveKind::Bury { entry, .. } => Some(entry),
+            MoveKind::Replay { slot, .. } | MoveKind::Purge { slot } => {
+                proc.put_dead(slot);
+                None
+            }
+            MoveKind::Ack { token, claimed } => {
+                claimed.or_else(|| proc.take_lease(token)).map(|l| l.entry)
+            }
+        };
+        if let Some(entry) = back {
+            proc.core.restore(std::iter::once(entry));
+        }
+    }
+}
+
+/// What a committed move becomes, given its new id (if it takes one) and the commit time.
+/// With `dead_on_disk` a dead letter keeps no bytes in memory (the sled engine reads them
+/// from its log).
+pub(crate) fn apply(mv: Move, id: u64, now: u64, timers: &Timers, dead_on_disk: bool) {
+    let Move { proc, kind } = mv;
+    match kind {
+        MoveKind::Delayed(mut entry) | MoveKind::Retry { mut entry, .. } => {
+            entry.id = id;
+            timers.due_at(&proc, entry, now);
+        }
+        MoveKind::Replay { slot, reset } => {
+            let mut entry = slot.entry;
+            entry.id = id;
+            entry.not_before = 0;
+            if reset {
+                entry.attempts = 0;
+            }
+            proc.core.publish(std::iter::once(entry));
+        }
+        MoveKind::Lease {
+            mut entry,
+            ttl,
+            grant,
+        } => {
+            entry.id = id;
+            let deadline = now.saturating_add(ttl);
+            let mut state = grant.0.lock();
+            if *state == GrantState::Abandoned {
+                drop(state);
+                proc.core.restore(std::iter::once(entry));
+                return;
+            }
+            proc.insert_lease(id, Leased { entry, deadline });
+            *state = GrantState::Granted {
+                token: id,
+                deadline,
+            };
+            drop(state);
+            timers.expire_at(&proc, id, deadline);
+        }
+        MoveKind::Bury { mut entry, reason } => {
+            entry.id = id;
+            entry.not_before = 0;
+            if dead_on_disk {
+                entry.bytes = Box::default();
+            }
+            proc.put_dead(DeadSlot {
+                entry,
+                reason,
+                has_bytes: !dead_on_disk,
+            });
+        }
+        MoveKind::Ack { .. } | MoveKind::Purge { .. } => {}
+    }
+}
+
+/// Cuts a reason to [`MAX_REASON`] bytes at a character boundary.
+pub(crate) fn cut_reason(reason: &str) -> String {
+    if reason.len() <= MAX_REASON {
+        return reason.to_owned();
+    }
+    let mut end = MAX_REASON;
+    while !reason.is_char_boundary(end) {
+        end -= 1;
+    }
+    reason[..end].to_owned()
+}
+
+/// What a timer does when it fires.
+#[derive(Debug)]
+enum Timer {
+    /// A delayed item becomes visible.
+    Due(Arc<Proc>, Entry),
+    /// The lease with this token (the key's id) ends, unless settled or extended.
+    Expire(Arc<Proc>),
+}
+
+#[derive(Debug, Default)]
+struct TimerState {
+    /// By (due time, item id or lease token): unique, in time order.
+    timers: BTreeMap<(u64, u64), Timer>,
+    stopped: bool,
+}
+
+/// The store's timers: lease deadlines and delayed items, in time order. With the real clock
+/// a thread of their own sleeps until the next one; with a [`ManualClock`](crate::ManualClock)
+/// they run in the thread that advances it.
+#[derive(Debug)]
+pub(crate) struct Timers {
+    clock: Clock,
+    state: Mutex<TimerState>,
+    wake: Condvar,
+    /// The engine, for the commits a timer makes (an expiry at the maximum attempts buries).
+    engine: OnceLock<Weak<Engine>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Timers {
+    pub(crate) fn new(clock: Clock) -> Arc<Timers> {
+        Arc::new(Timers {
+            clock,
+            state: Mutex::new(TimerState::default()),
+            wake: Condvar::new(),
+            engine: OnceLock::new(),
+            thread: Mutex::new(None),
+        })
+    }
+
+    pub(crate) fn clock(&self) -> &Clock {
+        &self.clock
+    }
+
+    /// Starts running timers for `engine`: a thread for the real clock, the clock's
+    /// `advance` for a manual one.
+    pub(crate) fn start(self: &Arc<Self>, engine: Weak<Engine>) -> std::io::Result<()> {
+        if self.engine.set(engine).is_err() {
+            return Ok(());
+        }
+        if self.clock.is_manual() {
+            let me: Arc<dyn OnAdvance> = self.clone();
+            self.clock.listen(Arc::downgrade(&me));
+            return Ok(());
+        }
+        let me = Arc::clone(self);
+        let thread = std::thread::Builder::new()
+            .name("reliable-queue-timers".into())
+            .spawn(move || me.run())?;
+        *self.thread.lock() = Some(thread);
+        Ok(())
+    }
+
+    /// Stops the timer thread (timers not yet due stay unfired; the store is closing).
+    pub(crate) fn stop(&self) {
+        self.state.lock().stopped = true;
+        self.wake.notify_all();
+        let thread = self.thread.lock().take();
+        if let Some(thread) = thread {
+            if thread.thread().id() != std::thread::current().id() && thread.join().is_err() {
+                tracing::error!("the timer thread panicked");
+            }
+        }
+    }
+
+    fn add(&self, due: u64, key: u64, timer: Timer) {
+        let mut state = self.state.lock();
+        if state.stopped {
+            return;
+        }
+        let first = state.timers.keys().next().is_none_or(|&(d, _)| due < d);
+        state.timers.insert((due, key), timer);
+        drop(state);
+        if first {
+            self.wake.notify_all();
+        }
+    }
+
+    /// Makes `entry` visible at its due time (at the tail of its queue), or now if it is due.
+    pub(crate) fn due_at(&self, proc: &Arc<Proc>, entry: Entry, now: u64) {
+        if entry.not_before <= now {
+            proc.core.publish(std::iter::once(entry));
+            return;
+        }
+        proc.delayed.fetch_add(1, Ordering::AcqRel);
+        self.add(
+            entry.not_before,
+            entry.id,
+            Timer::Due(Arc::clone(proc), entry),
+        );
+    }
+
+    /// Ends lease `token` at `deadline`, unless it is settled or extended by then.
+    pub(crate) fn expire_at(&self, proc: &Arc<Proc>, token: u64, deadline: u64) {
+        self.add(deadline, token, Timer::Expire(Arc::clone(proc)));
+    }
+
+    /// Delayed items of `proc`, for browsing.
+    pub(crate) fn delayed_entries(&self, proc: &Arc<Proc>) -> Vec<Entry> {
+        self.state
+            .lock()
+            .timers
+            .values()
+            .filter_map(|t| match t {
+                Timer::Due(p, e) if Arc::ptr_eq(p, proc) => Some(e.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn run(self: Arc<Self>) {
+        let mut state = self.state.lock();
+        loop {
+            if state.stopped {
+                return;
+            }
+            let now = self.clock.now();
+            match state.timers.keys().next() {
+                Some(&(due, _)) if due <= now => {
+                    let fired = take_due(&mut state, now);
+                    drop(state);
+                    self.fire(fired, now);
+                    state = self.state.lock();
+                }
+                Some(&(due, _)) => {
+                    let wait = Duration::from_millis(due - now);
+                    self.wake.wait_for(&mut state, wait);
+                }
+                None => self.wake.wait(&mut state),
+            }
+        }
+    }
+
+    /// Runs the timers in `fired`, in time order.
+    fn fire(&self, fired: Vec<((u64, u64), Timer)>, now: u64) {
+        let mut due: Vec<Entry> = Vec::new();
+        let mut due_proc: Option<Arc<Proc>> = None;
+        let flush = |proc: &Option<Arc<Proc>>, due: &mut Vec<Entry>| {
+            if let Some(proc) = proc {
+                if !due.is_empty() {
+                    let n = u64::try_from(due.len()).unwrap_or(u64::MAX);
+                    proc.delayed.fetch_sub(n, Ordering::AcqRel);
+                    proc.core.publish(std::mem::take(due));
+                }
+            }
+        };
+        for ((_, key), timer) in fired {
+            match timer {
+                Timer::Due(proc, entry) => {
+                    if !due_proc.as_ref().is_some_and(|p| Arc::ptr_eq(p, &proc)) {
+                        flush(&due_proc, &mut due);
+                        due_proc = Some(proc);
+                    }
+                    due.push(entry);
+                }
+                Timer::Expire(proc) => {
+                    flush(&due_proc, &mut due);
+                    if let Some(leased) = proc.expire(key, now) {
+                        self.expired(&proc, leased.entry);
+                    }
+                }
+            }
+        }
+        flush(&due_proc, &mut due);
+    }
+
+    /// An expired lease: the item goes back to the front, or to the dead letters once it has
+    /// had its attempts.
+    fn expired(&self, proc: &Arc<Proc>, entry: Entry) {
+        if entry.attempts < proc.policy().attempts_allowed() {
+            proc.core.restore(std::iter::once(entry));
+            return;
+        }
+        match self.engine.get().and_then(Weak::upgrade) {
+            Some(engine) => engine.bury_expired(proc, entry),
+            None => proc.core.restore(std::iter::once(entry)),
+        }
+    }
+}
+
+fn take_due(state: &mut TimerState, now: u64) -> Vec<((u64, u64), Timer)> {
+    let later = state.timers.split_off(&(now.saturating_add(1), 0));
+    let due = std::mem::replace(&mut state.timers, later);
+    due.into_iter().collect()
+}
+
+impl OnAdvance for Timers {
+    fn advanced(&self, now: u64) {
+        let fired = {
+            let mut state = self.state.lock();
+            if state.stopped {
+                return;
+            }
+            take_due(&mut state, now)
+        };
+        self.fire(fired, now);
+    }
+}
+
+/// A lease as granted: what the handle needs to settle it.
+#[derive(Debug)]
+pub(crate) struct Granted {
+    pub(crate) token: u64,
+    pub(crate) deadline: u64,
+    pub(crate) attempt: u32,
+}
+
+/// Lease grants a lease call waits for; dropped before they are read (the call's future was
+/// dropped), the leases they grant go back at once.
+#[derive(Debug)]
+pub(crate) struct Pending {
+    proc: Arc<Proc>,
+    grants: Vec<Arc<Grant>>,
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        for grant in &self.grants {
+            if let Some(token) = grant.abandon() {
+                if let Some(leased) = self.proc.take_lease(token) {
+                    self.proc.core.restore(std::iter::once(leased.entry));
+                }
+            }
+        }
+    }
+}
+
+impl Engine {
+    /// Claims what the moves of `work` settle, all or nothing: acknowledged leases must still
+    /// run now (else [`Error::LeaseExpired`] and nothing is claimed).
+    pub(crate) fn prepare_moves(&self, work: &mut Work) -> Result<()> {
+        let now = self.now();
+        let mut failed = None;
+        for mv in &mut work.moves {
+            if let MoveKind::Ack { token, claimed } = &mut mv.kind {
+                if claimed.is_none() {
+                    *claimed = mv.proc.claim(*token, now);
+                    if claimed.is_none() {
+                        failed = Some(Error::LeaseExpired {
+                            queue: mv.proc.core.name().to_owned(),
+                            token: *token,
+                        });
+                        break;
+                    }
+                }
+            }
+        }
+        match failed {
+            // The caller aborts the work, which gives back what was claimed.
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// Turns the items dequeued into `work` into leases of `ttl` ms: commits their next
+    /// attempt, then returns the leases in the order they were dequeued.
+    pub(crate) async fn grant(
+        &self,
+        queue: &QueueRef,
+        work: &mut Work,
+        ttl: u64,
+    ) -> Result<Vec<Granted>> {
+        let pending = self.lease_moves(queue, work, ttl);
+        self.commit(work).await?;
+        Ok(self.granted(pending))
+    }
+
+    /// [`grant`](Self::grant) for threads.
+    pub(crate) fn blocking_grant(
+        &self,
+        queue: &QueueRef,
+        work: &mut Work,
+        ttl: u64,
+    ) -> Result<Vec<Granted>> {
+        let pending = self.lease_moves(queue, work, ttl);
+        self.blocking_commit(work)?;
+        Ok(self.granted(pending))
+    }
+
+    fn lease_moves(&self, queue: &QueueRef, work: &mut Work, ttl: u64) -> Pending {
+        let now = self.now();
+        work.release_held();
+        let mut grants = Vec::with_capacity(work.dequeued.len());
+        for (_, mut entry) in work.dequeued.drain(..) {
+            entry.attempts = entry.attempts.saturating_add(1);
+            if entry.times.first_attempt == 0 {
+                entry.times.first_attempt = now;
+            }
+            entry.times.last_attempt = now;
+            let grant = Arc::new(Grant::default());
+            grants.push(Arc::clone(&grant));
+            work.moves.push(Move {
+                proc: Arc::clone(&queue.proc),
+                kind: MoveKind::Lease { entry, ttl, grant },
+            });
+        }
+        Pending {
+            proc: Arc::clone(&queue.proc),
+            grants,
+        }
+    }
+
+    fn granted(&self, mut pending: Pending) -> Vec<Granted> {
+        let grants = std::mem::take(&mut pending.grants);
+        grants
+            .iter()
+            .filter_map(|g| match g.state() {
+                GrantState::Granted { token, deadline } => {
+                    let attempt = pending
+                        .proc
+                        .lease_state(token, 0)
+                        .map_or(0, |(_, attempt)| attempt);
+                    Some(Granted {
+                        token,
+                        deadline,
+                        attempt,
+                    })
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The work that settles lease `token` of `proc` with a failure: a retry after the
+    /// backoff, or the dead letters once the item had its attempts.
+    pub(crate) fn fail_work(
+        &self,
+        proc: &Arc<Proc>,
+        token: u64,
+        reason: &str,
+    ) -> Result<(Work, Option<u64>)> {
+        let now = self.now();
+        let leased = self.claim(proc, token, now)?;
+        let mut entry = leased.entry;
+        let policy = proc.policy();
+        let mut work = Work::default();
+        let due = if entry.attempts >= policy.attempts_allowed() {
+            work.moves.push(Move {
+                proc: Arc::clone(proc),
+                kind: MoveKind::Bury {
+                    entry,
+                    reason: cut_reason(reason),
+                },
+            });
+            None
+        } else {
+            let due = now.saturating_add(policy.backoff_ms(entry.attempts, entry.id));
+            entry.not_before = due;
+            work.moves.push(Move {
+                proc: Arc::clone(proc),
+                kind: MoveKind::Retry { entry },
+            });
+            Some(due)
+        };
+        Ok((work, due))
+    }
+
+    /// Settles lease `token` by giving the item back, due after `delay` ms: at once without a
+    /// write when `delay` is 0; else the work to commit.
+    pub(crate) fn release_work(
+        &self,
+        proc: &Arc<Proc>,
+        token: u64,
+        delay: u64,
+    ) -> Result<Option<Work>> {
+        let now = self.now();
+        let leased = self.claim(proc, token, now)?;
+        let mut entry = leased.entry;
+        if delay == 0 {
+            proc.core.restore(std::iter::once(entry));
+            return Ok(None);
+        }
+        entry.not_before = now.saturating_add(delay);
+        let mut work = Work::default();
+        work.moves.push(Move {
+            proc: Arc::clone(proc),
+            kind: MoveKind::Retry { entry },
+        });
+        Ok(Some(work))
+    }
+
+    fn claim(&self, proc: &Arc<Proc>, token: u64, now: u64) -> Result<Leased> {
+        self.check_open()?;
+        proc.claim(token, now).ok_or_else(|| Error::LeaseExpired {
+            queue: proc.core.name().to_owned(),
+            token,
+        })
+    }
+
+    /// Gives back lease `token` at once (its `Lease` was dropped unsettled).
+    pub(crate) fn drop_lease(&self, proc: &Arc<Proc>, token: u64) {
+        if let Some(leased) = proc.take_lease(token) {
+            proc.core.restore(std::iter::once(leased.entry));
+        }
+    }
+
+    /// Moves the deadline of lease `token` to `ttl` ms from now.
+    pub(crate) fn extend(&self, proc: &Arc<Proc>, token: u64, ttl: u64) -> Result<u64> {
+        self.check_open()?;
+        let now = self.now();
+        let deadline = now.saturating_add(ttl);
+        if !proc.extend(token, now, deadline) {
+            return Err(Error::LeaseExpired {
+                queue: proc.core.name().to_owned(),
+                token,
+            });
+        }
+        self.timers.expire_at(proc, token, deadline);
+        Ok(deadline)
+    }
+
+    /// A lease expired at the maximum attempts: its item moves to the dead letters.
+    pub(crate) fn bury_expired(&self, proc: &Arc<Proc>, entry: Entry) {
+        let mut work = Work::default();
+        work.moves.push(Move {
+            proc: Arc::clone(proc),
+            kind: MoveKind::Bury {
+                entry,
+                reason: EXPIRED.to_owned(),
+            },
+        });
+        if let Err(e) = self.blocking_commit(&mut work) {
+            tracing::warn!(queue = proc.core.name(), error = %e, "moving an expired item to the dead letters failed; it is back in its queue");
+        }
+    }
+
+    /// The work that replays (or, with `purge`, deletes) the dead letters `ids` of `proc`.
+    /// Fails with [`Error::NotDeadLetter`] for an id that is not one, taking nothing.
+    pub(crate) fn dead_work(
+        &self,
+        proc: &Arc<Proc>,
+        ids: &[u64],
+        reset: bool,
+        purge: bool,
+    ) -> Result<Work> {
+        self.check_open()?;
+        let mut work = Work::default();
+        for &id in ids {
+            let Some(slot) = proc.take_dead(id) else {
+                work.undo_moves();
+                return Err(Error::NotDeadLetter {
+                    queue: proc.core.name().to_owned(),
+                    id,
+                });
+            };
+            let kind = if purge {
+                MoveKind::Purge { slot }
+            } else {
+                MoveKind::Replay { slot, reset }
+            };
+            work.moves.push(Move {
+                proc: Arc::clone(proc),
+                kind,
+            });
+        }
+        Ok(work)
+    }
+
+    /// Bytes of the dead letters in `slots` that the engine keeps on disk only.
+    pub(crate) async fn dead_bytes(&self, slots: &mut [DeadSlot]) -> Result<()> {
+        let ids: Vec<u64> = slots
+            .iter()
+            .filter(|s| !s.has_bytes)
+            .map(|s| s.entry.id)
+            .collect();
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let Flavor::Sled(sled) = &self.flavor else {
+            return Ok(());
+        };
+        let read = sled.read_items(ids).await?;
+        for slot in slots.iter_mut().filter(|s| !s.has_bytes) {
+            if let Some((_, bytes)) = read.iter().find(|(id, _)| *id == slot.entry.id) {
+                slot.entry.bytes = bytes.clone();
+                slot.has_bytes = true;
+            }
+        }
+        Ok(())
+    }
+
+    /// Sets the retry policy of `proc`'s queue, durably.
+    pub(crate) async fn set_policy(&self, proc: &Arc<Proc>, policy: RetryPolicy) -> Result<()> {
+        self.check_open()?;
+        if let Flavor::Sled(sled) = &self.flavor {
+            sled.set_policy(proc.core.id(), policy).await?;
+        }
+        proc.set_policy(policy);
+        Ok(())
+    }
+
+    /// Delayed items of `proc`'s queue, for browsing.
+    pub(crate) fn delayed_entries(&self, proc: &Arc<Proc>) -> Vec<Entry> {
+        self.timers.delayed_entries(proc)
+    }
+}

@@ -1,0 +1,826 @@
+//! [`Lease`]: an item taken for processing for a limited time, and the queue's
+//! processing-layer calls (leases, delayed enqueues, dead letters, browse, stats).
+
+use std::borrow::Borrow;
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::clock::{system_time, wall_ms};
+use crate::codec::{self, EncodeError};
+use crate::core::Entry;
+use crate::engine::processing::{DeadSlot, Granted, Move, MoveKind, Proc};
+use crate::engine::{Engine, Work};
+use crate::error::{Error, Result};
+use crate::processing::{
+    check_delay, check_ttl, BrowsedItem, DeadLetter, ItemState, QueueStats, Replay, RetryPolicy,
+};
+use crate::queue::ReliableConcurrentQueue;
+use crate::transaction::Transaction;
+
+/// An item leased from a queue: invisible to everyone else until the lease is settled or its
+/// deadline passes.
+///
+/// Settle it exactly once: [`ack`](Lease::ack) it in a transaction (with the follow-up work
+/// of the job), [`complete`](Lease::complete) it, [`fail`](Lease::fail) it (retry after the
+/// queue's backoff, or dead letters at the maximum attempts) or [`release`](Lease::release)
+/// it. Dropping it unsettled gives the item back at once. At its deadline the item goes back
+/// by itself (or to the dead letters, at the maximum attempts); every later settlement then
+/// fails with [`Error::LeaseExpired`], also when nobody has leased the item again: the
+/// fencing token is checked, not the item.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), reliable_queue::Error> {
+/// let store = reliable_queue::Store::in_memory()?;
+/// let jobs = store.queue::<String>("jobs").await?;
+/// let done = store.queue::<String>("done").await?;
+/// # let mut tx = store.begin(); jobs.enqueue(&mut tx, "resize".to_owned())?; tx.commit().await?;
+///
+/// let lease = jobs.lease(Duration::from_secs(30)).await?;
+/// assert_eq!(lease.attempt(), 1);
+/// let mut tx = store.begin();
+/// done.enqueue(&mut tx, format!("{} ok", lease.item()))?;
+/// lease.ack(&mut tx)?;
+/// tx.commit().await?; // the follow-up and the completion, atomically
+/// assert_eq!((jobs.count().await?, done.count().await?), (0, 1));
+/// # Ok(()) }
+/// ```
+pub struct Lease<T> {
+    engine: Arc<Engine>,
+    proc: Arc<Proc>,
+    item: T,
+    token: u64,
+    deadline: u64,
+    attempt: u32,
+    settled: bool,
+}
+
+/// What [`Lease::fail`] did with the item.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Failed {
+    /// Due again at this time (the backoff).
+    Retry {
+        /// When it becomes visible again.
+        at: SystemTime,
+    },
+    /// Moved to the queue's dead letters: it had its attempts.
+    Dead,
+}
+
+impl<T> Lease<T> {
+    /// The leased item.
+    pub fn item(&self) -> &T {
+        &self.item
+    }
+
+    /// The leased item, to change before settling.
+    pub fn item_mut(&mut self) -> &mut T {
+        &mut self.item
+    }
+
+    /// This lease's attempt: the number of leases the item has been granted, this one
+    /// included (1 for the first).
+    pub fn attempt(&self) -> u32 {
+        self.attempt
+    }
+
+    /// When the lease ends unless extended.
+    pub fn deadline(&self) -> SystemTime {
+        system_time(self.deadline)
+    }
+
+    /// The fencing token: unique in the store, never reused. Settling checks it.
+    pub fn token(&self) -> u64 {
+        self.token
+    }
+
+    fn expired(&self) -> Error {
+        Error::LeaseExpired {
+            queue: self.proc.core.name().to_owned(),
+            token: self.token,
+        }
+    }
+
+    /// Completes the item in `tx`: when `tx` commits, the item is gone for good, atomically
+    /// with the transaction's enqueues, dequeues and other acks. If the lease has ended by
+    /// commit time the whole commit fails with [`Error::LeaseExpired`] and nothing of it
+    /// applies; if `tx` aborts, the item goes back to the front of its queue.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::LeaseExpired`] if the lease has ended already (nothing is buffered),
+    /// [`Error::WrongStore`] if `tx` belongs to another store. The lease is settled either way.
+    ///
+    /// # Examples
+    ///
+    /// See [`Lease`].
+    pub fn ack(mut self, tx: &mut Transaction) -> Result<()> {
+        self.settled = true;
+        if !std::ptr::eq(tx.engine(), &*self.engine) {
+            self.engine.drop_lease(&self.proc, self.token);
+            return Err(Error::WrongStore {
+                queue: self.proc.core.name().to_owned(),
+            });
+        }
+        if self
+            .proc
+            .lease_state(self.token, self.engine.now())
+            .is_none()
+        {
+            return Err(self.expired());
+        }
+        tx.work_mut().moves.push(Move {
+            proc: Arc::clone(&self.proc),
+            kind: MoveKind::Ack {
+                token: self.token,
+                claimed: None,
+            },
+        });
+        Ok(())
+    }
+
+    /// Acks the lease in a transaction of its own and commits it.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`Transaction::commit`]: once polled, the completion happens whether or not the
+    /// future is awaited further.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::LeaseExpired`] if the lease ended; the commit's errors.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), reliable_queue::Error> {
+    /// let store = reliable_queue::Store::in_memory()?;
+    /// let q = store.queue::<u8>("q").await?;
+    /// # let mut tx = store.begin(); q.enqueue(&mut tx, 1)?; tx.commit().await?;
+    /// q.lease(std::time::Duration::from_secs(5)).await?.complete().await?;
+    /// assert_eq!(q.stats().await?.leased, 0);
+    /// # Ok(()) }
+    /// ```
+    pub async fn complete(self) -> Result<()> {
+        let mut tx = Transaction::new(Arc::clone(&self.engine));
+        self.ack(&mut tx)?;
+        tx.commit().await
+    }
+
+    /// [`complete`](Lease::complete) for threads.
+    ///
+    /// # Errors
+    ///
+    /// As [`complete`](Lease::complete).
+    pub fn blocking_complete(self) -> Result<()> {
+        let mut tx = Transaction::new(Arc::clone(&self.engine));
+        self.ack(&mut tx)?;
+        tx.blocking_commit()
+    }
+
+    /// Settles the lease as failed, with `reason` (kept up to 4 KiB): below the queue's
+    /// maximum attempts the item is due again after the [`RetryPolicy`]'s backoff (then at
+    /// the tail); at the maximum it moves to the dead letters. Durable when this returns.
+    ///
+    /// # Cancel safety
+    ///
+    /// Once polled, the failure is recorded whether or not the future is awaited further.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::LeaseExpired`] if the lease has ended (nothing is done); the commit's errors
+    /// (the item is then back at the front of its queue).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use reliable_queue::{Failed, RetryPolicy};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), reliable_queue::Error> {
+    /// let store = reliable_queue::Store::in_memory()?;
+    /// let q = store.queue::<u8>("q").await?;
+    /// q.set_retry_policy(RetryPolicy::default().max_attempts(1)).await?;
+    /// # let mut tx = store.begin(); q.enqueue(&mut tx, 1)?; tx.commit().await?;
+    /// let lease = q.lease(std::time::Duration::from_secs(5)).await?;
+    /// assert_eq!(lease.fail("bad input").await?, Failed::Dead);
+    /// assert_eq!(q.dead_letters(None, 10).await?[0].reason, "bad input");
+    /// # Ok(()) }
+    /// ```
+    pub async fn fail(mut self, reason: &str) -> Result<Failed> {
+        self.settled = true;
+        let (mut work, due) = self.engine.fail_work(&self.proc, self.token, reason)?;
+        self.engine.commit(&mut work).await?;
+        Ok(failed(due))
+    }
+
+    /// [`fail`](Lease::fail) for threads.
+    ///
+    /// # Errors
+    ///
+    /// As [`fail`](Lease::fail).
+    pub fn blocking_fail(mut self, reason: &str) -> Result<Failed> {
+        self.settled = true;
+        let (mut work, due) = self.engine.fail_work(&self.proc, self.token, reason)?;
+        self.engine.blocking_commit(&mut work)?;
+        Ok(failed(due))
+    }
+
+    /// Gives the item back without a failure, due after `delay` (at once, at the front, for a
+    /// zero delay; otherwise at the tail once due, durably). The attempt count stays.
+    ///
+    /// # Cancel safety
+    ///
+    /// Once polled, the release happens whether or not the future is awaited further.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::LeaseExpired`] if the lease has ended, [`Error::InvalidArgument`] for a delay
+    /// over [`MAX_DELAY`](crate::MAX_DELAY) (the lease is then given back at once).
+    pub async fn release(mut self, delay: Duration) -> Result<()> {
+        self.settled = true;
+        let work = self.release_work(delay)?;
+        match work {
+            Some(mut work) => self.engine.commit(&mut work).await,
+            None => Ok(()),
+        }
+    }
+
+    /// [`release`](Lease::release) for threads.
+    ///
+    /// # Errors
+    ///
+    /// As [`release`](Lease::release).
+    pub fn blocking_release(mut self, delay: Duration) -> Result<()> {
+        self.settled = true;
+        match self.release_work(delay)? {
+            Some(mut work) => self.engine.blocking_commit(&mut work),
+            None => Ok(()),
+        }
+    }
+
+    fn release_work(&self, delay: Duration) -> Result<Option<Work>> {
+        let delay = match check_delay(delay) {
+            Ok(d) => d,
+            Err(e) => {
+                self.engine.drop_lease(&self.proc, self.token);
+                return Err(e);
+            }
+        };
+        self.engine.release_work(&self.proc, self.token, delay)
+    }
+
+    /// Moves the deadline to `ttl` from now: the heartbeat of a long job. Not logged (a
+    /// restart ends the lease anyway on the embedded engines).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe on the embedded engines: it is done at once.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::LeaseExpired`] if the lease has ended, [`Error::InvalidArgument`] for a zero
+    /// or over-long `ttl`.
+    pub async fn extend(&mut self, ttl: Duration) -> Result<()> {
+        self.blocking_extend(ttl)
+    }
+
+    /// [`extend`](Lease::extend) for threads.
+    ///
+    /// # Errors
+    ///
+    /// As [`extend`](Lease::extend).
+    pub fn blocking_extend(&mut self, ttl: Duration) -> Result<()> {
+        let ttl = check_ttl(ttl)?;
+        self.deadline = self.engine.extend(&self.proc, self.token, ttl)?;
+        Ok(())
+    }
+}
+
+fn failed(due: Option<u64>) -> Failed {
+    match due {
+        Some(at) => Failed::Retry {
+            at: system_time(at),
+        },
+        None => Failed::Dead,
+    }
+}
+
+impl<T> Drop for Lease<T> {
+    fn drop(&mut self) {
+        if !self.settled {
+            self.engine.drop_lease(&self.proc, self.token);
+        }
+    }
+}
+
+impl<T: fmt::Debug> fmt::Debug for Lease<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Lease")
+            .field("queue", &self.proc.core.name())
+            .field("item", &self.item)
+            .field("token", &self.token)
+            .field("attempt", &self.attempt)
+            .field("deadline_ms", &self.deadline)
+            .finish()
+    }
+}
+
+impl<T> ReliableConcurrentQueue<T>
+where
+    T: Serialize + DeserializeOwned + Send + 'static,
+{
+    fn proc(&self) -> &Arc<Proc> {
+        &self.queue_ref().proc
+    }
+
+    fn leases(&self, granted: Vec<Granted>, items: Vec<T>) -> Vec<Lease<T>> {
+        granted
+            .into_iter()
+            .zip(items)
+            .map(|(g, item)| Lease {
+                engine: Arc::clone(self.engine_arc()),
+                proc: Arc::clone(self.proc()),
+                item,
+                token: g.token,
+                deadline: g.deadline,
+                attempt: g.attempt,
+                settled: false,
+            })
+            .collect()
+    }
+
+    /// Leases the item at the front of the queue for `ttl`, waiting for one if none is
+    /// visible: records the attempt durably, then returns the [`Lease`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: a dropped future leaves no item leased to nobody. Dropped while waiting,
+    /// it took nothing; dropped while the attempt is being recorded, the item goes back to
+    /// the front once it is (its attempt counted).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for a zero `ttl` or one over [`MAX_TTL`](crate::MAX_TTL),
+    /// [`Error::Deserialize`] if the item is not a `T` (it goes back), the commit's errors,
+    /// [`Error::Closed`] after close.
+    ///
+    /// # Examples
+    ///
+    /// See [`Lease`].
+    pub async fn lease(&self, ttl: Duration) -> Result<Lease<T>> {
+        let ttl_ms = check_ttl(ttl)?;
+        let mut tx = Transaction::new(Arc::clone(self.engine_arc()));
+        let item = self.dequeue(&mut tx).await?;
+        let granted = self
+            .engine()
+            .grant(self.queue_ref(), tx.work_mut(), ttl_ms)
+            .await?;
+        self.leases(granted, vec![item]).pop().ok_or(Error::Closed)
+    }
+
+    /// [`lease`](Self::lease) for threads.
+    ///
+    /// # Errors
+    ///
+    /// As [`lease`](Self::lease).
+    pub fn blocking_lease(&self, ttl: Duration) -> Result<Lease<T>> {
+        let ttl_ms = check_ttl(ttl)?;
+        let mut tx = Transaction::new(Arc::clone(self.engine_arc()));
+        let item = self.blocking_dequeue(&mut tx)?;
+        let granted = self
+            .engine()
+            .blocking_grant(self.queue_ref(), tx.work_mut(), ttl_ms)?;
+        self.leases(granted, vec![item]).pop().ok_or(Error::Closed)
+    }
+
+    /// Leases up to `n` items at once, in one durable write: waits for the first, then takes
+    /// what else is visible. Returns at least one lease.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`lease`](Self::lease).
+    ///
+    /// # Errors
+    ///
+    /// As [`lease`](Self::lease).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), reliable_queue::Error> {
+    /// let store = reliable_queue::Store::in_memory()?;
+    /// let q = store.queue::<u32>("q").await?;
+    /// # let mut tx = store.begin(); for i in 0..5 { q.enqueue(&mut tx, i)?; } tx.commit().await?;
+    /// let leases = q.lease_many(3, std::time::Duration::from_secs(5)).await?;
+    /// assert_eq!(leases.len(), 3);
+    /// assert_eq!(q.stats().await?.leased, 3);
+    /// # Ok(()) }
+    /// ```
+    pub async fn lease_many(&self, n: usize, ttl: Duration) -> Result<Vec<Lease<T>>> {
+        let ttl_ms = check_ttl(ttl)?;
+        let mut tx = Transaction::new(Arc::clone(self.engine_arc()));
+        let mut items = vec![self.dequeue(&mut tx).await?];
+        while items.len() < n {
+            match self.blocking_try_dequeue(&mut tx)? {
+                Some(item) => items.push(item),
+                None => break,
+            }
+        }
+        let granted = self
+            .engine()
+            .grant(self.queue_ref(), tx.work_mut(), ttl_ms)
+            .await?;
+        Ok(self.leases(granted, items))
+    }
+
+    /// [`lease_many`](Self::lease_many) for threads.
+    ///
+    /// # Errors
+    ///
+    /// As [`lease`](Self::lease).
+    pub fn blocking_lease_many(&self, n: usize, ttl: Duration) -> Result<Vec<Lease<T>>> {
+        let ttl_ms = check_ttl(ttl)?;
+        let mut tx = Transaction::new(Arc::clone(self.engine_arc()));
+        let mut items = vec![self.blocking_dequeue(&mut tx)?];
+        while items.len() < n {
+            match self.blocking_try_dequeue(&mut tx)? {
+                Some(item) => items.push(item),
+                None => break,
+            }
+        }
+        let granted = self
+            .engine()
+            .blocking_grant(self.queue_ref(), tx.work_mut(), ttl_ms)?;
+        Ok(self.leases(granted, items))
+    }
+
+    /// Leases the front item if one is visible, without waiting for one.
+    ///
+    /// # Errors
+    ///
+    /// As [`lease`](Self::lease).
+    pub fn blocking_try_lease(&self, ttl: Duration) -> Result<Option<Lease<T>>> {
+        let ttl_ms = check_ttl(ttl)?;
+        let mut tx = Transaction::new(Arc::clone(self.engine_arc()));
+        let Some(item) = self.blocking_try_dequeue(&mut tx)? else {
+            return Ok(None);
+        };
+        let granted = self
+            .engine()
+            .blocking_grant(self.queue_ref(), tx.work_mut(), ttl_ms)?;
+        Ok(self.leases(granted, vec![item]).pop())
+    }
+
+    /// Enqueues `item` in `tx`, invisible until `delay` after the commit: then it is appended
+    /// at the tail (items falling due together, in due order) and waiting consumers are
+    /// woken. Durable like any enqueue; a restart keeps it delayed. A zero delay is a plain
+    /// [`enqueue`](Self::enqueue).
+    ///
+    /// # Errors
+    ///
+    /// As [`enqueue`](Self::enqueue); [`Error::InvalidArgument`] for a delay over
+    /// [`MAX_DELAY`](crate::MAX_DELAY).
+    ///
+    /// # Examples
+    ///
+    /// See [`ManualClock`](crate::ManualClock).
+    pub fn enqueue_after(
+        &self,
+        tx: &mut Transaction,
+        item: impl Borrow<T>,
+        delay: Duration,
+    ) -> Result<()> {
+        let delay = check_delay(delay)?;
+        if delay == 0 {
+            return self.enqueue(tx, item);
+        }
+        let due = self.engine().now().saturating_add(delay);
+        self.enqueue_due(tx, item.borrow(), due)
+    }
+
+    /// Enqueues `item` in `tx`, invisible until `at` (by the store's clock); a time not in
+    /// the future is a plain [`enqueue`](Self::enqueue).
+    ///
+    /// # Errors
+    ///
+    /// As [`enqueue`](Self::enqueue); [`Error::InvalidArgument`] for a time before the Unix
+    /// epoch.
+    pub fn enqueue_at(
+        &self,
+        tx: &mut Transaction,
+        item: impl Borrow<T>,
+        at: SystemTime,
+    ) -> Result<()> {
+        let due = wall_ms(at)?;
+        if due <= self.engine().now() {
+            return self.enqueue(tx, item);
+        }
+        self.enqueue_due(tx, item.borrow(), due)
+    }
+
+    fn enqueue_due(&self, tx: &mut Transaction, item: &T, due: u64) -> Result<()> {
+        self.check(tx)?;
+        self.engine().check_open()?;
+        let limit = self.engine().max_item_size();
+        let bytes = codec::encode(item, limit).map_err(|e| match e {
+            EncodeError::TooLarge { size } => Error::ItemTooLarge {
+                queue: self.name().to_owned(),
+                size,
+                limit,
+            },
+            EncodeError::Postcard(e) => Error::serialize(self.name(), e),
+        })?;
+        let mut entry = Entry::new(0, bytes, 0);
+        entry.not_before = due;
+        tx.work_mut().moves.push(Move {
+            proc: Arc::clone(self.proc()),
+            kind: MoveKind::Delayed(entry),
+        });
+        Ok(())
+    }
+
+    /// Counts of the queue's items: visible, delayed, leased, held by open transactions, dead.
+    /// Each is a snapshot, taken one after the other.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: it changes nothing.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Closed`] after close.
+    pub async fn stats(&self) -> Result<QueueStats> {
+        self.blocking_stats()
+    }
+
+    /// [`stats`](Self::stats) for threads.
+    ///
+    /// # Errors
+    ///
+    /// As [`stats`](Self::stats).
+    pub fn blocking_stats(&self) -> Result<QueueStats> {
+        self.engine().check_open()?;
+        let proc = self.proc();
+        Ok(QueueStats {
+            visible: proc.core.count(),
+            delayed: proc.delayed(),
+            leased: proc.leased(),
+            held: proc.core.held(),
+            dead: proc.dead_count(),
+        })
+    }
+
+    /// The queue's retry policy (the default until one is set).
+    pub fn retry_policy(&self) -> RetryPolicy {
+        self.proc().policy()
+    }
+
+    /// Sets the queue's retry policy, durably (in the store: every handle and later opens
+    /// use it).
+    ///
+    /// # Cancel safety
+    ///
+    /// Once polled, the policy is stored whether or not the future is awaited further.
+    ///
+    /// # Errors
+    ///
+    /// Storage errors; [`Error::Closed`] after close.
+    pub async fn set_retry_policy(&self, policy: RetryPolicy) -> Result<()> {
+        self.engine().set_policy(self.proc(), policy).await
+    }
+
+    /// [`set_retry_policy`](Self::set_retry_policy) for threads.
+    ///
+    /// # Errors
+    ///
+    /// As [`set_retry_policy`](Self::set_retry_policy).
+    pub fn blocking_set_retry_policy(&self, policy: RetryPolicy) -> Result<()> {
+        crate::engine::block_on(self.set_retry_policy(policy))
+    }
+
+    /// Lists up to `limit` items with ids above `after` (all of them from `None`), in id
+    /// order, without taking, hiding or reordering anything: ready, delayed and leased items
+    /// (items held by open transactions are not listed; [`stats`](Self::stats) counts them).
+    /// Continue from the last id returned. Each page copies the queue's ready items under its
+    /// lock: a tool for operators, not for a hot path.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: it changes nothing.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Deserialize`] for an item that is not a `T`; [`Error::Closed`] after close.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use reliable_queue::ItemState;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), reliable_queue::Error> {
+    /// let store = reliable_queue::Store::in_memory()?;
+    /// let q = store.queue::<u32>("q").await?;
+    /// # let mut tx = store.begin(); for i in 0..3 { q.enqueue(&mut tx, i)?; } tx.commit().await?;
+    /// let page = q.browse(None, 2).await?;
+    /// assert_eq!(page.len(), 2);
+    /// assert_eq!(page[0].state, ItemState::Ready);
+    /// let rest = q.browse(Some(page[1].id), 2).await?;
+    /// assert_eq!(rest.len(), 1);
+    /// assert_eq!(q.count().await?, 3); // nothing consumed
+    /// # Ok(()) }
+    /// ```
+    pub async fn browse(&self, after: Option<u64>, limit: usize) -> Result<Vec<BrowsedItem<T>>> {
+        self.blocking_browse(after, limit)
+    }
+
+    /// [`browse`](Self::browse) for threads.
+    ///
+    /// # Errors
+    ///
+    /// As [`browse`](Self::browse).
+    pub fn blocking_browse(&self, after: Option<u64>, limit: usize) -> Result<Vec<BrowsedItem<T>>> {
+        self.engine().check_open()?;
+        let proc = self.proc();
+        let above = |id: u64| after.is_none_or(|a| id > a);
+        let mut found: Vec<(Entry, ItemState)> = Vec::new();
+        for e in proc.core.ready_entries() {
+            if above(e.id) {
+                found.push((e, ItemState::Ready));
+            }
+        }
+        for e in self.engine().delayed_entries(proc) {
+            if above(e.id) {
+                let until = system_time(e.not_before);
+                found.push((e, ItemState::Delayed { until }));
+            }
+        }
+        for (token, deadline, e) in proc.leased_entries() {
+            if above(token) {
+                let state = ItemState::Leased {
+                    until: system_time(deadline),
+                    attempt: e.attempts,
+                };
+                found.push((e, state));
+            }
+        }
+        found.sort_by_key(|(e, _)| e.id);
+        found.truncate(limit);
+        found
+            .into_iter()
+            .map(|(e, state)| {
+                Ok(BrowsedItem {
+                    id: e.id,
+                    item: self.decode(&e)?,
+                    state,
+                    attempts: e.attempts,
+                    enqueued_at: known(e.times.enqueued_at),
+                })
+            })
+            .collect()
+    }
+
+    /// Lists up to `limit` dead letters with ids above `after`, oldest first. On disk their
+    /// items are read from the log (they are not kept in memory).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: it changes nothing.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Deserialize`] for an item that is not a `T`; storage errors; [`Error::Closed`].
+    ///
+    /// # Examples
+    ///
+    /// See [`Lease::fail`].
+    pub async fn dead_letters(
+        &self,
+        after: Option<u64>,
+        limit: usize,
+    ) -> Result<Vec<DeadLetter<T>>> {
+        self.engine().check_open()?;
+        let mut slots = self.proc().dead_page(after, limit);
+        self.engine().dead_bytes(&mut slots).await?;
+        slots.into_iter().map(|s| self.dead_letter(s)).collect()
+    }
+
+    /// [`dead_letters`](Self::dead_letters) for threads.
+    ///
+    /// # Errors
+    ///
+    /// As [`dead_letters`](Self::dead_letters).
+    pub fn blocking_dead_letters(
+        &self,
+        after: Option<u64>,
+        limit: usize,
+    ) -> Result<Vec<DeadLetter<T>>> {
+        crate::engine::block_on(self.dead_letters(after, limit))
+    }
+
+    fn dead_letter(&self, slot: DeadSlot) -> Result<DeadLetter<T>> {
+        let item = self.decode(&slot.entry)?;
+        let e = slot.entry;
+        Ok(DeadLetter {
+            id: e.id,
+            item,
+            reason: slot.reason,
+            attempts: e.attempts,
+            first_attempt: known(e.times.first_attempt),
+            last_attempt: known(e.times.last_attempt),
+            enqueued_at: known(e.times.enqueued_at),
+        })
+    }
+
+    fn chosen(&self, which: &Replay) -> Vec<u64> {
+        match which {
+            Replay::All => self.proc().dead_ids(None),
+            Replay::First(n) => self.proc().dead_ids(Some(*n)),
+            Replay::Ids(ids) => ids.clone(),
+        }
+    }
+
+    /// Moves dead letters back to the tail of the queue, visible at once, atomically and
+    /// durably; with `reset_attempts` their attempt counts start again from 0. Returns how
+    /// many moved.
+    ///
+    /// # Cancel safety
+    ///
+    /// Once polled, the replay happens whether or not the future is awaited further.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotDeadLetter`] for an id that is not a dead letter of this queue (nothing is
+    /// replayed); storage errors; [`Error::Closed`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use reliable_queue::{Replay, RetryPolicy};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), reliable_queue::Error> {
+    /// let store = reliable_queue::Store::in_memory()?;
+    /// let q = store.queue::<u8>("q").await?;
+    /// q.set_retry_policy(RetryPolicy::default().max_attempts(1)).await?;
+    /// # let mut tx = store.begin(); q.enqueue(&mut tx, 1)?; tx.commit().await?;
+    /// q.lease(std::time::Duration::from_secs(5)).await?.fail("flaky").await?;
+    /// assert_eq!(q.replay(Replay::All, true).await?, 1);
+    /// assert_eq!(q.count().await?, 1);
+    /// # Ok(()) }
+    /// ```
+    pub async fn replay(&self, which: Replay, reset_attempts: bool) -> Result<usize> {
+        let ids = self.chosen(&which);
+        let mut work = self
+            .engine()
+            .dead_work(self.proc(), &ids, reset_attempts, false)?;
+        self.engine().commit(&mut work).await?;
+        Ok(ids.len())
+    }
+
+    /// [`replay`](Self::replay) for threads.
+    ///
+    /// # Errors
+    ///
+    /// As [`replay`](Self::replay).
+    pub fn blocking_replay(&self, which: Replay, reset_attempts: bool) -> Result<usize> {
+        crate::engine::block_on(self.replay(which, reset_attempts))
+    }
+
+    /// Deletes dead letters for good, atomically and durably. Returns how many.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`replay`](Self::replay).
+    ///
+    /// # Errors
+    ///
+    /// As [`replay`](Self::replay).
+    pub async fn purge(&self, which: Replay) -> Result<usize> {
+        let ids = self.chosen(&which);
+        let mut work = self.engine().dead_work(self.proc(), &ids, false, true)?;
+        self.engine().commit(&mut work).await?;
+        Ok(ids.len())
+    }
+
+    /// [`purge`](Self::purge) for threads.
+    ///
+    /// # Errors
+    ///
+    /// As [`purge`](Self::purge).
+    pub fn blocking_purge(&self, which: Replay) -> Result<usize> {
+        crate::engine::block_on(self.purge(which))
+    }
+}
+
+fn known(ms: u64) -> Option<SystemTime> {
+    (ms != 0).then(|| system_time(ms))
+}

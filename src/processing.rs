@@ -1,0 +1,245 @@
+//! The processing layer's plain data: [`RetryPolicy`], [`QueueStats`], [`ItemState`] and what
+//! browsing returns. The calls live on [`ReliableConcurrentQueue`](crate::ReliableConcurrentQueue)
+//! and [`Lease`](crate::Lease).
+
+use std::time::{Duration, SystemTime};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// What happens to an item whose lease fails or expires: how long it waits before it is due
+/// again, and after how many attempts it moves to the queue's dead letters.
+///
+/// The wait after attempt `n` is `initial_backoff * 2^(n-1)`, capped at `max_backoff`, then
+/// spread by up to `jitter` (a fraction of it) either way, by a hash of the item's id and
+/// attempt (so two items failing together do not come back together, and a test can set
+/// `jitter` to 0 for exact times). Kept in the store: every handle and every process sees the
+/// policy last set by [`set_retry_policy`](crate::ReliableConcurrentQueue::set_retry_policy).
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use reliable_queue::RetryPolicy;
+///
+/// let policy = RetryPolicy::default()
+///     .max_attempts(3)
+///     .initial_backoff(Duration::from_millis(200))
+///     .max_backoff(Duration::from_secs(30))
+///     .jitter(0.0);
+/// assert_eq!(policy.backoff(1, 7), Duration::from_millis(200));
+/// assert_eq!(policy.backoff(3, 7), Duration::from_millis(800));
+/// # Ok::<(), reliable_queue::Error>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct RetryPolicy {
+    max_attempts: u32,
+    initial_backoff_ms: u64,
+    max_backoff_ms: u64,
+    /// Per mille.
+    jitter: u16,
+}
+
+impl Default for RetryPolicy {
+    /// 5 attempts; backoff from 1 s doubling up to 10 min; 20 % jitter.
+    fn default() -> Self {
+        RetryPolicy {
+            max_attempts: 5,
+            initial_backoff_ms: 1_000,
+            max_backoff_ms: 600_000,
+            jitter: 200,
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// Attempts after which a failed or expired lease moves the item to the dead letters
+    /// (at least 1; 0 is taken as 1).
+    pub fn max_attempts(mut self, n: u32) -> Self {
+        self.max_attempts = n.max(1);
+        self
+    }
+
+    /// The wait after the first failed attempt.
+    pub fn initial_backoff(mut self, d: Duration) -> Self {
+        self.initial_backoff_ms = crate::clock::millis(d);
+        self
+    }
+
+    /// The longest wait.
+    pub fn max_backoff(mut self, d: Duration) -> Self {
+        self.max_backoff_ms = crate::clock::millis(d);
+        self
+    }
+
+    /// How far (a fraction of the wait, 0.0 to 1.0, clamped) the wait is spread either way.
+    pub fn jitter(mut self, fraction: f64) -> Self {
+        let per_mille = (fraction.clamp(0.0, 1.0) * 1000.0).round();
+        // Clamped to 0..=1000 above, so the conversion is exact.
+        self.jitter = if per_mille.is_nan() {
+            0
+        } else {
+            per_mille as u16
+        };
+        self
+    }
+
+    /// The configured maximum attempts.
+    pub fn attempts_allowed(&self) -> u32 {
+        self.max_attempts
+    }
+
+    /// The wait before an item that failed attempt `attempt` is due again; `seed` (the
+    /// item's id) chooses the jitter.
+    pub fn backoff(&self, attempt: u32, seed: u64) -> Duration {
+        Duration::from_millis(self.backoff_ms(attempt, seed))
+    }
+
+    pub(crate) fn backoff_ms(&self, attempt: u32, seed: u64) -> u64 {
+        let doublings = attempt.saturating_sub(1).min(63);
+        let base = self
+            .initial_backoff_ms
+            .saturating_mul(1u64 << doublings)
+            .min(self.max_backoff_ms);
+        if self.jitter == 0 || base == 0 {
+            return base;
+        }
+        let spread = base.saturating_mul(u64::from(self.jitter)) / 1000;
+        // splitmix64 of the seed and attempt: cheap, well spread, reproducible.
+        let mut z = seed
+            .wrapping_add(u64::from(attempt).wrapping_mul(0x9E37_79B9_7F4A_7C15))
+            .wrapping_add(0x9E37_79B9_7F4A_7C15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        let offset = z % (spread.saturating_mul(2).saturating_add(1));
+        base.saturating_sub(spread).saturating_add(offset)
+    }
+
+    pub(crate) fn to_bytes(self) -> Vec<u8> {
+        postcard::to_allocvec(&self).unwrap_or_default()
+    }
+
+    pub(crate) fn from_bytes(bytes: &[u8]) -> Option<RetryPolicy> {
+        postcard::from_bytes(bytes).ok()
+    }
+}
+
+/// Counts of one queue's items, each a snapshot (see
+/// [`stats`](crate::ReliableConcurrentQueue::stats)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct QueueStats {
+    /// Committed, due, not held, not leased: what [`count`](crate::ReliableConcurrentQueue::count) returns.
+    pub visible: u64,
+    /// Committed, not due yet (delayed items, and retries waiting out their backoff).
+    pub delayed: u64,
+    /// Leased now.
+    pub leased: u64,
+    /// Held by open transactions (dequeued, not committed or aborted yet).
+    pub held: u64,
+    /// In the queue's dead letters.
+    pub dead: u64,
+}
+
+/// Where an item is, as [`browse`](crate::ReliableConcurrentQueue::browse) sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ItemState {
+    /// Visible: the next dequeue or lease may take it.
+    Ready,
+    /// Not due before this time.
+    Delayed {
+        /// When it becomes due.
+        until: SystemTime,
+    },
+    /// Leased.
+    Leased {
+        /// The lease's deadline.
+        until: SystemTime,
+        /// The lease's attempt number.
+        attempt: u32,
+    },
+}
+
+/// One item as [`browse`](crate::ReliableConcurrentQueue::browse) lists it.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct BrowsedItem<T> {
+    /// The item's id: the id of its current version (it changes when the item is leased,
+    /// retried or moved). Pages continue after it.
+    pub id: u64,
+    /// The item.
+    pub item: T,
+    /// Where it is.
+    pub state: ItemState,
+    /// Leases granted so far.
+    pub attempts: u32,
+    /// When its first enqueue committed; `None` for items written before commit times were
+    /// kept.
+    pub enqueued_at: Option<SystemTime>,
+}
+
+/// One dead letter, as [`dead_letters`](crate::ReliableConcurrentQueue::dead_letters) lists it.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct DeadLetter<T> {
+    /// Its id, for [`replay`](crate::ReliableConcurrentQueue::replay) and
+    /// [`purge`](crate::ReliableConcurrentQueue::purge).
+    pub id: u64,
+    /// The item.
+    pub item: T,
+    /// Why it was moved here: the reason given to [`Lease::fail`](crate::Lease::fail), or
+    /// `"lease expired"`.
+    pub reason: String,
+    /// Leases it was granted.
+    pub attempts: u32,
+    /// When its first and its latest lease were granted.
+    pub first_attempt: Option<SystemTime>,
+    /// When its latest lease was granted.
+    pub last_attempt: Option<SystemTime>,
+    /// When its first enqueue committed, if known.
+    pub enqueued_at: Option<SystemTime>,
+}
+
+/// Which dead letters to [`replay`](crate::ReliableConcurrentQueue::replay).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Replay {
+    /// Every dead letter of the queue.
+    All,
+    /// The oldest `n`.
+    First(usize),
+    /// These ids.
+    Ids(Vec<u64>),
+}
+
+/// A lease time as milliseconds: at least 1 ms, and no more than [`MAX_TTL`].
+pub(crate) fn check_ttl(ttl: Duration) -> Result<u64> {
+    let ms = crate::clock::millis(ttl);
+    if ttl.is_zero() || ms == 0 || ttl > MAX_TTL {
+        return Err(Error::InvalidArgument {
+            argument: "ttl",
+            expected: "a lease time from 1 ms to 365 days",
+        });
+    }
+    Ok(ms)
+}
+
+/// The longest lease: a year. A longer one is almost certainly a unit mistake.
+pub const MAX_TTL: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// The longest delay accepted: 100 years.
+pub const MAX_DELAY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+/// A delay as milliseconds, at most [`MAX_DELAY`].
+pub(crate) fn check_delay(delay: Duration) -> Result<u64> {
+    if delay > MAX_DELAY {
+        return Err(Error::InvalidArgument {
+            argument: "delay",
+            expected: "a delay of at most 100 years",
+        });
+    }
+    Ok(crate::clock::millis(delay))
+}

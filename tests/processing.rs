@@ -1,0 +1,499 @@
+//! The processing layer (P1-P8), on the memory and sled engines, with an injected clock: no
+//! test sleeps for an expiry or a backoff.
+
+mod common;
+
+use std::path::PathBuf;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use reliable_queue::{Error, Failed, ItemState, ManualClock, Replay, RetryPolicy, Store, MAX_TTL};
+
+const START: u64 = 1_700_000_000_000;
+const TTL: Duration = Duration::from_secs(30);
+
+fn clock() -> ManualClock {
+    ManualClock::new(UNIX_EPOCH + Duration::from_millis(START)).unwrap()
+}
+
+/// A store of each engine on `clock`: (name, store, directory guard, path).
+fn stores(clock: &ManualClock) -> Vec<(&'static str, Store, Option<(tempfile::TempDir, PathBuf)>)> {
+    let memory = Store::builder().clock(clock.clone()).open().unwrap();
+    let (dir, path) = common::temp_dir();
+    let sled = Store::builder()
+        .clock(clock.clone())
+        .path(&path)
+        .open()
+        .unwrap();
+    vec![("memory", memory, None), ("sled", sled, Some((dir, path)))]
+}
+
+fn reopen(clock: &ManualClock, path: &PathBuf) -> Store {
+    Store::builder()
+        .clock(clock.clone())
+        .path(path)
+        .open()
+        .unwrap()
+}
+
+fn fill(store: &Store, q: &reliable_queue::ReliableConcurrentQueue<u64>, items: &[u64]) {
+    let mut tx = store.begin();
+    for i in items {
+        q.enqueue(&mut tx, i).unwrap();
+    }
+    tx.blocking_commit().unwrap();
+}
+
+fn no_jitter(max: u32) -> RetryPolicy {
+    RetryPolicy::default()
+        .max_attempts(max)
+        .initial_backoff(Duration::from_secs(1))
+        .max_backoff(Duration::from_secs(60))
+        .jitter(0.0)
+}
+
+#[test]
+fn p1_a_lease_hides_the_item_and_counts_the_attempt() {
+    let clock = clock();
+    for (name, store, _dir) in stores(&clock) {
+        let q = store.blocking_queue::<u64>("q").unwrap();
+        fill(&store, &q, &[1, 2]);
+        let lease = q.blocking_lease(TTL).unwrap();
+        assert_eq!(*lease.item(), 1, "{name}");
+        assert_eq!(lease.attempt(), 1, "{name}");
+        assert_eq!(
+            lease.deadline(),
+            UNIX_EPOCH + Duration::from_millis(START) + TTL,
+            "{name}"
+        );
+        let stats = q.blocking_stats().unwrap();
+        assert_eq!((stats.visible, stats.leased), (1, 1), "{name}");
+        assert!(matches!(
+            q.blocking_lease(Duration::ZERO),
+            Err(Error::InvalidArgument {
+                argument: "ttl",
+                ..
+            })
+        ));
+        assert!(matches!(
+            q.blocking_lease(MAX_TTL + Duration::from_secs(1)),
+            Err(Error::InvalidArgument { .. })
+        ));
+        lease.blocking_complete().unwrap();
+        let many = q.blocking_lease_many(5, TTL).unwrap();
+        assert_eq!(many.len(), 1, "{name}: only one item left");
+        drop(many);
+        assert_eq!(
+            q.blocking_count().unwrap(),
+            1,
+            "{name}: a dropped lease gives back"
+        );
+    }
+}
+
+#[test]
+fn p2_expiry_returns_the_item_to_the_head_and_counts_the_attempts() {
+    let clock = clock();
+    for (name, store, _dir) in stores(&clock) {
+        let q = store.blocking_queue::<u64>("q").unwrap();
+        q.blocking_set_retry_policy(no_jitter(2)).unwrap();
+        fill(&store, &q, &[1, 2]);
+        let first = q.blocking_lease(TTL).unwrap();
+        clock.advance(TTL - Duration::from_millis(1));
+        assert_eq!(q.blocking_count().unwrap(), 1, "{name}: not yet expired");
+        clock.advance(Duration::from_millis(1));
+        assert_eq!(q.blocking_count().unwrap(), 2, "{name}: expired");
+        // Back at the head.
+        let second = q.blocking_lease(TTL).unwrap();
+        assert_eq!((*second.item(), second.attempt()), (1, 2), "{name}");
+        // Fencing: the first holder's lease is over.
+        assert!(matches!(
+            first.blocking_complete(),
+            Err(Error::LeaseExpired { .. })
+        ));
+        // Expiry at the maximum attempts: dead letters.
+        clock.advance(TTL);
+        let stats = q.blocking_stats().unwrap();
+        assert_eq!((stats.visible, stats.dead), (1, 1), "{name}");
+        let dead = q.blocking_dead_letters(None, 10).unwrap();
+        assert_eq!((dead[0].item, dead[0].attempts), (1, 2), "{name}");
+        assert_eq!(dead[0].reason, "lease expired");
+        assert!(matches!(
+            second.blocking_fail("late"),
+            Err(Error::LeaseExpired { .. })
+        ));
+    }
+}
+
+#[test]
+fn a_holder_whose_lease_expired_cannot_ack_and_the_next_holder_completes_it_once() {
+    let clock = clock();
+    for (name, store, _dir) in stores(&clock) {
+        let q = store.blocking_queue::<u64>("q").unwrap();
+        let out = store.blocking_queue::<u64>("out").unwrap();
+        fill(&store, &q, &[7]);
+        let slow = q.blocking_lease(TTL).unwrap();
+        clock.advance(TTL);
+        let fast = q.blocking_lease(TTL).unwrap();
+        let mut tx = store.begin();
+        out.enqueue(&mut tx, 7).unwrap();
+        fast.ack(&mut tx).unwrap();
+        tx.blocking_commit().unwrap();
+        let mut tx = store.begin();
+        out.enqueue(&mut tx, 7).unwrap();
+        assert!(
+            matches!(slow.ack(&mut tx), Err(Error::LeaseExpired { .. })),
+            "{name}"
+        );
+        drop(tx);
+        assert_eq!(
+            common::drain(&store, &out),
+            vec![7],
+            "{name}: completed once"
+        );
+        assert_eq!(q.blocking_stats().unwrap(), Default::default(), "{name}");
+    }
+}
+
+#[test]
+fn p3_an_ack_whose_lease_expires_before_commit_fails_the_whole_commit() {
+    let clock = clock();
+    for (name, store, _dir) in stores(&clock) {
+        let q = store.blocking_queue::<u64>("q").unwrap();
+        let out = store.blocking_queue::<u64>("out").unwrap();
+        fill(&store, &q, &[1, 2]);
+        let lease = q.blocking_lease(TTL).unwrap();
+        let mut tx = store.begin();
+        out.enqueue(&mut tx, 100).unwrap();
+        assert_eq!(q.blocking_try_dequeue(&mut tx).unwrap(), Some(2));
+        lease.ack(&mut tx).unwrap();
+        clock.advance(TTL);
+        assert!(
+            matches!(tx.blocking_commit(), Err(Error::LeaseExpired { .. })),
+            "{name}"
+        );
+        assert_eq!(out.blocking_count().unwrap(), 0, "{name}: nothing applied");
+        assert_eq!(q.blocking_count().unwrap(), 2, "{name}: both items back");
+    }
+}
+
+#[test]
+fn p4_extend_is_the_heartbeat() {
+    let clock = clock();
+    for (name, store, _dir) in stores(&clock) {
+        let q = store.blocking_queue::<u64>("q").unwrap();
+        fill(&store, &q, &[1]);
+        let mut lease = q.blocking_lease(TTL).unwrap();
+        clock.advance(TTL / 2);
+        lease.blocking_extend(TTL).unwrap();
+        clock.advance(TTL / 2 + Duration::from_secs(1));
+        assert_eq!(
+            q.blocking_stats().unwrap().leased,
+            1,
+            "{name}: still leased"
+        );
+        assert!(matches!(
+            lease.blocking_extend(Duration::ZERO),
+            Err(Error::InvalidArgument { .. })
+        ));
+        lease.blocking_complete().unwrap();
+        assert_eq!(q.blocking_count().unwrap(), 0, "{name}");
+    }
+}
+
+#[test]
+fn p5_fail_retries_after_the_backoff_then_buries_and_release_keeps_the_attempts() {
+    let clock = clock();
+    for (name, store, dir) in stores(&clock) {
+        let q = store.blocking_queue::<u64>("q").unwrap();
+        q.blocking_set_retry_policy(no_jitter(3)).unwrap();
+        fill(&store, &q, &[1]);
+        let lease = q.blocking_lease(TTL).unwrap();
+        let now = clock.now();
+        assert_eq!(
+            lease.blocking_fail("boom").unwrap(),
+            Failed::Retry {
+                at: now + Duration::from_secs(1)
+            },
+            "{name}"
+        );
+        assert_eq!(q.blocking_stats().unwrap().delayed, 1, "{name}");
+        assert!(
+            q.blocking_try_lease(TTL).unwrap().is_none(),
+            "{name}: backing off"
+        );
+        clock.advance(Duration::from_secs(1));
+        let lease = q.blocking_try_lease(TTL).unwrap().expect("due again");
+        assert_eq!(lease.attempt(), 2, "{name}");
+        // Release without a failure: back at once, attempts unchanged.
+        lease.blocking_release(Duration::ZERO).unwrap();
+        let lease = q.blocking_lease(TTL).unwrap();
+        assert_eq!(
+            lease.attempt(),
+            3,
+            "{name}: each lease counts, a release does not"
+        );
+        assert_eq!(
+            lease.blocking_fail("boom again").unwrap(),
+            Failed::Dead,
+            "{name}"
+        );
+        let dead = q.blocking_dead_letters(None, 10).unwrap();
+        assert_eq!(dead.len(), 1, "{name}");
+        assert_eq!(
+            (dead[0].item, dead[0].attempts, dead[0].reason.as_str()),
+            (1, 3, "boom again")
+        );
+        assert!(dead[0].first_attempt.is_some() && dead[0].last_attempt >= dead[0].first_attempt);
+        // The policy is kept in the store.
+        if let Some((_guard, path)) = dir {
+            store.blocking_close().unwrap();
+            let store = reopen(&clock, &path);
+            let q = store.blocking_queue::<u64>("q").unwrap();
+            assert_eq!(q.retry_policy(), no_jitter(3));
+            let dead = q.blocking_dead_letters(None, 10).unwrap();
+            assert_eq!(
+                (dead[0].item, dead[0].attempts),
+                (1, 3),
+                "dead letters survive a restart"
+            );
+        }
+    }
+}
+
+#[test]
+fn p6_delayed_items_are_invisible_until_due_then_come_in_due_order_and_survive_restart() {
+    let clock = clock();
+    for (name, store, dir) in stores(&clock) {
+        let q = store.blocking_queue::<u64>("q").unwrap();
+        let mut tx = store.begin();
+        q.enqueue_after(&mut tx, 3, Duration::from_secs(30))
+            .unwrap();
+        q.enqueue_after(&mut tx, 2, Duration::from_secs(20))
+            .unwrap();
+        q.enqueue_after(&mut tx, 0, Duration::ZERO).unwrap();
+        assert!(matches!(
+            q.enqueue_at(&mut tx, 9, UNIX_EPOCH - Duration::from_secs(1)),
+            Err(Error::InvalidArgument { .. })
+        ));
+        assert!(matches!(
+            q.enqueue_after(&mut tx, 9, Duration::MAX),
+            Err(Error::InvalidArgument { .. })
+        ));
+        tx.blocking_commit().unwrap();
+        assert_eq!(q.blocking_stats().unwrap().delayed, 2, "{name}");
+        assert_eq!(
+            common::drain(&store, &q),
+            vec![0],
+            "{name}: a zero delay is plain"
+        );
+        let store = match &dir {
+            Some((_guard, path)) => {
+                store.blocking_close().unwrap();
+                reopen(&clock, path)
+            }
+            None => store,
+        };
+        let q = store.blocking_queue::<u64>("q").unwrap();
+        assert_eq!(
+            q.blocking_stats().unwrap().delayed,
+            2,
+            "{name}: kept across restart"
+        );
+        clock.advance(Duration::from_secs(30));
+        assert_eq!(common::drain(&store, &q), vec![2, 3], "{name}: due order");
+    }
+}
+
+#[test]
+fn a_waiting_consumer_is_woken_when_a_delayed_item_falls_due() {
+    let clock = clock();
+    for (name, store, _dir) in stores(&clock) {
+        let q = store.blocking_queue::<u64>("q").unwrap();
+        let mut tx = store.begin();
+        q.enqueue_after(&mut tx, 5, Duration::from_secs(10))
+            .unwrap();
+        tx.blocking_commit().unwrap();
+        let consumer = {
+            let q = q.clone();
+            std::thread::spawn(move || *q.blocking_lease(TTL).unwrap().item())
+        };
+        while q.waiters() == 0 {
+            std::thread::yield_now();
+        }
+        clock.advance(Duration::from_secs(10));
+        assert_eq!(consumer.join().unwrap(), 5, "{name}");
+    }
+}
+
+#[test]
+fn p7_dead_letters_replay_and_purge() {
+    let clock = clock();
+    for (name, store, dir) in stores(&clock) {
+        let q = store.blocking_queue::<u64>("q").unwrap();
+        q.blocking_set_retry_policy(no_jitter(1)).unwrap();
+        fill(&store, &q, &[1, 2, 3]);
+        for _ in 0..3 {
+            q.blocking_lease(TTL)
+                .unwrap()
+                .blocking_fail("poison")
+                .unwrap();
+        }
+        assert_eq!(q.blocking_stats().unwrap().dead, 3, "{name}");
+        let store = match &dir {
+            Some((_guard, path)) => {
+                store.blocking_close().unwrap();
+                reopen(&clock, path)
+            }
+            None => store,
+        };
+        let q = store.blocking_queue::<u64>("q").unwrap();
+        let dead = q.blocking_dead_letters(None, 10).unwrap();
+        assert_eq!(
+            dead.iter().map(|d| d.item).collect::<Vec<_>>(),
+            vec![1, 2, 3],
+            "{name}"
+        );
+        let page = q.blocking_dead_letters(Some(dead[0].id), 1).unwrap();
+        assert_eq!(page[0].item, 2, "{name}: paged");
+        assert!(matches!(
+            q.blocking_replay(Replay::Ids(vec![dead[0].id, 12345]), true),
+            Err(Error::NotDeadLetter { id: 12345, .. })
+        ));
+        assert_eq!(
+            q.blocking_stats().unwrap().dead,
+            3,
+            "{name}: nothing replayed"
+        );
+        assert_eq!(
+            q.blocking_replay(Replay::Ids(vec![dead[0].id]), true)
+                .unwrap(),
+            1
+        );
+        assert_eq!(q.blocking_replay(Replay::First(1), false).unwrap(), 1);
+        let lease = q.blocking_lease(TTL).unwrap();
+        assert_eq!(
+            (*lease.item(), lease.attempt()),
+            (1, 1),
+            "{name}: attempts reset"
+        );
+        lease.blocking_complete().unwrap();
+        let lease = q.blocking_lease(TTL).unwrap();
+        assert_eq!(
+            (*lease.item(), lease.attempt()),
+            (2, 2),
+            "{name}: attempts kept"
+        );
+        lease.blocking_complete().unwrap();
+        assert_eq!(q.blocking_purge(Replay::All).unwrap(), 1, "{name}");
+        assert_eq!(q.blocking_stats().unwrap(), Default::default(), "{name}");
+        if let Some((_guard, path)) = &dir {
+            store.blocking_close().unwrap();
+            let store = reopen(&clock, path);
+            let q = store.blocking_queue::<u64>("q").unwrap();
+            assert_eq!(
+                q.blocking_stats().unwrap(),
+                Default::default(),
+                "{name}: after restart"
+            );
+        }
+    }
+}
+
+#[test]
+fn p8_browse_lists_without_consuming_and_stats_count_every_state() {
+    let clock = clock();
+    for (name, store, _dir) in stores(&clock) {
+        let q = store.blocking_queue::<u64>("q").unwrap();
+        fill(&store, &q, &[1, 2, 3]);
+        let mut tx = store.begin();
+        q.enqueue_after(&mut tx, 4, Duration::from_secs(5)).unwrap();
+        tx.blocking_commit().unwrap();
+        let lease = q.blocking_lease(TTL).unwrap();
+        let mut held = store.begin();
+        assert_eq!(q.blocking_try_dequeue(&mut held).unwrap(), Some(2));
+        let stats = q.blocking_stats().unwrap();
+        assert_eq!(
+            (
+                stats.visible,
+                stats.delayed,
+                stats.leased,
+                stats.held,
+                stats.dead
+            ),
+            (1, 1, 1, 1, 0),
+            "{name}"
+        );
+        let all = q.blocking_browse(None, 10).unwrap();
+        let items: Vec<u64> = all.iter().map(|b| b.item).collect();
+        assert_eq!(
+            items,
+            vec![3, 4, 1],
+            "{name}: by id; the lease has a newer id"
+        );
+        assert!(matches!(all[0].state, ItemState::Ready));
+        assert!(matches!(all[1].state, ItemState::Delayed { .. }));
+        assert!(matches!(all[2].state, ItemState::Leased { attempt: 1, .. }));
+        assert_eq!(
+            all[0].enqueued_at,
+            Some(UNIX_EPOCH + Duration::from_millis(START))
+        );
+        let page = q.blocking_browse(Some(all[0].id), 1).unwrap();
+        assert_eq!(page[0].item, 4, "{name}");
+        drop(held);
+        drop(lease);
+        assert_eq!(
+            q.blocking_count().unwrap(),
+            3,
+            "{name}: browse took nothing"
+        );
+        let _ = SystemTime::now();
+    }
+}
+
+#[test]
+fn a_plain_dequeue_and_abort_is_not_an_attempt() {
+    let clock = clock();
+    for (name, store, _dir) in stores(&clock) {
+        let q = store.blocking_queue::<u64>("q").unwrap();
+        fill(&store, &q, &[1]);
+        for _ in 0..3 {
+            let mut tx = store.begin();
+            q.blocking_try_dequeue(&mut tx).unwrap();
+            tx.blocking_abort().unwrap();
+        }
+        assert_eq!(q.blocking_lease(TTL).unwrap().attempt(), 1, "{name}");
+    }
+}
+
+#[test]
+fn attempts_survive_a_restart_and_a_restart_ends_leases() {
+    let clock = clock();
+    let (_dir, path) = common::temp_dir();
+    let store = reopen(&clock, &path);
+    let q = store.blocking_queue::<u64>("q").unwrap();
+    fill(&store, &q, &[1]);
+    let lease = q.blocking_lease(TTL).unwrap();
+    std::mem::forget(lease); // the holder "dies" with the process
+    store.blocking_close().unwrap();
+    let store = reopen(&clock, &path);
+    let q = store.blocking_queue::<u64>("q").unwrap();
+    assert_eq!(q.blocking_count().unwrap(), 1, "a restart ends the lease");
+    assert_eq!(
+        q.blocking_lease(TTL).unwrap().attempt(),
+        2,
+        "the attempt was durable"
+    );
+}
+
+#[test]
+fn a_lease_settled_with_another_store_is_refused() {
+    let clock = clock();
+    let a = Store::builder().clock(clock.clone()).open().unwrap();
+    let b = Store::builder().clock(clock.clone()).open().unwrap();
+    let qa = a.blocking_queue::<u64>("q").unwrap();
+    fill(&a, &qa, &[1]);
+    let lease = qa.blocking_lease(TTL).unwrap();
+    let mut tx = b.begin();
+    assert!(matches!(lease.ack(&mut tx), Err(Error::WrongStore { .. })));
+    assert_eq!(qa.blocking_count().unwrap(), 1, "given back, nothing lost");
+}
