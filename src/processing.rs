@@ -76,12 +76,10 @@ impl RetryPolicy {
     /// How far (a fraction of the wait, 0.0 to 1.0, clamped) the wait is spread either way.
     pub fn jitter(mut self, fraction: f64) -> Self {
         let per_mille = (fraction.clamp(0.0, 1.0) * 1000.0).round();
-        // Clamped to 0..=1000 above, so the conversion is exact.
-        self.jitter = if per_mille.is_nan() {
-            0
-        } else {
-            per_mille as u16
-        };
+        // 0..=1000 (NaN clamps to NaN and fails every comparison: no jitter).
+        self.jitter = (0..=1000u16)
+            .find(|&n| f64::from(n) >= per_mille)
+            .unwrap_or(0);
         self
     }
 

@@ -4,7 +4,7 @@
 mod common;
 
 use std::path::PathBuf;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, UNIX_EPOCH};
 
 use reliable_queue::{Error, Failed, ItemState, ManualClock, Replay, RetryPolicy, Store, MAX_TTL};
 
@@ -15,8 +15,11 @@ fn clock() -> ManualClock {
     ManualClock::new(UNIX_EPOCH + Duration::from_millis(START)).unwrap()
 }
 
-/// A store of each engine on `clock`: (name, store, directory guard, path).
-fn stores(clock: &ManualClock) -> Vec<(&'static str, Store, Option<(tempfile::TempDir, PathBuf)>)> {
+/// The directory of an on-disk store, with the guard that deletes it.
+type Dir = Option<(tempfile::TempDir, PathBuf)>;
+
+/// A store of each engine on `clock`: (name, store, directory guard and path on disk).
+fn stores(clock: &ManualClock) -> Vec<(&'static str, Store, Dir)> {
     let memory = Store::builder().clock(clock.clone()).open().unwrap();
     let (dir, path) = common::temp_dir();
     let sled = Store::builder()
@@ -446,7 +449,6 @@ fn p8_browse_lists_without_consuming_and_stats_count_every_state() {
             3,
             "{name}: browse took nothing"
         );
-        let _ = SystemTime::now();
     }
 }
 

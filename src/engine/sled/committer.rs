@@ -92,7 +92,7 @@ pub(crate) enum Message {
     /// Read live items' bytes from the log (dead letters, which are not kept in memory).
     ReadItems {
         ids: Vec<u64>,
-        reply: tokio::sync::oneshot::Sender<Result<Vec<(u64, Box<[u8]>)>>>,
+        reply: super::ItemsReply,
     },
     /// Flush everything written so far to disk, then answer.
     Flush(Reply),
@@ -438,7 +438,7 @@ impl Committer {
     }
 
     /// Reads the bytes of live items from their records.
-    fn read_items(&self, ids: &[u64]) -> Result<Vec<(u64, Box<[u8]>)>> {
+    fn read_items(&self, ids: &[u64]) -> Result<super::ItemBytes> {
         let trees = self.usable()?;
         let mut out = Vec::with_capacity(ids.len());
         for &id in ids {

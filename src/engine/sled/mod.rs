@@ -55,8 +55,14 @@ pub(crate) async fn answer(rx: Answer) -> Result<()> {
     rx.await.unwrap_or(Err(Error::Closed))
 }
 
-/// Where the committer's answer to a read arrives: items' bytes by id.
-pub(crate) type ItemsAnswer = oneshot::Receiver<Result<Vec<(u64, Box<[u8]>)>>>;
+/// Items' bytes by id, as the committer reads them from the log.
+pub(crate) type ItemBytes = Vec<(u64, Box<[u8]>)>;
+
+/// Where the committer's answer to a read arrives.
+pub(crate) type ItemsAnswer = oneshot::Receiver<Result<ItemBytes>>;
+
+/// How the committer answers a read.
+pub(crate) type ItemsReply = oneshot::Sender<Result<ItemBytes>>;
 
 /// A queue as recovered, with what the processing layer keeps of it.
 #[derive(Debug)]
@@ -240,7 +246,7 @@ impl Sled {
     }
 
     /// Reads the bytes of live items (dead letters) from the log.
-    pub(crate) async fn read_items(&self, ids: Vec<u64>) -> Result<Vec<(u64, Box<[u8]>)>> {
+    pub(crate) async fn read_items(&self, ids: Vec<u64>) -> Result<ItemBytes> {
         let (reply, answer): (_, ItemsAnswer) = oneshot::channel();
         self.send(Message::ReadItems { ids, reply });
         answer.await.unwrap_or(Err(Error::Closed))
