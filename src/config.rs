@@ -53,6 +53,8 @@ pub(crate) struct Config {
     pub(crate) salvage: bool,
     /// The store's clock: the real one, or a test's [`ManualClock`](crate::ManualClock).
     pub(crate) clock: crate::clock::Clock,
+    /// Default deadline of a transaction from `Store::begin`, in ms (none by default).
+    pub(crate) transaction_timeout: Option<u64>,
 }
 
 /// Default limit on one encoded item: 4 MiB.
@@ -78,6 +80,7 @@ impl Default for Config {
             allow_shared_directory: false,
             salvage: false,
             clock: crate::clock::Clock::default(),
+            transaction_timeout: None,
         }
     }
 }
@@ -108,6 +111,9 @@ impl Config {
         }
         if c.cache_capacity < (1 << 20) {
             return bad("cache_capacity", "at least 1 MiB");
+        }
+        if c.transaction_timeout == Some(0) {
+            return bad("transaction_timeout", "at least 1 ms");
         }
         Ok(c)
     }

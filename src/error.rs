@@ -219,6 +219,11 @@ pub enum Error {
         token: u64,
     },
 
+    /// The transaction ran past its deadline ([`Transaction::set_timeout`](crate::Transaction::set_timeout),
+    /// [`Builder::transaction_timeout`](crate::Builder::transaction_timeout)): the items it
+    /// held went back to their queues then, and nothing of it will apply. Begin a new one.
+    TransactionExpired,
+
     /// A lease, a dead letter or a transaction of one store was used with another store.
     /// Nothing was done.
     ForeignHandle {
@@ -323,6 +328,9 @@ impl fmt::Display for Error {
             Error::LeaseExpired { queue, token } => write!(
                 f,
                 "lease {token} on queue {queue:?} has ended (expired or settled); nothing was done"
+            ),
+            Error::TransactionExpired => f.write_str(
+                "the transaction ran past its deadline: its held items went back and nothing of it applies",
             ),
             Error::ForeignHandle { what } => {
                 write!(f, "{what} belongs to another store; nothing was done")

@@ -198,7 +198,12 @@ impl Store {
     /// # Ok::<(), reliable_queue::Error>(())
     /// ```
     pub fn begin(&self) -> Transaction {
-        Transaction::new(self.engine.clone())
+        let mut tx = Transaction::new(self.engine.clone());
+        if let Some(timeout) = self.engine.transaction_timeout() {
+            // A fresh transaction is live, so this cannot fail.
+            drop(self.engine.set_timeout(tx.work_mut(), timeout));
+        }
+        tx
     }
 
     /// Makes every commit so far durable. Under [`Durability::Sync`] they already are; under

@@ -58,6 +58,47 @@ impl Transaction {
         &mut self.work
     }
 
+    /// Gives the transaction a deadline `timeout` from now, replacing any it had (such as the
+    /// store's default, [`Builder::transaction_timeout`](crate::Builder::transaction_timeout)).
+    /// Past it the items the transaction holds go back to the front of their queues at once,
+    /// and its later calls and its commit fail with
+    /// [`Error::TransactionExpired`](crate::Error::TransactionExpired).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for a zero timeout,
+    /// [`Error::TransactionExpired`](crate::Error::TransactionExpired) if its deadline passed
+    /// already.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use reliable_queue::{Error, ManualClock, Store};
+    ///
+    /// let clock = ManualClock::new(std::time::SystemTime::now())?;
+    /// let store = Store::builder().clock(clock.clone()).open()?;
+    /// let q = store.blocking_queue::<u8>("q")?;
+    /// # let mut tx = store.begin(); q.enqueue(&mut tx, 1)?; tx.blocking_commit()?;
+    /// let mut tx = store.begin();
+    /// tx.set_timeout(Duration::from_secs(5))?;
+    /// assert_eq!(q.blocking_try_dequeue(&mut tx)?, Some(1));
+    /// clock.advance(Duration::from_secs(5));
+    /// assert_eq!(q.blocking_count()?, 1); // back at once
+    /// assert!(matches!(tx.blocking_commit(), Err(Error::TransactionExpired)));
+    /// # Ok::<(), reliable_queue::Error>(())
+    /// ```
+    pub fn set_timeout(&mut self, timeout: std::time::Duration) -> Result<()> {
+        let ms = crate::clock::millis(timeout);
+        if ms == 0 {
+            return Err(crate::Error::InvalidArgument {
+                argument: "timeout",
+                expected: "at least 1 ms",
+            });
+        }
+        self.engine.set_timeout(&mut self.work, ms)
+    }
+
     /// Number of items enqueued so far.
     ///
     /// # Examples
@@ -214,7 +255,10 @@ impl Transaction {
 impl Drop for Transaction {
     fn drop(&mut self) {
         self.work.withdraw_leaked();
-        if !self.work.dequeued.is_empty() || !self.work.moves.is_empty() {
+        if !self.work.dequeued.is_empty()
+            || !self.work.moves.is_empty()
+            || self.work.expiry.is_some()
+        {
             self.engine.abort(std::mem::take(&mut self.work));
         }
     }

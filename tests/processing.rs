@@ -499,3 +499,77 @@ fn a_lease_settled_with_another_store_is_refused() {
     assert!(matches!(lease.ack(&mut tx), Err(Error::WrongStore { .. })));
     assert_eq!(qa.blocking_count().unwrap(), 1, "given back, nothing lost");
 }
+
+#[test]
+fn p10_past_its_deadline_a_transaction_gives_back_at_once_and_its_later_calls_fail() {
+    let clock = clock();
+    for (name, store, _dir) in stores(&clock) {
+        let q = store.blocking_queue::<u64>("q").unwrap();
+        let out = store.blocking_queue::<u64>("out").unwrap();
+        fill(&store, &q, &[1, 2, 3]);
+        let mut tx = store.begin();
+        assert!(matches!(
+            tx.set_timeout(Duration::ZERO),
+            Err(Error::InvalidArgument { .. })
+        ));
+        tx.set_timeout(Duration::from_secs(5)).unwrap();
+        assert_eq!(q.blocking_try_dequeue(&mut tx).unwrap(), Some(1));
+        assert_eq!(q.blocking_try_dequeue(&mut tx).unwrap(), Some(2));
+        out.enqueue(&mut tx, 10).unwrap();
+        assert_eq!(q.blocking_stats().unwrap().held, 2, "{name}");
+        clock.advance(Duration::from_secs(5));
+        let stats = q.blocking_stats().unwrap();
+        assert_eq!((stats.visible, stats.held), (3, 0), "{name}: back at once");
+        assert!(matches!(q.blocking_try_dequeue(&mut tx), Err(Error::TransactionExpired)));
+        assert!(matches!(out.enqueue(&mut tx, 11), Err(Error::TransactionExpired)));
+        assert!(matches!(q.blocking_dequeue(&mut tx), Err(Error::TransactionExpired)));
+        assert!(matches!(tx.blocking_commit(), Err(Error::TransactionExpired)));
+        assert_eq!(out.blocking_count().unwrap(), 0, "{name}: nothing applied");
+        let mut sorted = common::drain(&store, &q);
+        sorted.sort_unstable();
+        assert_eq!(sorted, vec![1, 2, 3], "{name}: each item once");
+
+        // Before its deadline a transaction commits as usual; an abort after expiry gives
+        // nothing back twice.
+        fill(&store, &q, &[4, 5]);
+        let mut tx = store.begin();
+        tx.set_timeout(Duration::from_secs(5)).unwrap();
+        assert_eq!(q.blocking_try_dequeue(&mut tx).unwrap(), Some(4));
+        tx.blocking_commit().unwrap();
+        let mut tx = store.begin();
+        tx.set_timeout(Duration::from_secs(5)).unwrap();
+        assert_eq!(q.blocking_try_dequeue(&mut tx).unwrap(), Some(5));
+        clock.advance(Duration::from_secs(6));
+        tx.blocking_abort().unwrap();
+        assert_eq!(common::drain(&store, &q), vec![5], "{name}");
+        assert_eq!(q.blocking_stats().unwrap(), Default::default(), "{name}");
+    }
+}
+
+#[test]
+fn p10_the_store_default_deadline_applies_to_every_transaction() {
+    let clock = clock();
+    let store = Store::builder()
+        .clock(clock.clone())
+        .transaction_timeout(Duration::from_secs(2))
+        .open()
+        .unwrap();
+    let q = store.blocking_queue::<u64>("q").unwrap();
+    fill(&store, &q, &[1]);
+    let mut tx = store.begin();
+    assert_eq!(q.blocking_try_dequeue(&mut tx).unwrap(), Some(1));
+    clock.advance(Duration::from_secs(2));
+    assert_eq!(q.blocking_count().unwrap(), 1);
+    assert!(matches!(tx.blocking_commit(), Err(Error::TransactionExpired)));
+    // A lease acked in an expired transaction goes back too.
+    let lease = q.blocking_lease(TTL).unwrap();
+    let mut tx = store.begin();
+    lease.ack(&mut tx).unwrap();
+    clock.advance(Duration::from_secs(2));
+    assert!(matches!(tx.blocking_commit(), Err(Error::TransactionExpired)));
+    assert_eq!(q.blocking_count().unwrap(), 1, "the acked lease's item is back");
+    assert!(matches!(
+        Store::builder().transaction_timeout(Duration::ZERO).open(),
+        Err(Error::InvalidConfig { setting: "transaction_timeout", .. })
+    ));
+}

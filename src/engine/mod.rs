@@ -33,7 +33,7 @@ use smallvec::SmallVec;
 use std::collections::HashMap;
 
 use self::catalog::Catalog;
-use self::processing::{Move, Proc, Timers};
+use self::processing::{Move, Proc, Timers, TxExpiry};
 use crate::config::Config;
 use crate::core::{restore_all, QueueCore, QueueId, Request, Ticket};
 use crate::processing::RetryPolicy;
@@ -88,9 +88,20 @@ pub(crate) struct Work {
     /// Processing-layer changes (delayed enqueues, lease records, settlements, dead-letter
     /// moves), applied after the enqueues; see `processing`.
     pub(crate) moves: Vec<Move>,
+    /// The transaction's deadline, if it has one (P10).
+    pub(crate) expiry: Option<Arc<TxExpiry>>,
 }
 
 impl Work {
+    /// Fails once the transaction's deadline has passed.
+    #[inline]
+    pub(crate) fn check_live(&self) -> Result<()> {
+        match &self.expiry {
+            Some(x) if x.is_expired() => Err(Error::TransactionExpired),
+            _ => Ok(()),
+        }
+    }
+
     fn is_empty(&self) -> bool {
         self.enqueues.is_empty() && self.dequeued.is_empty() && self.moves.is_empty()
     }
@@ -240,6 +251,23 @@ impl Engine {
         QueueRef { core, proc }
     }
 
+    /// Gives `work` a deadline `timeout` ms from now (replacing any it had).
+    pub(crate) fn set_timeout(&self, work: &mut Work, timeout: u64) -> Result<()> {
+        work.check_live()?;
+        let expiry = TxExpiry::new(self.now().saturating_add(timeout), &work.dequeued);
+        if let Some(old) = work.expiry.replace(Arc::clone(&expiry)) {
+            // Settled: its timer does nothing now.
+            old.settle()?;
+        }
+        self.timers.expire_transaction(&expiry);
+        Ok(())
+    }
+
+    /// The store's default transaction timeout, in ms.
+    pub(crate) fn transaction_timeout(&self) -> Option<u64> {
+        self.config.transaction_timeout
+    }
+
     /// The store's clock, in milliseconds since the epoch.
     #[inline]
     pub(crate) fn now(&self) -> u64 {
@@ -353,6 +381,7 @@ impl Engine {
         bytes: Box<[u8]>,
     ) -> Result<()> {
         work.withdraw_leaked();
+        work.check_live()?;
         let limits = &*self.hot;
         debug_assert!(
             bytes.len() <= limits.max_item_size,
@@ -385,6 +414,7 @@ impl Engine {
     ) -> Result<Option<&'w Entry>> {
         work.withdraw_leaked();
         self.check_open()?;
+        work.check_live()?;
         Ok(queue.core.try_take().map(|entry| hold(work, queue, entry)))
     }
 
@@ -406,7 +436,7 @@ impl Engine {
         work: &'w mut Work,
         waker: &Waker,
     ) -> Poll<Result<&'w Entry>> {
-        if let Err(e) = self.check_open() {
+        if let Err(e) = self.check_open().and_then(|()| work.check_live()) {
             return Poll::Ready(Err(e));
         }
         let queue = waiting.queue;
@@ -473,6 +503,12 @@ impl Engine {
     #[inline]
     fn start_commit(&self, work: &mut Work) -> Committing {
         work.withdraw_leaked();
+        if let Some(expiry) = work.expiry.take() {
+            if let Err(e) = expiry.settle() {
+                drop_expired(std::mem::take(work));
+                return Committing::Done(Err(e));
+            }
+        }
         if let Err(e) = self.check_open() {
             abort(std::mem::take(work));
             return Committing::Done(Err(e));
@@ -566,13 +602,28 @@ enum Committing {
 #[inline]
 fn hold<'w>(work: &'w mut Work, queue: &QueueRef, entry: Entry) -> &'w Entry {
     queue.core.hold();
+    if let Some(expiry) = &work.expiry {
+        expiry.note(&queue.core, &entry);
+    }
     work.dequeued.push((queue.core.clone(), entry));
     &work.dequeued[work.dequeued.len() - 1].1
+}
+
+/// Drops the work of a transaction whose deadline passed: its held items went back already
+/// (the timer put back copies), so they are not restored again; its moves are undone.
+fn drop_expired(mut work: Work) {
+    work.undo_moves();
+    work.dequeued.clear();
 }
 
 /// Gives `work`'s dequeued items back and undoes its moves; its enqueues are dropped.
 pub(crate) fn abort(mut work: Work) {
     work.withdraw_leaked();
+    if let Some(expiry) = work.expiry.take() {
+        if expiry.settle().is_err() {
+            return drop_expired(work);
+        }
+    }
     work.undo_moves();
     if !work.dequeued.is_empty() {
         work.release_held();

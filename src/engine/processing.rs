@@ -349,6 +349,84 @@ pub(crate) fn cut_reason(reason: &str) -> String {
     reason[..end].to_owned()
 }
 
+/// The deadline of a transaction (P10): past it the items it holds go back at once and its
+/// later calls and its commit fail with [`Error::TransactionExpired`].
+///
+/// The transaction keeps its held entries in its `Work` as usual; this keeps a copy of each
+/// (made when it is taken: a cost only transactions with a deadline pay) for the timer to put
+/// back. Exactly one of "the timer fires" and "the transaction settles (commits or aborts)"
+/// happens first, under this lock: after an expiry the transaction's own entries are dropped
+/// unrestored, after a settlement the copies are.
+#[derive(Debug)]
+pub(crate) struct TxExpiry {
+    pub(crate) deadline: u64,
+    state: Mutex<TxState>,
+}
+
+#[derive(Debug, Default)]
+struct TxState {
+    copies: Vec<(Arc<QueueCore>, Entry)>,
+    expired: bool,
+    settled: bool,
+}
+
+impl TxExpiry {
+    pub(crate) fn new(deadline: u64, held: &[(Arc<QueueCore>, Entry)]) -> Arc<TxExpiry> {
+        Arc::new(TxExpiry {
+            deadline,
+            state: Mutex::new(TxState {
+                copies: held.to_vec(),
+                expired: false,
+                settled: false,
+            }),
+        })
+    }
+
+    pub(crate) fn is_expired(&self) -> bool {
+        self.state.lock().expired
+    }
+
+    /// Notes an entry the transaction took. If the deadline passed meanwhile, the copy goes
+    /// back at once (the timer has run already).
+    pub(crate) fn note(&self, core: &Arc<QueueCore>, entry: &Entry) {
+        let mut state = self.state.lock();
+        if state.expired {
+            drop(state);
+            core.unhold(1);
+            core.restore(std::iter::once(entry.clone()));
+            return;
+        }
+        state.copies.push((Arc::clone(core), entry.clone()));
+    }
+
+    /// The transaction commits or aborts: the timer will do nothing. Fails if it ran first.
+    pub(crate) fn settle(&self) -> Result<()> {
+        let mut state = self.state.lock();
+        if state.expired {
+            return Err(Error::TransactionExpired);
+        }
+        state.settled = true;
+        state.copies = Vec::new();
+        Ok(())
+    }
+
+    /// The deadline passed: the copies go back, unless the transaction settled first.
+    fn fire(&self) {
+        let copies = {
+            let mut state = self.state.lock();
+            if state.settled || state.expired {
+                return;
+            }
+            state.expired = true;
+            std::mem::take(&mut state.copies)
+        };
+        for (core, _) in &copies {
+            core.unhold(1);
+        }
+        crate::core::restore_all(copies);
+    }
+}
+
 /// What a timer does when it fires.
 #[derive(Debug)]
 enum Timer {
@@ -356,6 +434,8 @@ enum Timer {
     Due(Arc<Proc>, Entry),
     /// The lease with this token (the key's id) ends, unless settled or extended.
     Expire(Arc<Proc>),
+    /// A transaction's deadline.
+    Transaction(Arc<TxExpiry>),
 }
 
 #[derive(Debug, Default)]
@@ -376,6 +456,8 @@ pub(crate) struct Timers {
     /// The engine, for the commits a timer makes (an expiry at the maximum attempts buries).
     engine: OnceLock<Weak<Engine>>,
     thread: Mutex<Option<JoinHandle<()>>>,
+    /// Keys of transaction timers count down from `u64::MAX`, far from any item id.
+    next_tx_key: AtomicU64,
 }
 
 impl Timers {
@@ -386,7 +468,14 @@ impl Timers {
             wake: Condvar::new(),
             engine: OnceLock::new(),
             thread: Mutex::new(None),
+            next_tx_key: AtomicU64::new(u64::MAX),
         })
+    }
+
+    /// Runs `expiry` at its deadline.
+    pub(crate) fn expire_transaction(&self, expiry: &Arc<TxExpiry>) {
+        let key = self.next_tx_key.fetch_sub(1, Ordering::Relaxed);
+        self.add(expiry.deadline, key, Timer::Transaction(Arc::clone(expiry)));
     }
 
     pub(crate) fn clock(&self) -> &Clock {
@@ -520,6 +609,7 @@ impl Timers {
                         self.expired(&proc, leased.entry);
                     }
                 }
+                Timer::Transaction(expiry) => expiry.fire(),
             }
         }
         flush(&due_proc, &mut due);

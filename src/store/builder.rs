@@ -203,6 +203,27 @@ impl Builder {
         self
     }
 
+    /// Gives every transaction from [`Store::begin`](crate::Store::begin) a deadline
+    /// `timeout` after it begins (none by default; at least 1 ms): past it the items it holds
+    /// go back to their queues at once, and its later calls and its commit fail with
+    /// [`Error::TransactionExpired`](crate::Error::TransactionExpired). A transaction can set
+    /// its own with [`Transaction::set_timeout`](crate::Transaction::set_timeout). Each such
+    /// transaction keeps a copy of the items it holds (for the timer to put back): a cost
+    /// only transactions with a deadline pay.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let store = reliable_queue::Store::builder()
+    ///     .transaction_timeout(std::time::Duration::from_secs(30))
+    ///     .open()?;
+    /// # Ok::<(), reliable_queue::Error>(())
+    /// ```
+    pub fn transaction_timeout(mut self, timeout: std::time::Duration) -> Self {
+        self.config.transaction_timeout = Some(crate::clock::millis(timeout));
+        self
+    }
+
     /// Runs the store on `clock` instead of the real clock: lease deadlines, backoffs and
     /// delayed items then move only when the test advances it (see [`ManualClock`]).
     ///
