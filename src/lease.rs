@@ -62,6 +62,19 @@ pub struct Lease<T> {
     settled: bool,
 }
 
+/// Longest deduplication key, in bytes.
+const MAX_KEY: usize = 1024;
+
+/// What [`enqueue_unique`](ReliableConcurrentQueue::enqueue_unique) did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Enqueued {
+    /// Buffered in the transaction, as by `enqueue`; its key is reserved.
+    Enqueued,
+    /// An item with this key is in the queue or buffered already: nothing was buffered.
+    Duplicate,
+}
+
 /// What [`Lease::fail`] did with the item.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
@@ -528,8 +541,68 @@ where
         self.enqueue_due(tx, item.borrow(), due)
     }
 
-    fn enqueue_due(&self, tx: &mut Transaction, item: &T, due: u64) -> Result<()> {
+    /// Enqueues `item` in `tx` with deduplication key `key` (P11): while an item with this
+    /// key is in the queue (visible, delayed, leased, or held by a transaction) or buffered
+    /// by an open transaction, another such enqueue is a no-op that says so, returning
+    /// [`Enqueued::Duplicate`] at once (the key is reserved when the first is buffered, and
+    /// freed if its transaction does not commit). The key is free again once the item leaves
+    /// the queue: a committed dequeue, an ack, a move to the dead letters (a replayed dead
+    /// letter brings its key back, even if another item has it meanwhile). With `delay`, the
+    /// item is also delayed, as by [`enqueue_after`](Self::enqueue_after).
+    ///
+    /// # Errors
+    ///
+    /// As [`enqueue`](Self::enqueue); [`Error::InvalidArgument`] for an empty key or one over
+    /// 1 KiB, or a delay over [`MAX_DELAY`](crate::MAX_DELAY).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use reliable_queue::Enqueued;
+    /// use std::time::Duration;
+    /// let store = reliable_queue::Store::in_memory()?;
+    /// let q = store.blocking_queue::<String>("emails")?;
+    /// let mut tx = store.begin();
+    /// let key = b"welcome:user-42";
+    /// assert_eq!(q.enqueue_unique(&mut tx, "hi".to_owned(), key, Duration::ZERO)?, Enqueued::Enqueued);
+    /// assert_eq!(q.enqueue_unique(&mut tx, "hi".to_owned(), key, Duration::ZERO)?, Enqueued::Duplicate);
+    /// tx.blocking_commit()?;
+    /// assert_eq!(q.blocking_count()?, 1);
+    /// # Ok::<(), reliable_queue::Error>(())
+    /// ```
+    pub fn enqueue_unique(
+        &self,
+        tx: &mut Transaction,
+        item: impl Borrow<T>,
+        key: &[u8],
+        delay: Duration,
+    ) -> Result<Enqueued> {
+        if key.is_empty() || key.len() > MAX_KEY {
+            return Err(Error::InvalidArgument {
+                argument: "key",
+                expected: "1 byte to 1 KiB",
+            });
+        }
+        let delay = check_delay(delay)?;
         self.check(tx)?;
+        tx.work_mut().check_live()?;
+        let mut entry = self.encode_entry(item.borrow())?;
+        if delay > 0 {
+            entry.not_before = self.engine().now().saturating_add(delay);
+        }
+        let core = &self.proc().core;
+        if !core.reserve_key(key) {
+            return Ok(Enqueued::Duplicate);
+        }
+        entry.key = Some(key.into());
+        tx.work_mut().moves.push(Move {
+            proc: Arc::clone(self.proc()),
+            kind: MoveKind::Enqueue(entry),
+        });
+        Ok(Enqueued::Enqueued)
+    }
+
+    fn encode_entry(&self, item: &T) -> Result<Entry> {
         self.engine().check_open()?;
         let limit = self.engine().max_item_size();
         let bytes = codec::encode(item, limit).map_err(|e| match e {
@@ -540,11 +613,17 @@ where
             },
             EncodeError::Postcard(e) => Error::serialize(self.name(), e),
         })?;
-        let mut entry = Entry::new(0, bytes, 0);
+        Ok(Entry::new(0, bytes, 0))
+    }
+
+    fn enqueue_due(&self, tx: &mut Transaction, item: &T, due: u64) -> Result<()> {
+        self.check(tx)?;
+        tx.work_mut().check_live()?;
+        let mut entry = self.encode_entry(item)?;
         entry.not_before = due;
         tx.work_mut().moves.push(Move {
             proc: Arc::clone(self.proc()),
-            kind: MoveKind::Delayed(entry),
+            kind: MoveKind::Enqueue(entry),
         });
         Ok(())
     }

@@ -88,7 +88,7 @@ pub use crate::config::Durability;
 pub use crate::dequeue::Dequeue;
 pub use crate::engine::SetAsideRecord;
 pub use crate::error::{DirectoryProblem, Error, Result};
-pub use crate::lease::{Failed, Lease};
+pub use crate::lease::{Enqueued, Failed, Lease};
 pub use crate::processing::{
     BrowsedItem, DeadLetter, ItemState, QueueStats, Replay, RetryPolicy, MAX_DELAY, MAX_TTL,
 };

@@ -520,10 +520,22 @@ fn p10_past_its_deadline_a_transaction_gives_back_at_once_and_its_later_calls_fa
         clock.advance(Duration::from_secs(5));
         let stats = q.blocking_stats().unwrap();
         assert_eq!((stats.visible, stats.held), (3, 0), "{name}: back at once");
-        assert!(matches!(q.blocking_try_dequeue(&mut tx), Err(Error::TransactionExpired)));
-        assert!(matches!(out.enqueue(&mut tx, 11), Err(Error::TransactionExpired)));
-        assert!(matches!(q.blocking_dequeue(&mut tx), Err(Error::TransactionExpired)));
-        assert!(matches!(tx.blocking_commit(), Err(Error::TransactionExpired)));
+        assert!(matches!(
+            q.blocking_try_dequeue(&mut tx),
+            Err(Error::TransactionExpired)
+        ));
+        assert!(matches!(
+            out.enqueue(&mut tx, 11),
+            Err(Error::TransactionExpired)
+        ));
+        assert!(matches!(
+            q.blocking_dequeue(&mut tx),
+            Err(Error::TransactionExpired)
+        ));
+        assert!(matches!(
+            tx.blocking_commit(),
+            Err(Error::TransactionExpired)
+        ));
         assert_eq!(out.blocking_count().unwrap(), 0, "{name}: nothing applied");
         let mut sorted = common::drain(&store, &q);
         sorted.sort_unstable();
@@ -560,16 +572,125 @@ fn p10_the_store_default_deadline_applies_to_every_transaction() {
     assert_eq!(q.blocking_try_dequeue(&mut tx).unwrap(), Some(1));
     clock.advance(Duration::from_secs(2));
     assert_eq!(q.blocking_count().unwrap(), 1);
-    assert!(matches!(tx.blocking_commit(), Err(Error::TransactionExpired)));
+    assert!(matches!(
+        tx.blocking_commit(),
+        Err(Error::TransactionExpired)
+    ));
     // A lease acked in an expired transaction goes back too.
     let lease = q.blocking_lease(TTL).unwrap();
     let mut tx = store.begin();
     lease.ack(&mut tx).unwrap();
     clock.advance(Duration::from_secs(2));
-    assert!(matches!(tx.blocking_commit(), Err(Error::TransactionExpired)));
-    assert_eq!(q.blocking_count().unwrap(), 1, "the acked lease's item is back");
+    assert!(matches!(
+        tx.blocking_commit(),
+        Err(Error::TransactionExpired)
+    ));
+    assert_eq!(
+        q.blocking_count().unwrap(),
+        1,
+        "the acked lease's item is back"
+    );
     assert!(matches!(
         Store::builder().transaction_timeout(Duration::ZERO).open(),
-        Err(Error::InvalidConfig { setting: "transaction_timeout", .. })
+        Err(Error::InvalidConfig {
+            setting: "transaction_timeout",
+            ..
+        })
     ));
+}
+
+#[test]
+fn p11_an_enqueue_whose_key_is_in_the_queue_is_a_no_op_and_says_so() {
+    use reliable_queue::Enqueued::{Duplicate, Enqueued};
+    let clock = clock();
+    for (name, store, dir) in stores(&clock) {
+        let q = store.blocking_queue::<u64>("q").unwrap();
+        q.blocking_set_retry_policy(no_jitter(1)).unwrap();
+        let unique = |tx: &mut reliable_queue::Transaction, item: u64, key: &[u8]| {
+            q.enqueue_unique(tx, item, key, Duration::ZERO).unwrap()
+        };
+        // Buffered by an open transaction: reserved; an abort frees it.
+        let mut a = store.begin();
+        assert_eq!(unique(&mut a, 1, b"k"), Enqueued, "{name}");
+        let mut b = store.begin();
+        assert_eq!(
+            unique(&mut b, 2, b"k"),
+            Duplicate,
+            "{name}: buffered elsewhere"
+        );
+        drop(a);
+        assert_eq!(
+            unique(&mut b, 2, b"k"),
+            Enqueued,
+            "{name}: freed by the abort"
+        );
+        b.blocking_commit().unwrap();
+        // Visible, held, leased, delayed: all count as in the queue.
+        let mut tx = store.begin();
+        assert_eq!(unique(&mut tx, 3, b"k"), Duplicate, "{name}: visible");
+        let mut held = store.begin();
+        assert_eq!(q.blocking_try_dequeue(&mut held).unwrap(), Some(2));
+        assert_eq!(unique(&mut tx, 3, b"k"), Duplicate, "{name}: held");
+        held.blocking_abort().unwrap();
+        let lease = q.blocking_lease(TTL).unwrap();
+        assert_eq!(unique(&mut tx, 3, b"k"), Duplicate, "{name}: leased");
+        lease.blocking_fail("to the dead letters").unwrap();
+        assert_eq!(
+            unique(&mut tx, 3, b"k"),
+            Enqueued,
+            "{name}: a dead letter frees its key"
+        );
+        tx.blocking_commit().unwrap();
+        let mut tx = store.begin();
+        assert!(matches!(
+            q.enqueue_unique(&mut tx, 4, b"d", Duration::from_secs(9)),
+            Ok(Enqueued)
+        ));
+        tx.blocking_commit().unwrap();
+        let store = match &dir {
+            Some((_guard, path)) => {
+                store.blocking_close().unwrap();
+                reopen(&clock, path)
+            }
+            None => store,
+        };
+        let q = store.blocking_queue::<u64>("q").unwrap();
+        let mut tx = store.begin();
+        for key in [&b"k"[..], b"d"] {
+            assert_eq!(
+                q.enqueue_unique(&mut tx, 5, key, Duration::ZERO).unwrap(),
+                Duplicate,
+                "{name}: keys kept across a restart"
+            );
+        }
+        assert!(matches!(
+            q.enqueue_unique(&mut tx, 5, b"", Duration::ZERO),
+            Err(Error::InvalidArgument {
+                argument: "key",
+                ..
+            })
+        ));
+        assert!(matches!(
+            q.enqueue_unique(&mut tx, 5, &[0; 1025], Duration::ZERO),
+            Err(Error::InvalidArgument {
+                argument: "key",
+                ..
+            })
+        ));
+        drop(tx);
+        // A committed dequeue, and an ack, free the key.
+        assert_eq!(common::drain(&store, &q), vec![3], "{name}");
+        clock.advance(Duration::from_secs(9));
+        q.blocking_lease(TTL).unwrap().blocking_complete().unwrap();
+        let mut tx = store.begin();
+        for key in [&b"k"[..], b"d"] {
+            assert_eq!(
+                q.enqueue_unique(&mut tx, 6, key, Duration::ZERO).unwrap(),
+                Enqueued,
+                "{name}: key {key:?}"
+            );
+        }
+        tx.blocking_commit().unwrap();
+        assert_eq!(q.blocking_count().unwrap(), 2, "{name}");
+    }
 }

@@ -16,6 +16,9 @@ pub(crate) struct Entry {
     pub(crate) times: Times,
     /// The enveloped item (see `crate::codec`).
     pub(crate) bytes: Box<[u8]>,
+    /// Its deduplication key, if it was enqueued with one: while the item is in its queue, an
+    /// enqueue with the same key is a no-op (see `QueueCore::reserve_key`).
+    pub(crate) key: Option<Box<[u8]>>,
 }
 
 /// An item's times, in milliseconds since the Unix epoch (0: unknown, or never).
@@ -42,6 +45,7 @@ impl Entry {
                 last_attempt: 0,
             },
             bytes,
+            key: None,
         }
     }
 }

@@ -14,7 +14,7 @@
 //! itself (see `waiters.rs`). That is the bound on what a request that is never polled again
 //! (a leaked future) keeps from everyone else.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::task::{Poll, Waker};
 
@@ -84,6 +84,10 @@ pub(crate) struct QueueCore {
     /// Entries held by open transactions (a statistic: counted by the engines as they
     /// move entries into and out of transactions).
     held: AtomicU64,
+    /// Deduplication keys of the items in the queue (visible, delayed, leased or held) and of
+    /// keyed enqueues buffered by open transactions, each with its count (a replayed dead
+    /// letter may bring a second item with a key already present).
+    keys: Mutex<HashMap<Box<[u8]>, u32>>,
 }
 
 fn len_u64(len: usize) -> u64 {
@@ -95,6 +99,10 @@ impl QueueCore {
     /// A queue holding `ready` (recovered items, in order).
     pub(crate) fn new(id: QueueId, name: Arc<str>, ready: VecDeque<Entry>) -> Self {
         let visible = AtomicU64::new(len_u64(ready.len()));
+        let mut keys: HashMap<Box<[u8]>, u32> = HashMap::new();
+        for key in ready.iter().filter_map(|e| e.key.clone()) {
+            *keys.entry(key).or_insert(0) += 1;
+        }
         QueueCore {
             id,
             name,
@@ -105,6 +113,7 @@ impl QueueCore {
             }),
             visible,
             held: AtomicU64::new(0),
+            keys: Mutex::new(keys),
         }
     }
 
@@ -136,6 +145,33 @@ impl QueueCore {
     #[inline]
     pub(crate) fn unhold(&self, n: u64) {
         self.held.fetch_sub(n, Ordering::Relaxed);
+    }
+
+    /// Reserves deduplication key `key` for an item about to be enqueued: false (and nothing
+    /// changes) if an item with that key is in the queue or reserved already.
+    pub(crate) fn reserve_key(&self, key: &[u8]) -> bool {
+        let mut keys = self.keys.lock();
+        if keys.contains_key(key) {
+            return false;
+        }
+        keys.insert(key.into(), 1);
+        true
+    }
+
+    /// Counts one more item with `key` (recovered, or a replayed dead letter).
+    pub(crate) fn add_key(&self, key: Box<[u8]>) {
+        *self.keys.lock().entry(key).or_insert(0) += 1;
+    }
+
+    /// An item with `key` left the queue (or its enqueue was dropped).
+    pub(crate) fn release_key(&self, key: &[u8]) {
+        let mut keys = self.keys.lock();
+        if let Some(n) = keys.get_mut(key) {
+            *n -= 1;
+            if *n == 0 {
+                keys.remove(key);
+            }
+        }
     }
 
     /// Copies of the visible entries (for browsing; the queue is locked meanwhile).

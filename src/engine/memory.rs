@@ -42,7 +42,7 @@ impl Memory {
     pub(crate) fn commit(&self, work: &mut Work, timers: &Timers) {
         let versions = work.moves.iter().filter(|m| m.makes_version()).count();
         let n = work.enqueues.len() + versions;
-        if n > 0 {
+        if n > 0 || !work.moves.is_empty() {
             let n = u64::try_from(n).unwrap_or(u64::MAX);
             let first = self.next_id.fetch_add(n, Ordering::Relaxed);
             let now = timers.clock().now();
@@ -57,9 +57,8 @@ impl Memory {
                 id += u64::from(takes_id);
             }
         }
-        // Settlements without a new version (acks, purges) are done once prepared.
-        work.moves.clear();
         work.release_held();
+        work.release_keys();
         work.dequeued.clear();
         work.enqueued_bytes = 0;
     }

@@ -113,6 +113,15 @@ impl Work {
         }
     }
 
+    /// The committed dequeues' items left their queues: their keys are free again.
+    pub(crate) fn release_keys(&self) {
+        for (core, entry) in &self.dequeued {
+            if let Some(key) = &entry.key {
+                core.release_key(key);
+            }
+        }
+    }
+
     /// Undoes what the moves took (after a failed commit or an abort).
     pub(crate) fn undo_moves(&mut self) {
         for mv in self.moves.drain(..) {
@@ -210,6 +219,9 @@ impl Engine {
                 for queue in recovered {
                     let proc = Arc::new(Proc::new(queue.core, queue.policy));
                     for entry in queue.delayed {
+                        if let Some(key) = &entry.key {
+                            proc.core.add_key(key.clone());
+                        }
                         timers.due_at(&proc, entry, now);
                     }
                     for slot in queue.dead {

@@ -223,8 +223,9 @@ pub(crate) struct Move {
 
 #[derive(Debug)]
 pub(crate) enum MoveKind {
-    /// A fresh item, due at `entry.not_before` (its id is assigned at commit).
-    Delayed(Entry),
+    /// A fresh item that is delayed (due at `entry.not_before`) or has a deduplication key
+    /// (reserved in its queue when it was buffered); its id is assigned at commit.
+    Enqueue(Entry),
     /// A lease: `entry` is the item taken from the queue (its id the old one) with its next
     /// attempt counted.
     Lease {
@@ -258,7 +259,12 @@ impl Move {
     pub(crate) fn undo(self) {
         let Move { proc, kind } = self;
         let back = match kind {
-            MoveKind::Delayed(_) => None,
+            MoveKind::Enqueue(entry) => {
+                if let Some(key) = &entry.key {
+                    proc.core.release_key(key);
+                }
+                None
+            }
             MoveKind::Lease {
                 mut entry, grant, ..
             } => {
@@ -287,7 +293,12 @@ impl Move {
 pub(crate) fn apply(mv: Move, id: u64, now: u64, timers: &Timers, dead_on_disk: bool) {
     let Move { proc, kind } = mv;
     match kind {
-        MoveKind::Delayed(mut entry) | MoveKind::Retry { mut entry, .. } => {
+        MoveKind::Enqueue(mut entry) => {
+            entry.id = id;
+            entry.times.enqueued_at = now;
+            timers.due_at(&proc, entry, now);
+        }
+        MoveKind::Retry { mut entry } => {
             entry.id = id;
             timers.due_at(&proc, entry, now);
         }
@@ -297,6 +308,9 @@ pub(crate) fn apply(mv: Move, id: u64, now: u64, timers: &Timers, dead_on_disk: 
             entry.not_before = 0;
             if reset {
                 entry.attempts = 0;
+            }
+            if let Some(key) = &entry.key {
+                proc.core.add_key(key.clone());
             }
             proc.core.publish(std::iter::once(entry));
         }
@@ -324,6 +338,10 @@ pub(crate) fn apply(mv: Move, id: u64, now: u64, timers: &Timers, dead_on_disk: 
         MoveKind::Bury { mut entry, reason } => {
             entry.id = id;
             entry.not_before = 0;
+            // A dead letter is not in its queue: its key is free.
+            if let Some(key) = &entry.key {
+                proc.core.release_key(key);
+            }
             if dead_on_disk {
                 entry.bytes = Box::default();
             }
@@ -333,7 +351,12 @@ pub(crate) fn apply(mv: Move, id: u64, now: u64, timers: &Timers, dead_on_disk: 
                 has_bytes: !dead_on_disk,
             });
         }
-        MoveKind::Ack { .. } | MoveKind::Purge { .. } => {}
+        MoveKind::Ack { claimed, .. } => {
+            if let Some(key) = claimed.as_ref().and_then(|l| l.entry.key.as_ref()) {
+                proc.core.release_key(key);
+            }
+        }
+        MoveKind::Purge { .. } => {}
     }
 }
 

@@ -454,7 +454,12 @@ impl Committer {
             })?;
             let bytes = rec.ops.iter().find_map(|op| match op {
                 Op::Enqueue { id: i, bytes, .. } if *i == id => Some(bytes.0),
-                Op::Lease(v) | Op::Retry(v) | Op::Bury(v) | Op::Replay(v) | Op::Moved(v)
+                Op::Lease(v)
+                | Op::Retry(v)
+                | Op::Bury(v)
+                | Op::Replay(v)
+                | Op::Moved(v)
+                | Op::Keyed(v)
                     if v.id == id =>
                 {
                     Some(v.bytes.0)
@@ -603,6 +608,7 @@ impl Committer {
                 id += u64::from(takes_id);
             }
             req.work.release_held();
+            req.work.release_keys();
             req.work.dequeued.clear();
             drop(req.reply.send(Ok(())));
         }
@@ -653,7 +659,7 @@ impl Committer {
                 self.split_if_full(&mut records, &mut record_first, id, now)?;
             }
             for mv in &req.work.moves {
-                self.builder.push(&op_of(mv, id))?;
+                self.builder.push(&op_of(mv, id, now))?;
                 if mv.makes_version() {
                     id += 1;
                 }
@@ -697,7 +703,7 @@ impl Committer {
 /// The id a move ends, if it ends one (a delayed enqueue ends none).
 fn ended_id(mv: &Move) -> Option<u64> {
     match &mv.kind {
-        MoveKind::Delayed(_) => None,
+        MoveKind::Enqueue(_) => None,
         MoveKind::Lease { entry, .. }
         | MoveKind::Retry { entry }
         | MoveKind::Bury { entry, .. } => Some(entry.id),
@@ -718,15 +724,23 @@ fn version<'a>(queue: QueueId, entry: &'a Entry, id: u64, reason: Option<&'a str
         first_attempt: entry.times.first_attempt,
         last_attempt: entry.times.last_attempt,
         reason,
+        key: entry.key.as_deref().map(Bytes),
         bytes: Bytes(&entry.bytes),
     }
 }
 
-/// The log op of a move; `id` is the new version's id (unused by moves that make none).
-fn op_of(mv: &Move, id: u64) -> Op<'_> {
+/// The log op of a move committed at `now`; `id` is the new version's id (unused by moves
+/// that make none).
+fn op_of(mv: &Move, id: u64, now: u64) -> Op<'_> {
     let queue = mv.proc.core.id();
     match &mv.kind {
-        MoveKind::Delayed(entry) => Op::Enqueue {
+        MoveKind::Enqueue(entry) if entry.key.is_some() => {
+            let mut v = version(queue, entry, id, None);
+            v.from = None;
+            v.enqueued_at = now;
+            Op::Keyed(v)
+        }
+        MoveKind::Enqueue(entry) => Op::Enqueue {
             queue,
             id,
             attempts: entry.attempts,

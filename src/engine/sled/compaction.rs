@@ -132,12 +132,15 @@ impl Committer {
                     first_attempt: 0,
                     last_attempt: 0,
                     reason: None,
+                    key: None,
                     bytes: *bytes,
                 }),
-                Op::Lease(v) | Op::Retry(v) | Op::Replay(v) | Op::Moved(v) => Op::Moved(Version {
-                    from: None,
-                    ..v.clone()
-                }),
+                Op::Lease(v) | Op::Retry(v) | Op::Replay(v) | Op::Moved(v) | Op::Keyed(v) => {
+                    Op::Moved(Version {
+                        from: None,
+                        ..v.clone()
+                    })
+                }
                 Op::Bury(v) => Op::Bury(Version {
                     from: None,
                     ..v.clone()

@@ -73,6 +73,8 @@ pub(crate) enum Op<'a> {
     Purge { queue: QueueId, id: u64 },
     /// A live item copied forward by compaction, as it stands (`from` is `None`).
     Moved(#[serde(borrow)] Version<'a>),
+    /// A fresh item enqueued with a deduplication key (`from` is `None`).
+    Keyed(#[serde(borrow)] Version<'a>),
 }
 
 /// An item as it stands after a processing-layer operation: every field the queue keeps of
@@ -94,6 +96,9 @@ pub(crate) struct Version<'a> {
     /// Why it became a dead letter (`Bury`, and a dead letter `Moved`).
     #[serde(borrow)]
     pub(crate) reason: Option<&'a str>,
+    /// Its deduplication key, if it has one.
+    #[serde(borrow)]
+    pub(crate) key: Option<Bytes<'a>>,
     #[serde(borrow)]
     pub(crate) bytes: Bytes<'a>,
 }
@@ -102,7 +107,12 @@ impl Op<'_> {
     fn queue(&self) -> QueueId {
         match self {
             Op::Enqueue { queue, .. } | Op::Ack { queue, .. } | Op::Purge { queue, .. } => *queue,
-            Op::Lease(v) | Op::Retry(v) | Op::Bury(v) | Op::Replay(v) | Op::Moved(v) => v.queue,
+            Op::Lease(v)
+            | Op::Retry(v)
+            | Op::Bury(v)
+            | Op::Replay(v)
+            | Op::Moved(v)
+            | Op::Keyed(v) => v.queue,
         }
     }
 
@@ -110,7 +120,12 @@ impl Op<'_> {
     pub(crate) fn new_id(&self) -> Option<u64> {
         match self {
             Op::Enqueue { id, .. } => Some(*id),
-            Op::Lease(v) | Op::Retry(v) | Op::Bury(v) | Op::Replay(v) | Op::Moved(v) => Some(v.id),
+            Op::Lease(v)
+            | Op::Retry(v)
+            | Op::Bury(v)
+            | Op::Replay(v)
+            | Op::Moved(v)
+            | Op::Keyed(v) => Some(v.id),
             Op::Ack { .. } | Op::Purge { .. } => None,
         }
     }
@@ -119,7 +134,12 @@ impl Op<'_> {
     pub(crate) fn ended_id(&self) -> Option<u64> {
         match self {
             Op::Ack { id, .. } | Op::Purge { id, .. } => Some(*id),
-            Op::Lease(v) | Op::Retry(v) | Op::Bury(v) | Op::Replay(v) | Op::Moved(v) => v.from,
+            Op::Lease(v)
+            | Op::Retry(v)
+            | Op::Bury(v)
+            | Op::Replay(v)
+            | Op::Moved(v)
+            | Op::Keyed(v) => v.from,
             Op::Enqueue { .. } => None,
         }
     }

@@ -493,11 +493,13 @@ fn replay(
                             last_attempt: 0,
                         },
                         bytes: bytes.0.into(),
+                        key: None,
                     },
                 ),
                 Op::Lease(v)
                 | Op::Retry(v)
                 | Op::Replay(v)
+                | Op::Keyed(v)
                 | Op::Moved(v @ Version { reason: None, .. }) => {
                     items.push(v.queue, entry_of(&v, true));
                 }
@@ -539,6 +541,7 @@ fn entry_of(v: &Version<'_>, with_bytes: bool) -> Entry {
             first_attempt: v.first_attempt,
             last_attempt: v.last_attempt,
         },
+        key: v.key.map(|k| k.0.into()),
         bytes: if with_bytes {
             v.bytes.0.into()
         } else {
