@@ -371,6 +371,35 @@ where
             .collect()
     }
 
+    /// Turns the one item `tx` holds (taken from this queue) into a lease.
+    pub(crate) async fn grant_one(
+        &self,
+        tx: &mut Transaction,
+        item: T,
+        ttl: Duration,
+    ) -> Result<Lease<T>> {
+        let ttl_ms = check_ttl(ttl)?;
+        let granted = self
+            .engine()
+            .grant(self.queue_ref(), tx.work_mut(), ttl_ms)
+            .await?;
+        self.leases(granted, vec![item]).pop().ok_or(Error::Closed)
+    }
+
+    /// [`grant_one`](Self::grant_one) for threads.
+    pub(crate) fn blocking_grant_one(
+        &self,
+        tx: &mut Transaction,
+        item: T,
+        ttl: Duration,
+    ) -> Result<Lease<T>> {
+        let ttl_ms = check_ttl(ttl)?;
+        let granted = self
+            .engine()
+            .blocking_grant(self.queue_ref(), tx.work_mut(), ttl_ms)?;
+        self.leases(granted, vec![item]).pop().ok_or(Error::Closed)
+    }
+
     /// Leases the item at the front of the queue for `ttl`, waiting for one if none is
     /// visible: records the attempt durably, then returns the [`Lease`].
     ///

@@ -79,6 +79,7 @@ mod error;
 mod lease;
 mod processing;
 mod queue;
+mod queue_set;
 mod store;
 mod sync;
 mod transaction;
@@ -93,6 +94,7 @@ pub use crate::processing::{
     BrowsedItem, DeadLetter, ItemState, QueueStats, Replay, RetryPolicy, MAX_DELAY, MAX_TTL,
 };
 pub use crate::queue::ReliableConcurrentQueue;
+pub use crate::queue_set::{QueueSet, SetOrder};
 pub use crate::store::Builder;
 pub use crate::store::Store;
 pub use crate::transaction::Transaction;

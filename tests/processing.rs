@@ -4,6 +4,7 @@
 mod common;
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
 use reliable_queue::{Error, Failed, ItemState, ManualClock, Replay, RetryPolicy, Store, MAX_TTL};
@@ -693,4 +694,137 @@ fn p11_an_enqueue_whose_key_is_in_the_queue_is_a_no_op_and_says_so() {
         tx.blocking_commit().unwrap();
         assert_eq!(q.blocking_count().unwrap(), 2, "{name}");
     }
+}
+
+#[test]
+fn p9_queue_sets_serve_by_priority_or_weight_and_wait_on_any() {
+    use reliable_queue::{QueueSet, SetOrder};
+    let clock = clock();
+    for (name, store, _dir) in stores(&clock) {
+        let a = store.blocking_queue::<u64>("a").unwrap();
+        let b = store.blocking_queue::<u64>("b").unwrap();
+        fill(&store, &a, &[1, 2]);
+        fill(&store, &b, &[10, 20]);
+        let set = QueueSet::new(&[a.clone(), b.clone()], SetOrder::Priority).unwrap();
+        let mut tx = store.begin();
+        let got: Vec<(usize, u64)> =
+            std::iter::from_fn(|| set.blocking_try_dequeue(&mut tx).unwrap()).collect();
+        assert_eq!(
+            got,
+            vec![(0, 1), (0, 2), (1, 10), (1, 20)],
+            "{name}: strict priority"
+        );
+        tx.blocking_commit().unwrap();
+
+        // Equal weights take turns; 3:1 weights serve 3:1 while both have items.
+        let items: Vec<u64> = (0..400).collect();
+        fill(&store, &a, &items);
+        fill(&store, &b, &items);
+        let equal = QueueSet::new(&[a.clone(), b.clone()], SetOrder::Weighted(vec![1, 1])).unwrap();
+        let mut tx = store.begin();
+        let turns: Vec<usize> = (0..6)
+            .map(|_| equal.blocking_try_dequeue(&mut tx).unwrap().unwrap().0)
+            .collect();
+        assert_eq!(
+            turns,
+            vec![0, 1, 0, 1, 0, 1],
+            "{name}: equal weights alternate"
+        );
+        tx.blocking_commit().unwrap();
+        let weighted =
+            QueueSet::new(&[a.clone(), b.clone()], SetOrder::Weighted(vec![3, 1])).unwrap();
+        let mut tx = store.begin();
+        let mut served = [0, 0];
+        for _ in 0..200 {
+            served[weighted.blocking_try_dequeue(&mut tx).unwrap().unwrap().0] += 1;
+        }
+        assert_eq!(served, [150, 50], "{name}: served by weight");
+        tx.blocking_commit().unwrap();
+        common::drain(&store, &a);
+        common::drain(&store, &b);
+
+        // The waiting form wakes on any queue, and a lease from the set is a lease.
+        let set = Arc::new(set);
+        let waiter = {
+            let (set, store) = (Arc::clone(&set), store.clone());
+            std::thread::spawn(move || {
+                let mut tx = store.begin();
+                let got = set.blocking_dequeue(&mut tx, None).unwrap();
+                tx.blocking_commit().unwrap();
+                got
+            })
+        };
+        while b.waiters() == 0 {
+            std::thread::yield_now();
+        }
+        fill(&store, &b, &[99]);
+        assert_eq!(waiter.join().unwrap(), Some((1, 99)), "{name}");
+        assert_eq!(
+            (a.waiters(), b.waiters()),
+            (0, 0),
+            "{name}: no request left in line"
+        );
+        fill(&store, &a, &[5]);
+        let (i, lease) = set.blocking_lease(TTL, None).unwrap().unwrap();
+        assert_eq!((i, *lease.item(), lease.attempt()), (0, 5, 1), "{name}");
+        lease.blocking_complete().unwrap();
+        let mut tx = store.begin();
+        assert_eq!(
+            set.blocking_dequeue(&mut tx, Some(Duration::from_millis(1)))
+                .unwrap(),
+            None
+        );
+        assert!(matches!(
+            QueueSet::<u64>::new(&[], SetOrder::Priority),
+            Err(Error::InvalidArgument { .. })
+        ));
+        assert!(matches!(
+            QueueSet::new(std::slice::from_ref(&a), SetOrder::Weighted(vec![1, 2])),
+            Err(Error::InvalidArgument { .. })
+        ));
+    }
+}
+
+#[tokio::test]
+async fn p9_the_async_forms_wait_on_any_queue_of_the_set() {
+    use reliable_queue::{QueueSet, SetOrder};
+    let store = Store::in_memory().unwrap();
+    let a = store.queue::<u64>("a").await.unwrap();
+    let b = store.queue::<u64>("b").await.unwrap();
+    let set =
+        Arc::new(QueueSet::new(&[a.clone(), b.clone()], SetOrder::Weighted(vec![2, 1])).unwrap());
+    let consumer = {
+        let (set, store) = (Arc::clone(&set), store.clone());
+        tokio::spawn(async move {
+            let mut tx = store.begin();
+            let got = set.dequeue(&mut tx).await.unwrap();
+            tx.commit().await.unwrap();
+            got
+        })
+    };
+    while a.waiters() == 0 || b.waiters() == 0 {
+        tokio::task::yield_now().await;
+    }
+    let mut tx = store.begin();
+    b.enqueue(&mut tx, 7).unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(consumer.await.unwrap(), (1, 7));
+    let leaser = {
+        let set = Arc::clone(&set);
+        tokio::spawn(async move {
+            let (i, lease) = set.lease(TTL).await.unwrap();
+            let item = *lease.item();
+            lease.complete().await.unwrap();
+            (i, item)
+        })
+    };
+    while a.waiters() == 0 || b.waiters() == 0 {
+        tokio::task::yield_now().await;
+    }
+    let mut tx = store.begin();
+    a.enqueue(&mut tx, 8).unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(leaser.await.unwrap(), (0, 8));
+    assert_eq!((a.count().await.unwrap(), b.count().await.unwrap()), (0, 0));
+    assert_eq!((a.waiters(), b.waiters()), (0, 0));
 }
