@@ -63,7 +63,9 @@ pub(crate) struct DeadSlot {
 #[derive(Debug)]
 pub(crate) struct Proc {
     pub(crate) core: Arc<QueueCore>,
-    leases: Mutex<HashMap<u64, Leased>>,
+    /// Running leases by token. Its lock decides every race between a settlement, an
+    /// extension and an expiry (loom-modelled: `core::loom_models`).
+    leases: crate::sync::Mutex<HashMap<u64, Leased>>,
     delayed: AtomicU64,
     dead: Mutex<BTreeMap<u64, DeadSlot>>,
     policy: Mutex<RetryPolicy>,
@@ -73,7 +75,7 @@ impl Proc {
     pub(crate) fn new(core: Arc<QueueCore>, policy: RetryPolicy) -> Self {
         Proc {
             core,
-            leases: Mutex::new(HashMap::new()),
+            leases: crate::sync::Mutex::new(HashMap::new()),
             delayed: AtomicU64::new(0),
             dead: Mutex::new(BTreeMap::new()),
             policy: Mutex::new(policy),
@@ -130,7 +132,7 @@ impl Proc {
     }
 
     /// Ends lease `token` for the timer, if its deadline has passed at `now`.
-    fn expire(&self, token: u64, now: u64) -> Option<Leased> {
+    pub(crate) fn expire(&self, token: u64, now: u64) -> Option<Leased> {
         let mut leases = self.leases.lock();
         match leases.get(&token) {
             Some(l) if l.deadline <= now => leases.remove(&token),
@@ -143,7 +145,7 @@ impl Proc {
         self.leases.lock().remove(&token)
     }
 
-    fn insert_lease(&self, token: u64, leased: Leased) {
+    pub(crate) fn insert_lease(&self, token: u64, leased: Leased) {
         self.leases.lock().insert(token, leased);
     }
 
