@@ -224,13 +224,6 @@ pub enum Error {
     /// held went back to their queues then, and nothing of it will apply. Begin a new one.
     TransactionExpired,
 
-    /// A lease, a dead letter or a transaction of one store was used with another store.
-    /// Nothing was done.
-    ForeignHandle {
-        /// What was passed.
-        what: &'static str,
-    },
-
     /// A dead letter asked for by id is not among the queue's dead letters (it was never
     /// one, or it was replayed or purged since). Nothing was done.
     NotDeadLetter {
@@ -332,9 +325,6 @@ impl fmt::Display for Error {
             Error::TransactionExpired => f.write_str(
                 "the transaction ran past its deadline: its held items went back and nothing of it applies",
             ),
-            Error::ForeignHandle { what } => {
-                write!(f, "{what} belongs to another store; nothing was done")
-            }
             Error::NotDeadLetter { queue, id } => {
                 write!(f, "item {id} is not a dead letter of queue {queue:?}")
             }

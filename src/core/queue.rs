@@ -144,7 +144,8 @@ impl QueueCore {
     /// `n` entries no longer held (committed or given back).
     #[inline]
     pub(crate) fn unhold(&self, n: u64) {
-        self.held.fetch_sub(n, Ordering::Relaxed);
+        let before = self.held.fetch_sub(n, Ordering::Relaxed);
+        debug_assert!(before >= n, "more entries given back than held");
     }
 
     /// Reserves deduplication key `key` for an item about to be enqueued: false (and nothing
@@ -166,6 +167,7 @@ impl QueueCore {
     /// An item with `key` left the queue (or its enqueue was dropped).
     pub(crate) fn release_key(&self, key: &[u8]) {
         let mut keys = self.keys.lock();
+        debug_assert!(keys.contains_key(key), "a key is released only while held");
         if let Some(n) = keys.get_mut(key) {
             *n -= 1;
             if *n == 0 {
