@@ -5,6 +5,7 @@ mod common;
 
 use std::collections::BTreeSet;
 use std::path::Path;
+use std::time::Duration;
 
 use common::{drain, peek_all, temp_dir};
 use reliable_queue::{ReliableConcurrentQueue, Store, Transaction};
@@ -283,4 +284,109 @@ fn compacted_log_recovers_across_repeated_restarts() {
     );
     let queue = store.blocking_queue::<Item>("churn").unwrap();
     assert_exactly_once(next, &consumed, &seqs(drain(&store, &queue)));
+}
+
+/// Leased, retried, delayed, keyed and dead items pinned in old records are copied forward
+/// by compaction with everything the queue keeps of them (attempts, due times, keys, reasons,
+/// enqueue times), and read back the same after a restart.
+#[test]
+fn processing_layer_items_survive_compaction_and_restart() {
+    use reliable_queue::{Enqueued, ManualClock, RetryPolicy};
+    let clock =
+        ManualClock::new(std::time::UNIX_EPOCH + Duration::from_secs(1_700_000_000)).unwrap();
+    let (_dir, path) = common::temp_dir();
+    let open_at = |path: &Path| {
+        Store::builder()
+            .path(path)
+            .compaction_floor(FLOOR)
+            .clock(clock.clone())
+            .open()
+            .expect("open the store")
+    };
+    let ttl = Duration::from_secs(60);
+    let store = open_at(&path);
+    let q = store.blocking_queue::<Item>("q").unwrap();
+    let side = store.blocking_queue::<Item>("side").unwrap();
+    q.blocking_set_retry_policy(
+        RetryPolicy::default()
+            .max_attempts(2)
+            .initial_backoff(Duration::from_secs(3600))
+            .jitter(0.0),
+    )
+    .unwrap();
+    // Old records: a retry waiting out a long backoff (seq 0), a dead letter after two
+    // attempts (seq 1), an item never leased (seq 2), and a delayed keyed item (seq 9).
+    enqueue_seqs(&store, &q, 0..3);
+    let lease = q.blocking_lease(ttl).unwrap();
+    assert_eq!(lease.item().seq, 0);
+    lease.blocking_fail("first").unwrap();
+    let lease = q.blocking_lease(ttl).unwrap();
+    assert_eq!(lease.item().seq, 1);
+    lease.blocking_release(Duration::ZERO).unwrap();
+    let lease = q.blocking_lease(ttl).unwrap();
+    assert_eq!((lease.item().seq, lease.attempt()), (1, 2));
+    lease.blocking_fail("second").unwrap();
+    let mut tx = store.begin();
+    assert_eq!(
+        q.enqueue_unique(&mut tx, Item::new(9), b"nine", Duration::from_secs(7200))
+            .unwrap(),
+        Enqueued::Enqueued
+    );
+    tx.blocking_commit().unwrap();
+    let before = q.blocking_stats().unwrap();
+    // Churn another queue long enough for compaction to reach and rewrite the old records.
+    let mut next = 1000;
+    enqueue_seqs(&store, &side, 1000..1000 + 4 * PER_TX);
+    next += 4 * PER_TX;
+    let mut consumed = Vec::new();
+    churn(
+        &store,
+        &side,
+        &mut next,
+        3 * FLOOR / (PER_TX * Item::log_bytes_max()),
+        &mut consumed,
+    );
+    let browse = |store: &Store| {
+        let q = store.blocking_queue::<Item>("q").unwrap();
+        let mut items: Vec<(u64, u32, bool)> = q
+            .blocking_browse(None, 100)
+            .unwrap()
+            .into_iter()
+            .map(|b| (b.item.seq, b.attempts, b.enqueued_at.is_some()))
+            .collect();
+        items.sort_unstable();
+        let dead: Vec<(u64, u32, String)> = q
+            .blocking_dead_letters(None, 100)
+            .unwrap()
+            .into_iter()
+            .map(|d| (d.item.seq, d.attempts, d.reason))
+            .collect();
+        (q.blocking_stats().unwrap(), items, dead)
+    };
+    let live = browse(&store);
+    store.blocking_close().unwrap();
+    let (keys, _, db) = raw_log(&path);
+    drop(db);
+    assert!(
+        keys[0] > 3,
+        "compaction rewrote the old records (first key {})",
+        keys[0]
+    );
+    let store = open_at(&path);
+    let reopened = browse(&store);
+    assert_eq!(reopened.0.delayed, before.delayed);
+    assert_eq!(reopened.0.dead, 1);
+    assert_eq!((reopened.1.clone(), reopened.2.clone()), (live.1, live.2));
+    assert!(
+        reopened.1.iter().all(|(_, _, timed)| *timed),
+        "enqueue times kept"
+    );
+    let q = store.blocking_queue::<Item>("q").unwrap();
+    let mut tx = store.begin();
+    assert_eq!(
+        q.enqueue_unique(&mut tx, Item::new(10), b"nine", Duration::ZERO)
+            .unwrap(),
+        Enqueued::Duplicate,
+        "the key was kept"
+    );
 }

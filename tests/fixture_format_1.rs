@@ -238,5 +238,62 @@ fn store_written_by_format_1_opens_with_its_items_and_keeps_working() -> TestRes
         check_contents(&store, "records", &after(&expected_records(), &new_record))?;
         store.blocking_close()?;
     }
+
+    // 5. The processing layer on the old items: written before commit times were kept, they
+    //    report no enqueue time; leased, failed into the dead letters and replayed, they
+    //    come back after a restart as any new item would.
+    {
+        let store = Store::open(&path)?;
+        let numbers = store.blocking_queue::<u64>("numbers")?;
+        let old = numbers.blocking_browse(None, 1)?;
+        assert_eq!(
+            old[0].enqueued_at, None,
+            "a format 1 record has no commit time"
+        );
+        numbers
+            .blocking_set_retry_policy(reliable_queue::RetryPolicy::default().max_attempts(1))?;
+        let lease = numbers.blocking_lease(std::time::Duration::from_secs(60))?;
+        let first = *lease.item();
+        assert!(after(&expected_numbers(), &new_number).contains(&first));
+        assert_eq!(
+            lease.blocking_fail("old item")?,
+            reliable_queue::Failed::Dead
+        );
+        store.blocking_close()?;
+        let store = Store::open(&path)?;
+        let numbers = store.blocking_queue::<u64>("numbers")?;
+        let dead = numbers.blocking_dead_letters(None, 10)?;
+        assert_eq!((dead.len(), dead[0].item, dead[0].attempts), (1, first, 1));
+        assert_eq!(
+            numbers.blocking_replay(reliable_queue::Replay::All, true)?,
+            1
+        );
+        store.blocking_close()?;
+        let store = Store::open(&path)?;
+        let numbers = store.blocking_queue::<u64>("numbers")?;
+        let mut all = check_all(&store, &numbers)?;
+        all.sort_unstable();
+        let mut expected = after(&expected_numbers(), &new_number);
+        expected.sort_unstable();
+        assert_eq!(
+            all, expected,
+            "every number once, the replayed one included"
+        );
+        store.blocking_close()?;
+    }
     Ok(())
+}
+
+/// Every item of `queue`, looked at without consuming (dequeue, then abort).
+fn check_all(
+    store: &Store,
+    queue: &reliable_queue::ReliableConcurrentQueue<u64>,
+) -> Result<Vec<u64>, Box<dyn Error>> {
+    let mut tx = store.begin();
+    let mut out = Vec::new();
+    while let Some(item) = queue.blocking_try_dequeue(&mut tx)? {
+        out.push(item);
+    }
+    tx.blocking_abort()?;
+    Ok(out)
 }
