@@ -205,7 +205,13 @@ fn leased_item() -> (Arc<crate::engine::processing::Proc>, Arc<QueueCore>) {
     let core = queue_with(&[]);
     let proc = Arc::new(Proc::new(core.clone(), crate::RetryPolicy::default()));
     let entry = Entry::new(7, Box::new([0]), 0);
-    proc.insert_lease(7, Leased { entry, deadline: 10 });
+    proc.insert_lease(
+        7,
+        Leased {
+            entry,
+            deadline: 10,
+        },
+    );
     (proc, core)
 }
 
@@ -225,7 +231,10 @@ fn expiry_racing_an_ack_settles_the_lease_once() {
             core.restore(std::iter::once(leased.entry.clone()));
         }
         let acked = acker.join().unwrap();
-        assert!(acked != expired.is_some(), "exactly one of ack and expiry wins");
+        assert!(
+            acked != expired.is_some(),
+            "exactly one of ack and expiry wins"
+        );
         assert_eq!(core.count(), u64::from(expired.is_some()));
         assert_eq!(proc.leased(), 0);
     });
@@ -247,7 +256,10 @@ fn expiry_racing_an_extension_is_one_or_the_other() {
             core.restore(std::iter::once(leased.entry.clone()));
         }
         let extended = extender.join().unwrap();
-        assert!(extended != expired.is_some(), "exactly one of extension and expiry wins");
+        assert!(
+            extended != expired.is_some(),
+            "exactly one of extension and expiry wins"
+        );
         assert_eq!(proc.leased(), u64::from(extended));
         assert_eq!(core.count(), u64::from(!extended));
     });
