@@ -266,12 +266,13 @@ impl Engine {
     /// Gives `work` a deadline `timeout` ms from now (replacing any it had).
     pub(crate) fn set_timeout(&self, work: &mut Work, timeout: u64) -> Result<()> {
         work.check_live()?;
-        let expiry = TxExpiry::new(self.now().saturating_add(timeout), &work.dequeued);
-        if let Some(old) = work.expiry.replace(Arc::clone(&expiry)) {
+        if let Some(old) = &work.expiry {
             // Settled: its timer does nothing now.
             old.settle()?;
+            self.timers.cancel_transaction(old);
         }
-        self.timers.expire_transaction(&expiry);
+        let deadline = self.now().saturating_add(timeout);
+        work.expiry = Some(self.timers.expire_transaction(deadline, &work.dequeued));
         Ok(())
     }
 
@@ -520,6 +521,7 @@ impl Engine {
                 drop_expired(std::mem::take(work));
                 return Committing::Done(Err(e));
             }
+            self.timers.cancel_transaction(&expiry);
         }
         if let Err(e) = self.check_open() {
             abort(std::mem::take(work));
@@ -547,7 +549,13 @@ impl Engine {
     /// their queues, visible at once. On the embedded engines this never waits and cannot
     /// fail; it is also what dropping a transaction does.
     #[inline]
-    pub(crate) fn abort(&self, work: Work) {
+    pub(crate) fn abort(&self, mut work: Work) {
+        if let Some(expiry) = &work.expiry {
+            if expiry.settle().is_ok() {
+                self.timers.cancel_transaction(expiry);
+                work.expiry = None;
+            }
+        }
         abort(work);
     }
 

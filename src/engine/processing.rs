@@ -385,6 +385,8 @@ pub(crate) fn cut_reason(reason: &str) -> String {
 #[derive(Debug)]
 pub(crate) struct TxExpiry {
     pub(crate) deadline: u64,
+    /// Its key among the timers (with `deadline`), to cancel it once settled.
+    key: u64,
     state: Mutex<TxState>,
 }
 
@@ -396,9 +398,10 @@ struct TxState {
 }
 
 impl TxExpiry {
-    pub(crate) fn new(deadline: u64, held: &[(Arc<QueueCore>, Entry)]) -> Arc<TxExpiry> {
+    fn new(deadline: u64, key: u64, held: &[(Arc<QueueCore>, Entry)]) -> Arc<TxExpiry> {
         Arc::new(TxExpiry {
             deadline,
+            key,
             state: Mutex::new(TxState {
                 copies: held.to_vec(),
                 expired: false,
@@ -497,10 +500,22 @@ impl Timers {
         })
     }
 
-    /// Runs `expiry` at its deadline.
-    pub(crate) fn expire_transaction(&self, expiry: &Arc<TxExpiry>) {
+    /// A deadline at `deadline` for a transaction holding `held`, registered to run then.
+    pub(crate) fn expire_transaction(
+        &self,
+        deadline: u64,
+        held: &[(Arc<QueueCore>, Entry)],
+    ) -> Arc<TxExpiry> {
         let key = self.next_tx_key.fetch_sub(1, Ordering::Relaxed);
-        self.add(expiry.deadline, key, Timer::Transaction(Arc::clone(expiry)));
+        let expiry = TxExpiry::new(deadline, key, held);
+        self.add(deadline, key, Timer::Transaction(Arc::clone(&expiry)));
+        expiry
+    }
+
+    /// Forgets the timer of a settled transaction (so that a store-wide deadline does not
+    /// keep one timer per finished transaction until it passes).
+    pub(crate) fn cancel_transaction(&self, expiry: &TxExpiry) {
+        self.state.lock().timers.remove(&(expiry.deadline, expiry.key));
     }
 
     pub(crate) fn clock(&self) -> &Clock {
