@@ -657,8 +657,9 @@ where
         Ok(())
     }
 
-    /// Counts of the queue's items: visible, delayed, leased, held by open transactions, dead.
-    /// Each is a snapshot, taken one after the other.
+    /// Counts of the queue's items: visible, delayed, leased, held by open transactions, dead;
+    /// and the enqueue time of the item at the front. Each is a snapshot, taken one after the
+    /// other; none lists anything, so it costs the same however long the queue.
     ///
     /// # Cancel safety
     ///
@@ -685,6 +686,7 @@ where
             leased: proc.leased(),
             held: proc.core.held(),
             dead: proc.dead_count(),
+            front_enqueued_at: known(proc.core.front_enqueued_at()),
         })
     }
 

@@ -139,6 +139,10 @@ pub struct QueueStats {
     pub held: u64,
     /// In the queue's dead letters.
     pub dead: u64,
+    /// When the item at the front of the queue (the next one out, usually the oldest
+    /// visible) was first enqueued: how far behind the consumers are. `None` when nothing is
+    /// visible, or for an item written before commit times were kept.
+    pub front_enqueued_at: Option<SystemTime>,
 }
 
 /// Where an item is, as [`browse`](crate::ReliableConcurrentQueue::browse) sees it.

@@ -427,6 +427,11 @@ fn p8_browse_lists_without_consuming_and_stats_count_every_state() {
             (1, 1, 1, 1, 0),
             "{name}"
         );
+        assert_eq!(
+            stats.front_enqueued_at,
+            Some(UNIX_EPOCH + Duration::from_millis(START)),
+            "{name}"
+        );
         let all = q.blocking_browse(None, 10).unwrap();
         let items: Vec<u64> = all.iter().map(|b| b.item).collect();
         assert_eq!(

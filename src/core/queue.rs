@@ -176,6 +176,15 @@ impl QueueCore {
         }
     }
 
+    /// The enqueue time of the item at the front (0: none, or unknown).
+    pub(crate) fn front_enqueued_at(&self) -> u64 {
+        self.state
+            .lock()
+            .ready
+            .front()
+            .map_or(0, |e| e.times.enqueued_at)
+    }
+
     /// Copies of the visible entries (for browsing; the queue is locked meanwhile).
     pub(crate) fn ready_entries(&self) -> Vec<Entry> {
         self.state.lock().ready.iter().cloned().collect()
