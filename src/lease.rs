@@ -10,7 +10,6 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::clock::{system_time, wall_ms};
-use crate::codec::{self, EncodeError};
 use crate::core::Entry;
 use crate::engine::processing::{DeadSlot, Granted, Move, MoveKind, Proc};
 use crate::engine::{Engine, Work};
@@ -419,14 +418,8 @@ where
     ///
     /// See [`Lease`].
     pub async fn lease(&self, ttl: Duration) -> Result<Lease<T>> {
-        let ttl_ms = check_ttl(ttl)?;
-        let mut tx = Transaction::new(Arc::clone(self.engine_arc()));
-        let item = self.dequeue(&mut tx).await?;
-        let granted = self
-            .engine()
-            .grant(self.queue_ref(), tx.work_mut(), ttl_ms)
-            .await?;
-        self.leases(granted, vec![item]).pop().ok_or(Error::Closed)
+        let mut leases = self.lease_many(1, ttl).await?;
+        leases.pop().ok_or(Error::Closed)
     }
 
     /// [`lease`](Self::lease) for threads.
@@ -435,13 +428,8 @@ where
     ///
     /// As [`lease`](Self::lease).
     pub fn blocking_lease(&self, ttl: Duration) -> Result<Lease<T>> {
-        let ttl_ms = check_ttl(ttl)?;
-        let mut tx = Transaction::new(Arc::clone(self.engine_arc()));
-        let item = self.blocking_dequeue(&mut tx)?;
-        let granted = self
-            .engine()
-            .blocking_grant(self.queue_ref(), tx.work_mut(), ttl_ms)?;
-        self.leases(granted, vec![item]).pop().ok_or(Error::Closed)
+        let mut leases = self.blocking_lease_many(1, ttl)?;
+        leases.pop().ok_or(Error::Closed)
     }
 
     /// Leases up to `n` items at once, in one durable write: waits for the first, then takes
@@ -632,17 +620,7 @@ where
     }
 
     fn encode_entry(&self, item: &T) -> Result<Entry> {
-        self.engine().check_open()?;
-        let limit = self.engine().max_item_size();
-        let bytes = codec::encode(item, limit).map_err(|e| match e {
-            EncodeError::TooLarge { size } => Error::ItemTooLarge {
-                queue: self.name().to_owned(),
-                size,
-                limit,
-            },
-            EncodeError::Postcard(e) => Error::serialize(self.name(), e),
-        })?;
-        Ok(Entry::new(0, bytes, 0))
+        Ok(Entry::new(0, self.encode(item)?, 0))
     }
 
     fn enqueue_due(&self, tx: &mut Transaction, item: &T, due: u64) -> Result<()> {

@@ -207,17 +207,22 @@ where
     /// ```
     pub fn enqueue(&self, tx: &mut Transaction, item: impl Borrow<T>) -> Result<()> {
         self.check(tx)?;
+        let bytes = self.encode(item.borrow())?;
+        self.engine.enqueue(&self.queue, tx.work_mut(), bytes)
+    }
+
+    /// Encodes an item within the item size limit, once the store is known open.
+    pub(crate) fn encode(&self, item: &T) -> Result<Box<[u8]>> {
         self.engine.check_open()?;
         let limit = self.engine.max_item_size();
-        let bytes = codec::encode(item.borrow(), limit).map_err(|e| match e {
+        codec::encode(item, limit).map_err(|e| match e {
             EncodeError::TooLarge { size } => Error::ItemTooLarge {
                 queue: self.name().to_owned(),
                 size,
                 limit,
             },
             EncodeError::Postcard(e) => Error::serialize(self.name(), e),
-        })?;
-        self.engine.enqueue(&self.queue, tx.work_mut(), bytes)
+        })
     }
 
     /// Takes the item at the front of the queue into the transaction, without waiting for an

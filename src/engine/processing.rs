@@ -515,7 +515,10 @@ impl Timers {
     /// Forgets the timer of a settled transaction (so that a store-wide deadline does not
     /// keep one timer per finished transaction until it passes).
     pub(crate) fn cancel_transaction(&self, expiry: &TxExpiry) {
-        self.state.lock().timers.remove(&(expiry.deadline, expiry.key));
+        self.state
+            .lock()
+            .timers
+            .remove(&(expiry.deadline, expiry.key));
     }
 
     pub(crate) fn clock(&self) -> &Clock {

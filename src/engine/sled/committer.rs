@@ -452,20 +452,7 @@ impl Committer {
                 path: self.storage.path.join("db"),
                 detail: format!("log record {seq}: {}", damage.reason),
             })?;
-            let bytes = rec.ops.iter().find_map(|op| match op {
-                Op::Enqueue { id: i, bytes, .. } if *i == id => Some(bytes.0),
-                Op::Lease(v)
-                | Op::Retry(v)
-                | Op::Bury(v)
-                | Op::Replay(v)
-                | Op::Moved(v)
-                | Op::Keyed(v)
-                    if v.id == id =>
-                {
-                    Some(v.bytes.0)
-                }
-                _ => None,
-            });
+            let bytes = rec.ops.iter().find_map(|op| op.bytes_of(id));
             if let Some(bytes) = bytes {
                 out.push((id, bytes.into()));
             }

@@ -103,16 +103,25 @@ pub(crate) struct Version<'a> {
     pub(crate) bytes: Bytes<'a>,
 }
 
-impl Op<'_> {
-    fn queue(&self) -> QueueId {
+impl<'a> Op<'a> {
+    /// The item version the op writes, if it writes one (every op but `Enqueue`, `Ack` and
+    /// `Purge`).
+    pub(crate) fn version(&self) -> Option<&Version<'a>> {
         match self {
-            Op::Enqueue { queue, .. } | Op::Ack { queue, .. } | Op::Purge { queue, .. } => *queue,
             Op::Lease(v)
             | Op::Retry(v)
             | Op::Bury(v)
             | Op::Replay(v)
             | Op::Moved(v)
-            | Op::Keyed(v) => v.queue,
+            | Op::Keyed(v) => Some(v),
+            Op::Enqueue { .. } | Op::Ack { .. } | Op::Purge { .. } => None,
+        }
+    }
+
+    fn queue(&self) -> QueueId {
+        match self {
+            Op::Enqueue { queue, .. } | Op::Ack { queue, .. } | Op::Purge { queue, .. } => *queue,
+            _ => self.version().map_or(0, |v| v.queue),
         }
     }
 
@@ -120,13 +129,8 @@ impl Op<'_> {
     pub(crate) fn new_id(&self) -> Option<u64> {
         match self {
             Op::Enqueue { id, .. } => Some(*id),
-            Op::Lease(v)
-            | Op::Retry(v)
-            | Op::Bury(v)
-            | Op::Replay(v)
-            | Op::Moved(v)
-            | Op::Keyed(v) => Some(v.id),
             Op::Ack { .. } | Op::Purge { .. } => None,
+            _ => self.version().map(|v| v.id),
         }
     }
 
@@ -134,13 +138,16 @@ impl Op<'_> {
     pub(crate) fn ended_id(&self) -> Option<u64> {
         match self {
             Op::Ack { id, .. } | Op::Purge { id, .. } => Some(*id),
-            Op::Lease(v)
-            | Op::Retry(v)
-            | Op::Bury(v)
-            | Op::Replay(v)
-            | Op::Moved(v)
-            | Op::Keyed(v) => v.from,
             Op::Enqueue { .. } => None,
+            _ => self.version().and_then(|v| v.from),
+        }
+    }
+
+    /// The bytes of the item with id `id`, if this op makes it live.
+    pub(crate) fn bytes_of(&self, id: u64) -> Option<&'a [u8]> {
+        match self {
+            Op::Enqueue { id: i, bytes, .. } if *i == id => Some(bytes.0),
+            _ => self.version().filter(|v| v.id == id).map(|v| v.bytes.0),
         }
     }
 }
