@@ -534,8 +534,7 @@ where
         if delay == 0 {
             return self.enqueue(tx, item);
         }
-        let due = self.engine().now().saturating_add(delay);
-        self.enqueue_due(tx, item.borrow(), due)
+        self.enqueue_due(tx, item.borrow(), 0, delay)
     }
 
     /// Enqueues `item` in `tx`, invisible until `at` (by the store's clock); a time not in
@@ -555,7 +554,7 @@ where
         if due <= self.engine().now() {
             return self.enqueue(tx, item);
         }
-        self.enqueue_due(tx, item.borrow(), due)
+        self.enqueue_due(tx, item.borrow(), due, 0)
     }
 
     /// Enqueues `item` in `tx` with deduplication key `key` (P11): while an item with this
@@ -604,9 +603,6 @@ where
         self.check(tx)?;
         tx.work_mut().check_live()?;
         let mut entry = self.encode_entry(item.borrow())?;
-        if delay > 0 {
-            entry.not_before = self.engine().now().saturating_add(delay);
-        }
         let core = &self.proc().core;
         if !core.reserve_key(key) {
             return Ok(Enqueued::Duplicate);
@@ -614,7 +610,7 @@ where
         entry.key = Some(key.into());
         tx.work_mut().moves.push(Move {
             proc: Arc::clone(self.proc()),
-            kind: MoveKind::Enqueue(entry),
+            kind: MoveKind::Enqueue { entry, delay },
         });
         Ok(Enqueued::Enqueued)
     }
@@ -623,14 +619,16 @@ where
         Ok(Entry::new(0, self.encode(item)?, 0))
     }
 
-    fn enqueue_due(&self, tx: &mut Transaction, item: &T, due: u64) -> Result<()> {
+    /// Buffers `item`, due at `at` (ms since the epoch) or, with a non-zero `delay`, that
+    /// many ms after the commit.
+    fn enqueue_due(&self, tx: &mut Transaction, item: &T, at: u64, delay: u64) -> Result<()> {
         self.check(tx)?;
         tx.work_mut().check_live()?;
         let mut entry = self.encode_entry(item)?;
-        entry.not_before = due;
+        entry.not_before = at;
         tx.work_mut().moves.push(Move {
             proc: Arc::clone(self.proc()),
-            kind: MoveKind::Enqueue(entry),
+            kind: MoveKind::Enqueue { entry, delay },
         });
         Ok(())
     }

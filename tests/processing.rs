@@ -833,3 +833,24 @@ async fn p9_the_async_forms_wait_on_any_queue_of_the_set() {
     assert_eq!((a.count().await.unwrap(), b.count().await.unwrap()), (0, 0));
     assert_eq!((a.waiters(), b.waiters()), (0, 0));
 }
+
+#[test]
+fn p6_a_delay_runs_from_the_commit() {
+    let clock = clock();
+    for (name, store, _dir) in stores(&clock) {
+        let q = store.blocking_queue::<u64>("q").unwrap();
+        let mut tx = store.begin();
+        q.enqueue_after(&mut tx, 1, Duration::from_millis(100))
+            .unwrap();
+        clock.advance(Duration::from_millis(60));
+        tx.blocking_commit().unwrap();
+        clock.advance(Duration::from_millis(99));
+        assert_eq!(
+            q.blocking_count().unwrap(),
+            0,
+            "{name}: due 100 ms after the commit"
+        );
+        clock.advance(Duration::from_millis(1));
+        assert_eq!(q.blocking_count().unwrap(), 1, "{name}");
+    }
+}

@@ -225,9 +225,10 @@ pub(crate) struct Move {
 
 #[derive(Debug)]
 pub(crate) enum MoveKind {
-    /// A fresh item that is delayed (due at `entry.not_before`) or has a deduplication key
-    /// (reserved in its queue when it was buffered); its id is assigned at commit.
-    Enqueue(Entry),
+    /// A fresh item that is delayed or has a deduplication key (reserved in its queue when it
+    /// was buffered); its id is assigned at commit. It is due `delay` ms after the commit,
+    /// or at `entry.not_before` when `delay` is 0.
+    Enqueue { entry: Entry, delay: u64 },
     /// A lease: `entry` is the item taken from the queue (its id the old one) with its next
     /// attempt counted.
     Lease {
@@ -261,7 +262,7 @@ impl Move {
     pub(crate) fn undo(self) {
         let Move { proc, kind } = self;
         let back = match kind {
-            MoveKind::Enqueue(entry) => {
+            MoveKind::Enqueue { entry, .. } => {
                 if let Some(key) = &entry.key {
                     proc.core.release_key(key);
                 }
@@ -295,9 +296,10 @@ impl Move {
 pub(crate) fn apply(mv: Move, id: u64, now: u64, timers: &Timers, dead_on_disk: bool) {
     let Move { proc, kind } = mv;
     match kind {
-        MoveKind::Enqueue(mut entry) => {
+        MoveKind::Enqueue { mut entry, delay } => {
             entry.id = id;
             entry.times.enqueued_at = now;
+            entry.not_before = due_after(&entry, delay, now);
             timers.due_at(&proc, entry, now);
         }
         MoveKind::Retry { mut entry } => {
@@ -359,6 +361,16 @@ pub(crate) fn apply(mv: Move, id: u64, now: u64, timers: &Timers, dead_on_disk: 
             }
         }
         MoveKind::Purge { .. } => {}
+    }
+}
+
+/// When a fresh item committed at `now` is due: `delay` after the commit, or at the time it
+/// was given (`entry.not_before`).
+pub(crate) fn due_after(entry: &Entry, delay: u64, now: u64) -> u64 {
+    if delay > 0 {
+        now.saturating_add(delay)
+    } else {
+        entry.not_before
     }
 }
 

@@ -26,7 +26,7 @@ use super::trees::{self, Trees};
 use super::Reply;
 use crate::config::{Config, Durability};
 use crate::core::{publish_all, Entry, QueueId};
-use crate::engine::processing::{apply, Move, MoveKind, Timers};
+use crate::engine::processing::{apply, due_after, Move, MoveKind, Timers};
 use crate::engine::Work;
 use crate::error::{Error, Result};
 
@@ -349,6 +349,11 @@ impl Committer {
         while let Ok(message) = self.rx.try_recv() {
             message.fail(Error::Closed);
         }
+    }
+
+    /// The id the next new item would get: above every id given out.
+    pub(super) fn next_id(&self) -> u64 {
+        self.next_id
     }
 
     /// The store clock's time.
@@ -681,7 +686,7 @@ impl Committer {
         now: u64,
     ) -> Result<NewRecord, postcard::Error> {
         Ok(NewRecord {
-            record: self.builder.finish(now)?,
+            record: self.builder.finish(now, ids.end.max(self.next_id))?,
             ids,
         })
     }
@@ -690,7 +695,7 @@ impl Committer {
 /// The id a move ends, if it ends one (a delayed enqueue ends none).
 fn ended_id(mv: &Move) -> Option<u64> {
     match &mv.kind {
-        MoveKind::Enqueue(_) => None,
+        MoveKind::Enqueue { .. } => None,
         MoveKind::Lease { entry, .. }
         | MoveKind::Retry { entry }
         | MoveKind::Bury { entry, .. } => Some(entry.id),
@@ -721,17 +726,18 @@ fn version<'a>(queue: QueueId, entry: &'a Entry, id: u64, reason: Option<&'a str
 fn op_of(mv: &Move, id: u64, now: u64) -> Op<'_> {
     let queue = mv.proc.core.id();
     match &mv.kind {
-        MoveKind::Enqueue(entry) if entry.key.is_some() => {
+        MoveKind::Enqueue { entry, delay } if entry.key.is_some() => {
             let mut v = version(queue, entry, id, None);
             v.from = None;
             v.enqueued_at = now;
+            v.not_before = due_after(entry, *delay, now);
             Op::Keyed(v)
         }
-        MoveKind::Enqueue(entry) => Op::Enqueue {
+        MoveKind::Enqueue { entry, delay } => Op::Enqueue {
             queue,
             id,
             attempts: entry.attempts,
-            not_before: entry.not_before,
+            not_before: due_after(entry, *delay, now),
             bytes: Bytes(&entry.bytes),
         },
         MoveKind::Lease { entry, .. } => Op::Lease(version(queue, entry, id, None)),

@@ -162,7 +162,7 @@ impl Committer {
         }
         let record = self
             .builder
-            .finish(self.timers_now())
+            .finish(self.timers_now(), self.next_id())
             .map_err(Error::storage)?;
         let bytes = record.len();
         let new_seq = self.next_seq;

@@ -10,7 +10,8 @@
 //!     16     4  body CRC-32 (of the b body bytes)
 //!     20     4  header CRC-32 (of bytes 4..20, then the h header bytes)
 //!     24     h  header: postcard { queues: [u32] (ids touched, ascending), ops: u32,
-//!                 time: u64 (version 2 only: the commit time, ms since the Unix epoch) }
+//!                 version 2 only: time: u64 (the commit time, ms since the Unix epoch),
+//!                 next_id: u64 (above every id given out so far) }
 //!   24+h     b  body: `ops` operations, each a postcard `Op`, back to back
 //! ```
 //!
@@ -165,6 +166,10 @@ struct Header {
     ops: u32,
     /// Commit time, milliseconds since the Unix epoch.
     time: u64,
+    /// Above every item id the store has given out when the record was written: ids (and so
+    /// fencing tokens) are never given out twice, even once compaction has deleted every
+    /// record that named the highest ones.
+    next_id: u64,
 }
 
 /// Why a record could not be read. `queues` is known when the header was intact.
@@ -199,6 +204,8 @@ pub(crate) struct Record<'a> {
     pub(crate) ops: Vec<Op<'a>>,
     /// Commit time in milliseconds since the Unix epoch; `None` in a version 1 record.
     pub(crate) time: Option<u64>,
+    /// Above every id given out when it was written; `None` in a version 1 record.
+    pub(crate) next_id: Option<u64>,
 }
 
 /// Builds one record; reused from group to group to keep its buffers.
@@ -242,14 +249,15 @@ impl RecordBuilder {
         self.ops = 0;
     }
 
-    /// Seals the record, committed at `time` (ms since the epoch), and resets the builder
-    /// for the next one.
-    pub(crate) fn finish(&mut self, time: u64) -> Result<Vec<u8>, postcard::Error> {
+    /// Seals the record, committed at `time` (ms since the epoch) when ids below `next_id`
+    /// had been given out, and resets the builder for the next one.
+    pub(crate) fn finish(&mut self, time: u64, next_id: u64) -> Result<Vec<u8>, postcard::Error> {
         self.queues.sort_unstable();
         let header = Header {
             queues: std::mem::take(&mut self.queues),
             ops: self.ops,
             time,
+            next_id,
         };
         let mut header_bytes = Vec::with_capacity(8 + 5 * header.queues.len());
         let encoded = crate::codec::append(&header, &mut header_bytes);
@@ -337,19 +345,21 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<Record<'_>, Damage> {
         return Err(Damage::new("header checksum mismatch"));
     }
     let decoded = if version == RECORD_VERSION_1 {
-        postcard::from_bytes::<HeaderV1>(header_bytes).map(|h| (h.queues, h.ops, None))
+        postcard::from_bytes::<HeaderV1>(header_bytes).map(|h| Header {
+            queues: h.queues,
+            ops: h.ops,
+            time: 0,
+            next_id: 0,
+        })
     } else {
-        postcard::from_bytes::<Header>(header_bytes).map(|h| (h.queues, h.ops, Some(h.time)))
+        postcard::from_bytes::<Header>(header_bytes)
     };
     let header = match decoded {
-        Ok((queues, ops, time)) => Header {
-            queues,
-            ops,
-            time: time.unwrap_or(0),
-        },
+        Ok(header) => header,
         Err(e) => return Err(Damage::new(format!("undecodable header: {e}"))),
     };
-    let time = (version != RECORD_VERSION_1).then_some(header.time);
+    let v2 = version != RECORD_VERSION_1;
+    let (time, next_id) = (v2.then_some(header.time), v2.then_some(header.next_id));
     let fail = |reason: String| Damage {
         queues: Some(header.queues.clone()),
         reason,
@@ -382,6 +392,7 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<Record<'_>, Damage> {
         queues: header.queues,
         ops,
         time,
+        next_id,
     })
 }
 
@@ -400,7 +411,7 @@ mod tests {
         })
         .unwrap();
         b.push(&Op::Ack { queue: 1, id: 4 }).unwrap();
-        b.finish(1).unwrap()
+        b.finish(1, 11).unwrap()
     }
 
     #[test]
@@ -420,8 +431,8 @@ mod tests {
     fn builder_is_reusable() {
         let mut b = RecordBuilder::default();
         b.push(&Op::Ack { queue: 9, id: 1 }).unwrap();
-        let first = b.finish(1).unwrap();
-        let second = b.finish(1).unwrap();
+        let first = b.finish(1, 11).unwrap();
+        let second = b.finish(1, 11).unwrap();
         assert_eq!(decode(&first).unwrap().ops.len(), 1);
         let empty = decode(&second).unwrap();
         assert!(empty.ops.is_empty() && empty.queues.is_empty());
@@ -554,7 +565,7 @@ mod fuzz {
         for op in ops {
             builder.push(&op.as_op()).expect("push a generated op");
         }
-        builder.finish(0).expect("finish a generated record")
+        builder.finish(0, 0).expect("finish a generated record")
     }
 
     /// `decode` under `catch_unwind`, so a panic names its input.

@@ -448,6 +448,8 @@ fn replay(
             }
         }
         let time = rec.time.unwrap_or(0);
+        // Ids below a record's `next_id` were given out, even if no record names them now.
+        max_id = max_id.max(rec.next_id.and_then(|n| n.checked_sub(1)));
         let bytes = u64::try_from(value.len()).unwrap_or(u64::MAX);
         let first = ids.first().copied();
         let contiguous = ids.iter().zip(first.unwrap_or(0)..).all(|(&id, n)| id == n);
