@@ -1,19 +1,24 @@
-//! Crash safety under `kill -9` (S3, S7, S8, S9), for `Durability::Sync` and `Buffered`.
+//! Crash safety under `kill -9` (S3, S7, S8, S9), for `Durability::Sync` and `Buffered`, of
+//! plain transactions and of the processing layer (leases, delayed items, retries, dead
+//! letters).
 //!
 //! Each test is a parent that runs many cycles over one store directory. In a cycle it starts
 //! this test binary again as a child (the same test, selected with `--exact`, told by
 //! `RQ_CRASH_ROLE` to play the child). The child opens the store and runs producers,
-//! consumers and movers on it (`crash/child.rs`), reporting on stdout every transaction just
-//! before it calls `commit` (intent) and just after `commit` returned `Ok` (acknowledgement).
-//! The parent reads the reports as they come and kills the child with SIGKILL at a random
-//! moment: a random delay after the store opened, or, in about a third of the cycles, a
-//! random delay after the child began to open it, scaled to how long opening takes, so that
-//! the kill lands in recovery. Then, in most cycles, the parent reopens the store, looks at
-//! everything in it, and checks it against what it knew before and what the children
+//! consumers, movers, lease workers and a dead-letter janitor on it (`crash/child.rs`),
+//! reporting on stdout every transaction just before it calls `commit` (intent) and just
+//! after `commit` returned `Ok` (acknowledgement); a lease call just before it starts and,
+//! with the items and attempts it got, just after it returned (`crash/report.rs`). The parent
+//! reads the reports as they come and kills the child with SIGKILL at a random moment: a
+//! random delay after the store opened, or, in about a third of the cycles, a random delay
+//! after the child began to open it, scaled to how long opening takes, so that the kill lands
+//! in recovery. Then, in most cycles, the parent reopens the store, waits for its delayed
+//! items to fall due, looks at everything in it (every item with its attempts, every dead
+//! letter, the stats), and checks it against what it knew before and what the children
 //! reported (`crash/check.rs` states the exact invariants); in the other cycles the next child
 //! recovers a store that was just killed, possibly in the middle of its own recovery. After
-//! the last cycle the parent drains the store with committed transactions, reopens it and
-//! expects it empty.
+//! the last cycle the parent drains the store with committed transactions and purges its dead
+//! letters, reopens it and expects it empty.
 //!
 //! `RQ_CRASH_CYCLES` sets the number of cycles (default 30), `RQ_CRASH_SEED` the seed of the
 //! parent's choices. Run with `--nocapture` to see the figures.
@@ -36,11 +41,11 @@ use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use reliable_queue::{Durability, Store};
+use reliable_queue::{Durability, ItemState, QueueStats, ReliableConcurrentQueue, Replay, Store};
 
-use check::{Figures, Found, Model, Violation};
+use check::{Figures, Found, FoundQueue, Model, Violation};
 use child::Item;
-use report::{CycleLog, Queue};
+use report::{CycleLog, Place, Queue};
 
 /// Set in the child's environment; its presence selects the child role.
 const ROLE_VAR: &str = "RQ_CRASH_ROLE";
@@ -440,6 +445,24 @@ impl Parent<'_> {
                 FLUSH_INTERVAL.as_millis(),
             );
         }
+        println!(
+            "crash test, {:?}, processing layer: acknowledged {} leases, {} acks, {} fails \
+             retried, {} fails to the dead letters, {} releases with a delay, {} replays, {} \
+             purges, {} delayed enqueues; the checks found {} dead letters and {} items with \
+             attempts (at most {})",
+            self.durability,
+            f.leases,
+            f.acks,
+            f.retries,
+            f.buries,
+            f.releases,
+            f.replays,
+            f.purges,
+            f.delayed,
+            f.dead_found,
+            f.tried_found,
+            f.max_attempts,
+        );
         let mut kinds: Vec<(&str, usize)> = Vec::new();
         for v in &totals.violations {
             match kinds.iter_mut().find(|(k, _)| *k == v.kind) {
@@ -461,49 +484,125 @@ impl Parent<'_> {
     }
 }
 
-/// Reopens the store and looks at everything in it: one transaction dequeues every item of
-/// both queues, then aborts, so the store is left as it was.
+/// How long the parent waits for the delayed items of a store it reopened to fall due (they
+/// are due some milliseconds after their commits; this is only a bound).
+const DUE_PATIENCE: Duration = Duration::from_secs(30);
+
+/// The queues of the workload, opened on `store`.
+fn open_queues(
+    store: &Store,
+) -> reliable_queue::Result<Vec<(Queue, ReliableConcurrentQueue<Item>)>> {
+    Queue::ALL
+        .into_iter()
+        .map(|queue| Ok((queue, store.blocking_queue::<Item>(queue.name())?)))
+        .collect()
+}
+
+/// Waits until no queue has delayed items left and the visible counts held still across
+/// two looks: every delayed item (due some milliseconds after the child committed it) is
+/// then in its queue.
+fn wait_until_due(queues: &[(Queue, ReliableConcurrentQueue<Item>)]) -> Result<(), String> {
+    let give_up = Instant::now() + DUE_PATIENCE;
+    let mut last = None;
+    loop {
+        let mut delayed = 0;
+        let mut visible = Vec::new();
+        for (_, q) in queues {
+            let stats = q.blocking_stats().map_err(|e| e.to_string())?;
+            delayed += stats.delayed;
+            visible.push(stats.visible);
+        }
+        if delayed == 0 && last.as_ref() == Some(&visible) {
+            return Ok(());
+        }
+        if Instant::now() > give_up {
+            // The check reports the delayed items left.
+            return Ok(());
+        }
+        last = (delayed == 0).then_some(visible);
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Reopens the store and looks at everything in it, once the delayed items fell due: the
+/// stats of each queue, every item with its attempts (browsing), every dead letter; then one
+/// transaction dequeues every item of every queue and aborts, so the store is left as it was.
 fn inspect(path: &Path, durability: Durability) -> Result<Found, String> {
+    let text = |e: reliable_queue::Error| e.to_string();
     let store = open_store(path, durability).map_err(|e| format!("reopening failed: {e:?}"))?;
-    let a = store
-        .blocking_queue::<Item>("a")
-        .map_err(|e| e.to_string())?;
-    let b = store
-        .blocking_queue::<Item>("b")
-        .map_err(|e| e.to_string())?;
+    let queues = open_queues(&store).map_err(text)?;
+    wait_until_due(&queues)?;
     let mut found = Found {
-        count_a: a.blocking_count().map_err(|e| e.to_string())?,
-        count_b: b.blocking_count().map_err(|e| e.to_string())?,
         set_aside: store.set_aside_records().len(),
         ..Found::default()
     };
+    for (queue, q) in &queues {
+        let stats = q.blocking_stats().map_err(text)?;
+        let mut fq = FoundQueue {
+            count: q.blocking_count().map_err(text)?,
+            leased: stats.leased,
+            delayed: stats.delayed,
+            dead_count: stats.dead,
+            ..FoundQueue::default()
+        };
+        let mut after = None;
+        loop {
+            let page = q.blocking_browse(after, 1000).map_err(text)?;
+            let Some(last) = page.last() else { break };
+            after = Some(last.id);
+            for b in page {
+                if !child::intact(&b.item) {
+                    found.damaged.push(b.item.0);
+                }
+                if b.state != ItemState::Ready {
+                    fq.not_ready.push(b.item.0);
+                }
+                fq.browsed.push((b.item.0, b.attempts));
+            }
+        }
+        let mut after = None;
+        loop {
+            let page = q.blocking_dead_letters(after, 1000).map_err(text)?;
+            let Some(last) = page.last() else { break };
+            after = Some(last.id);
+            for d in page {
+                if !child::intact(&d.item) {
+                    found.damaged.push(d.item.0);
+                }
+                if d.reason != child::fail_reason(d.item.0) {
+                    fq.wrong_reasons.push((d.item.0, d.reason));
+                }
+                fq.dead.push((d.item.0, d.attempts));
+            }
+        }
+        found.queues.insert(*queue, fq);
+    }
     let mut tx = store.begin();
-    for (queue, ids) in [(&a, &mut found.a), (&b, &mut found.b)] {
-        while let Some(item) = queue
-            .blocking_try_dequeue(&mut tx)
-            .map_err(|e| e.to_string())?
-        {
+    for (queue, q) in &queues {
+        let fq = found.queues.get_mut(queue).expect("inspected above");
+        while let Some(item) = q.blocking_try_dequeue(&mut tx).map_err(text)? {
             if !child::intact(&item) {
                 found.damaged.push(item.0);
             }
-            ids.push(item.0);
+            fq.dequeued.push(item.0);
         }
     }
-    tx.blocking_abort().map_err(|e| e.to_string())?;
+    tx.blocking_abort().map_err(text)?;
+    for (queue, q) in &queues {
+        let fq = found.queues.get_mut(queue).expect("inspected above");
+        fq.count_after_abort = q.blocking_count().map_err(text)?;
+        fq.held_after_abort = q.blocking_stats().map_err(text)?.held;
+    }
     found.blob_files = std::fs::read_dir(path.join("blobs")).map_or(0, |d| d.count());
-    found.count_after_abort = (
-        a.blocking_count().map_err(|e| e.to_string())?,
-        b.blocking_count().map_err(|e| e.to_string())?,
-    );
     Ok(found)
 }
 
-/// Drains both queues with committed transactions, expecting exactly `items`; then reopens
-/// the store and expects it empty.
+/// Drains every queue with committed transactions and purges every dead letter, expecting
+/// exactly `items`; then reopens the store and expects it empty.
 fn drain_and_reopen(
     path: &Path,
     durability: Durability,
-    items: &HashMap<u64, Queue>,
+    items: &HashMap<u64, check::Held>,
 ) -> Vec<Violation> {
     let mut violations = Vec::new();
     let mut fail = |detail: String| {
@@ -512,47 +611,65 @@ fn drain_and_reopen(
             detail,
         })
     };
-    let drained = (|| -> reliable_queue::Result<HashMap<u64, Queue>> {
-        let store = open_store(path, durability)?;
+    let drained = (|| -> Result<HashMap<u64, Place>, String> {
+        let text = |e: reliable_queue::Error| e.to_string();
+        let store = open_store(path, durability).map_err(text)?;
+        let queues = open_queues(&store).map_err(text)?;
+        wait_until_due(&queues)?;
         let mut drained = HashMap::new();
-        for queue in [Queue::A, Queue::B] {
-            let q = store.blocking_queue::<Item>(queue.name())?;
+        for (queue, q) in &queues {
             loop {
                 let mut tx = store.begin();
                 let mut n = 0;
                 while n < 100 {
-                    let Some((id, _)) = q.blocking_try_dequeue(&mut tx)? else {
+                    let Some((id, _)) = q.blocking_try_dequeue(&mut tx).map_err(text)? else {
                         break;
                     };
-                    drained.insert(id, queue);
+                    drained.insert(id, Place::In(*queue));
                     n += 1;
                 }
-                tx.blocking_commit()?;
+                tx.blocking_commit().map_err(text)?;
                 if n == 0 {
                     break;
                 }
             }
+            loop {
+                let page = q.blocking_dead_letters(None, 100).map_err(text)?;
+                if page.is_empty() {
+                    break;
+                }
+                for d in &page {
+                    drained.insert(d.item.0, Place::Dead(*queue));
+                }
+                let ids = page.iter().map(|d| d.id).collect();
+                q.blocking_purge(Replay::Ids(ids)).map_err(text)?;
+            }
         }
         Ok(drained)
     })();
+    let expected: HashMap<u64, Place> = items.iter().map(|(&id, &(p, _))| (id, p)).collect();
     match drained {
-        Ok(drained) if &drained == items => {}
+        Ok(drained) if drained == expected => {}
         Ok(drained) => fail(format!(
-            "drained {} items, the last check found {}",
+            "drained {} items and dead letters, the last check found {}",
             drained.len(),
-            items.len()
+            expected.len()
         )),
         Err(e) => fail(format!("draining failed: {e}")),
     }
-    match open_store(path, durability).and_then(|store| {
-        let a = store.blocking_queue::<u64>("a")?;
-        let b = store.blocking_queue::<u64>("b")?;
-        Ok((a.blocking_count()?, b.blocking_count()?))
-    }) {
-        Ok((0, 0)) => {}
-        Ok(counts) => fail(format!(
-            "after the drain and a reopen, counts are {counts:?}"
-        )),
+    let left = open_store(path, durability).and_then(|store| {
+        let mut left = Vec::new();
+        for (queue, q) in open_queues(&store)? {
+            let stats = q.blocking_stats()?;
+            if stats != QueueStats::default() {
+                left.push(format!("{}: {stats:?}", queue.name()));
+            }
+        }
+        Ok(left)
+    });
+    match left {
+        Ok(left) if left.is_empty() => {}
+        Ok(left) => fail(format!("after the drain and a reopen: {left:?}")),
         Err(e) => fail(format!("reopening after the drain failed: {e}")),
     }
     violations

@@ -1,37 +1,52 @@
 //! The checker: does what the store holds after one or more crashes agree with what the
 //! children reported?
 //!
-//! The parent knows exactly what the store held at its last look (`Model::known`). Since
-//! then, one or more children ran and were killed; each reported its transactions (intent
-//! before `commit`, acknowledgement after `commit` returned `Ok`). Every reported transaction
-//! either survived the crash that ended its child (all its operations are in the recovered
-//! store) or did not (none of them are): one boolean per transaction, and that one boolean
-//! for all of a transaction's operations *is* the atomicity of S3. The check asks whether
-//! some choice of survivors obeys the rules below and explains exactly what the store holds
-//! now. Every rule is a clause of at most two literals, so the question is a 2-SAT instance.
+//! The parent knows exactly what the store held at its last look (`Model::known`: where each
+//! item was, and with how many attempts). Since then, one or more children ran and were
+//! killed; each reported its transactions (intent before `commit`, acknowledgement after
+//! `commit` returned `Ok`; a lease call's start and its result, see `report.rs`). Every
+//! reported transaction either survived the crash that ended its child (all its operations
+//! are in the recovered store) or did not (none of them are): one boolean per transaction,
+//! and that one boolean for all of a transaction's operations *is* the atomicity of S3. The
+//! check asks whether some choice of survivors obeys the rules below and explains exactly
+//! what the store holds now. Every rule is a clause of at most two literals, so the question
+//! is a 2-SAT instance.
+//!
+//! Where an item can be: in a queue (`a`, `b`, `c`: visible or delayed; a restart ends every
+//! lease, so a leased item is back in its queue), among a queue's dead letters, or nowhere
+//! (consumed, acknowledged, purged). Each item also has its attempts: the leases granted so
+//! far (0 after an enqueue or a move; a lease adds one; a fail, a release, a kept replay
+//! keep them; a reset replay clears them). A plain dequeue does not tell them.
 //!
 //! Rules that hold in both durability modes:
 //!
-//! 1. **History of an item.** The workload moves an item forward only: enqueued into `a`,
-//!    then perhaps moved to `b`, then consumed. Within one child, the transactions touching
-//!    an item are reported in the order they happened (a transaction can only dequeue an
-//!    item after the commit that made it visible). A later one survives only if the earlier
-//!    one did: its log record comes later in the one committer's log, and the engine
-//!    recovers a prefix of its log.
-//! 2. **Where it is now.** The survivors of an item's history in a child put it somewhere;
-//!    that must be where the next child found it (the queue its first dequeue took it from)
-//!    or, after the last child, where the parent finds it (nowhere, when consumed). Before
-//!    its first transaction an item must be where the parent last saw it, and a fresh id
-//!    must never have been seen.
-//! 3. **Commit order.** If transaction `T` was acknowledged before transaction `U` reported
-//!    its intent, `U`'s record comes after `T`'s, so `U` survives only if `T` did (prefix).
+//! 1. **History of an item.** Within one child, the transactions touching an item are
+//!    reported in the order they happened (a transaction can only take an item after the
+//!    commit that put it there was applied; a lease call is placed by its result line, and
+//!    what its holder does next is reported after it). A later one survives only if the
+//!    earlier one did: its log record comes later in the one committer's log, and the engine
+//!    recovers a prefix of its log. Each step starts where the one before left the item,
+//!    with the same attempts (checked in the child's own history: `in-process`).
+//! 2. **Where it is now.** The survivors of an item's history in a child put it somewhere,
+//!    with some attempts; that must be where the next child found it (where its first step
+//!    took it from) or, after the last child, where the parent finds it (nowhere, when
+//!    consumed). Before its first transaction an item must be where the parent last saw it,
+//!    and a fresh id must never have been seen. Attempts may be higher than the survivors
+//!    say by at most one per child in which the item sat in a queue after its last reported
+//!    step (a lease call killed before it reported its result), never lower: **attempts
+//!    never go down**. A dead letter's attempts do not change.
+//! 3. **Commit order.** If transaction `T` was acknowledged before transaction `U` started
+//!    (its intent; a lease call's start), `U`'s record comes after `T`'s, so `U` survives
+//!    only if `T` did (prefix).
 //!
 //! `Durability::Sync` adds (S8, S7, S9: a commit returns only once it is on disk):
 //!
-//! 4. Every acknowledged transaction survived.
+//! 4. Every acknowledged transaction survived (an acknowledged lease's attempt, a fail that
+//!    reached the maximum attempts: the item is a dead letter unless an acknowledged replay
+//!    or purge took it since).
 //! 5. Every transaction that a later transaction of the same child saw the effect of (it
-//!    dequeued an item the first one enqueued or moved) survived: the committer makes items
-//!    visible only after the fsync.
+//!    took an item the first one put somewhere) survived: the committer applies a commit
+//!    only after the fsync.
 //!
 //! `Durability::Buffered` adds (S9: only the last flush interval may be lost):
 //!
@@ -44,16 +59,19 @@
 //!
 //! Besides the 2-SAT verdict, the checker looks for the common failures one by one, so that
 //! a violation names the item or transaction at fault: an item that is lost, came back, sits
-//! in the wrong queue, is duplicated or was never enqueued; a transaction that is partly
-//! applied; a survivor that follows a lost acknowledged transaction.
+//! in the wrong queue or on the wrong side of the dead letters, has too few or too many
+//! attempts, is duplicated, is in two places or was never enqueued; a transaction that is
+//! partly applied; a survivor that follows a lost acknowledged transaction. And it checks
+//! the reopened store against itself: counts, stats (no lease, no delayed item, no held
+//! item, the dead letters counted), browsing against dequeuing.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::Write as _;
 use std::time::Duration;
 
 use reliable_queue::Durability;
 
-use crate::report::{format_ops, CycleLog, Op, Queue, Tx};
+use crate::report::{format_ops, CycleLog, Kind, Op, Place, Queue, Tx};
 use crate::twosat::{Lit, TwoSat};
 
 /// Where an item is, at some point of its history.
@@ -61,36 +79,140 @@ use crate::twosat::{Lit, TwoSat};
 enum Pos {
     /// Not enqueued yet.
     New,
-    In(Queue),
-    /// Consumed.
+    /// There, with these attempts (`None`: not known: a plain dequeue took it from there).
+    At(Place, Option<u32>),
+    /// Consumed, acknowledged or purged.
     Gone,
 }
 
 impl Pos {
     /// Where a reader of the store finds the item (`None`: nowhere).
-    fn place(self) -> Option<Queue> {
+    fn place(self) -> Option<Place> {
         match self {
-            Pos::In(q) => Some(q),
+            Pos::At(p, _) => Some(p),
             Pos::New | Pos::Gone => None,
+        }
+    }
+
+    fn attempts(self) -> Option<u32> {
+        match self {
+            Pos::At(_, a) => a,
+            Pos::New | Pos::Gone => None,
+        }
+    }
+
+    /// Can an item at `self` be the one `later` describes, the same in-process history
+    /// going on (same place, same attempts when both are known)?
+    fn continues_as(self, later: Pos) -> bool {
+        match (self, later) {
+            (Pos::At(p, a), Pos::At(q, b)) => p == q && (a.is_none() || b.is_none() || a == b),
+            _ => self == later,
         }
     }
 }
 
-fn place_name(place: Option<Queue>) -> &'static str {
-    place.map_or("nowhere", Queue::name)
+fn place_name(place: Option<Place>) -> String {
+    place.map_or("nowhere".to_owned(), Place::name)
+}
+
+fn pos_name(pos: Pos) -> String {
+    match pos {
+        Pos::At(p, Some(a)) => format!("{} ({a} attempts)", p.name()),
+        Pos::At(p, None) => p.name(),
+        Pos::New => "not enqueued".to_owned(),
+        Pos::Gone => "nowhere".to_owned(),
+    }
+}
+
+/// Where an op takes its item from and where it leaves it (`None`: nowhere), with attempts.
+fn effect(op: &Op) -> (Option<Pos>, Option<Pos>) {
+    let n = Some(op.attempt);
+    let queue = |a| Some(Pos::At(Place::In(op.queue), a));
+    let dead = |a| Some(Pos::At(Place::Dead(op.queue), a));
+    match op.kind {
+        Kind::Enqueue | Kind::EnqueueDelayed => (None, queue(Some(0))),
+        Kind::Dequeue => (queue(None), None),
+        Kind::Lease => (queue(Some(op.attempt.saturating_sub(1))), queue(n)),
+        Kind::Ack => (queue(n), None),
+        Kind::Retry | Kind::Release => (queue(n), queue(n)),
+        Kind::Bury => (queue(n), dead(n)),
+        Kind::Replay => (dead(n), queue(n)),
+        Kind::ReplayReset => (dead(n), queue(Some(0))),
+        Kind::Purge => (dead(n), None),
+    }
+}
+
+/// Does an item at `pos` agree with `found` (where it was found, with the attempts seen if
+/// they were seen), if up to `slack` leases nobody reported may have counted attempts since?
+fn fits(pos: Pos, found: Option<(Place, Option<u32>)>, slack: u32) -> bool {
+    match (pos.place(), found) {
+        (None, None) => true,
+        (Some(p), Some((f, seen))) if p == f => match (pos.attempts(), seen) {
+            (Some(had), Some(seen)) => had <= seen && seen - had <= slack,
+            _ => true,
+        },
+        _ => false,
+    }
+}
+
+/// How many leases nobody reported may have counted attempts of an item at `pos` in
+/// `children` children: none for a dead letter, none where there is no item.
+fn slack(pos: Pos, children: usize) -> u32 {
+    match pos.place() {
+        Some(Place::In(_)) => u32::try_from(children).unwrap_or(u32::MAX),
+        _ => 0,
+    }
+}
+
+/// The kind of violation when `found` fits none of the positions an item may be at.
+fn misfit_kind(possible: &[Pos], found: Option<Place>) -> &'static str {
+    let places: Vec<Option<Place>> = possible.iter().map(|p| p.place()).collect();
+    if places.contains(&found) {
+        return "attempts";
+    }
+    match found {
+        None if places.iter().all(Option::is_some) => "lost",
+        Some(_) if places.iter().all(Option::is_none) => {
+            if possible.contains(&Pos::Gone) {
+                "came back"
+            } else {
+                "unexpected"
+            }
+        }
+        Some(f) if places.iter().flatten().all(|p| p.is_dead() != f.is_dead()) => "dead letters",
+        Some(_) => "wrong queue",
+        None => "inconsistent",
+    }
+}
+
+/// One queue of the reopened store, as the parent found it.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct FoundQueue {
+    /// Everything one transaction could dequeue.
+    pub(crate) dequeued: Vec<u64>,
+    /// What browsing listed: each item with its attempts.
+    pub(crate) browsed: Vec<(u64, u32)>,
+    /// Browsed items not ready (delayed or leased), although nothing should be.
+    pub(crate) not_ready: Vec<u64>,
+    /// The dead letters: each item with its attempts.
+    pub(crate) dead: Vec<(u64, u32)>,
+    /// Dead letters whose reason is not the one their item was failed with.
+    pub(crate) wrong_reasons: Vec<(u64, String)>,
+    /// `count()` before that transaction, and after it aborted.
+    pub(crate) count: u64,
+    pub(crate) count_after_abort: u64,
+    /// `stats()` before that transaction: leased and delayed items, dead letters.
+    pub(crate) leased: u64,
+    pub(crate) delayed: u64,
+    pub(crate) dead_count: u64,
+    /// `stats().held` after the transaction aborted.
+    pub(crate) held_after_abort: u64,
 }
 
 /// What the parent found in the reopened store.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Found {
-    /// Everything one transaction could dequeue from each queue.
-    pub(crate) a: Vec<u64>,
-    pub(crate) b: Vec<u64>,
-    /// `count()` before that transaction.
-    pub(crate) count_a: u64,
-    pub(crate) count_b: u64,
-    /// `count()` after that transaction aborted.
-    pub(crate) count_after_abort: (u64, u64),
+    pub(crate) queues: BTreeMap<Queue, FoundQueue>,
     /// Records the store set aside at open.
     pub(crate) set_aside: usize,
     /// Items whose payload is not the one their id calls for.
@@ -109,15 +231,32 @@ pub(crate) struct Violation {
 /// What a check covered.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Figures {
-    /// Acknowledged transactions, and their item operations.
+    /// Acknowledged transactions (lease calls that leased something included), and their
+    /// item operations.
     pub(crate) acked_txs: u64,
     pub(crate) acked_ops: u64,
-    /// Transactions that reported an intent but no acknowledgement.
+    /// Transactions that reported an intent (a lease call: its start) but no
+    /// acknowledgement.
     pub(crate) unknown_txs: u64,
     /// Acknowledged transactions that the store shows were lost (Buffered only), and the
     /// longest time between such an acknowledgement and the kill.
     pub(crate) lost_acked_txs: u64,
     pub(crate) max_lost_age: Duration,
+    /// Acknowledged processing-layer operations: delayed enqueues, leases, acks, fails that
+    /// retried, fails that buried, releases with a delay, replays, purges.
+    pub(crate) delayed: u64,
+    pub(crate) leases: u64,
+    pub(crate) acks: u64,
+    pub(crate) retries: u64,
+    pub(crate) buries: u64,
+    pub(crate) releases: u64,
+    pub(crate) replays: u64,
+    pub(crate) purges: u64,
+    /// Dead letters, and items with attempts, the checks found (summed over the checks);
+    /// the most attempts of one item.
+    pub(crate) dead_found: u64,
+    pub(crate) tried_found: u64,
+    pub(crate) max_attempts: u32,
 }
 
 impl Figures {
@@ -127,14 +266,43 @@ impl Figures {
         self.unknown_txs += other.unknown_txs;
         self.lost_acked_txs += other.lost_acked_txs;
         self.max_lost_age = self.max_lost_age.max(other.max_lost_age);
+        self.delayed += other.delayed;
+        self.leases += other.leases;
+        self.acks += other.acks;
+        self.retries += other.retries;
+        self.buries += other.buries;
+        self.releases += other.releases;
+        self.replays += other.replays;
+        self.purges += other.purges;
+        self.dead_found += other.dead_found;
+        self.tried_found += other.tried_found;
+        self.max_attempts = self.max_attempts.max(other.max_attempts);
+    }
+
+    fn count(&mut self, op: &Op) {
+        let counter = match op.kind {
+            Kind::EnqueueDelayed => &mut self.delayed,
+            Kind::Lease => &mut self.leases,
+            Kind::Ack => &mut self.acks,
+            Kind::Retry => &mut self.retries,
+            Kind::Bury => &mut self.buries,
+            Kind::Release => &mut self.releases,
+            Kind::Replay | Kind::ReplayReset => &mut self.replays,
+            Kind::Purge => &mut self.purges,
+            Kind::Enqueue | Kind::Dequeue => return,
+        };
+        *counter += 1;
     }
 }
+
+/// Where the store holds an item, with its attempts.
+pub(crate) type Held = (Place, u32);
 
 /// The parent's knowledge of the store.
 #[derive(Debug, Default)]
 pub(crate) struct Model {
     /// Exactly what the store held at the last check.
-    known: HashMap<u64, Queue>,
+    known: HashMap<u64, Held>,
     /// Every id ever enqueued (acknowledged or not).
     ever: HashSet<u64>,
 }
@@ -160,8 +328,9 @@ impl Verdict {
 
 fn describe(log: &CycleLog, tx: &Tx) -> String {
     format!(
-        "cycle {} tx {} [{}] {}",
+        "cycle {} {} {} [{}] {}",
         log.cycle,
+        if tx.lease { "lease call" } else { "tx" },
         tx.number,
         format_ops(&tx.ops),
         if tx.ack.is_some() {
@@ -179,7 +348,7 @@ impl Model {
     }
 
     /// Exactly what the store held at the last check.
-    pub(crate) fn items(&self) -> &HashMap<u64, Queue> {
+    pub(crate) fn items(&self) -> &HashMap<u64, Held> {
         &self.known
     }
 
@@ -192,7 +361,7 @@ impl Model {
         found: &Found,
     ) -> (Vec<Violation>, Figures) {
         let mut verdict = Verdict::default();
-        let place = self.check_found(found, &mut verdict);
+        let place = check_found(found, &mut verdict);
         for log in cycles {
             for e in &log.errors {
                 verdict.add("workload", format!("cycle {}: {e}", log.cycle));
@@ -262,22 +431,25 @@ impl Model {
             for (si, seg) in segs.iter().enumerate() {
                 for pair in seg.windows(2) {
                     sat.implies(Lit::yes(pair[1].var), Lit::yes(pair[0].var));
-                    if pair[1].pre != pair[0].post {
+                    if !pair[0].post.continues_as(pair[1].pre) {
                         let (l0, t0) = tx(pair[0].var);
                         let (_, t1) = tx(pair[1].var);
                         verdict.add(
                             "in-process",
                             format!(
-                                "item {id}: {} left it {:?}, then {} took it from {:?}",
+                                "item {id}: {} left it {}, then {} took it from {}",
                                 describe(l0, t0),
-                                pair[0].post,
+                                pos_name(pair[0].post),
                                 describe(l0, t1),
-                                pair[1].pre
+                                pos_name(pair[1].pre)
                             ),
                         );
                     }
                 }
-                let required = match segs.get(si + 1) {
+                let ci = seg[0].cycle;
+                // Where the item was next seen, and in which cycle (the parent's look
+                // counts as the cycle after the last).
+                let (required, next_cycle) = match segs.get(si + 1) {
                     Some(next) => {
                         if next[0].pre == Pos::New {
                             let (l, t) = tx(next[0].var);
@@ -286,43 +458,39 @@ impl Model {
                                 format!("item {id} enqueued again by {}", describe(l, t)),
                             );
                         }
-                        next[0].pre.place()
+                        let pre = next[0].pre;
+                        (pre.place().map(|p| (p, pre.attempts())), next[0].cycle)
                     }
-                    None => place.get(&id).copied(),
+                    None => (place.get(&id).map(|&(p, a)| (p, Some(a))), cycles.len()),
                 };
                 let k = seg.len();
                 let position = |j: usize| if j == 0 { seg[0].pre } else { seg[j - 1].post };
+                // Unreported leases: one per child in which the item sat in a queue after
+                // its last reported step (in this child only if every step survived).
+                let children = |j: usize| next_cycle - ci - 1 + usize::from(j == k);
+                let fits_at =
+                    |j: usize| fits(position(j), required, slack(position(j), children(j)));
                 let lo = (1..=k)
                     .filter(|&i| forced[seg[i - 1].var])
                     .max()
                     .unwrap_or(0);
-                let allowed: Vec<usize> = (lo..=k)
-                    .filter(|&j| position(j).place() == required)
-                    .collect();
+                let allowed: Vec<usize> = (lo..=k).filter(|&j| fits_at(j)).collect();
                 let (Some(&min), Some(&max)) = (allowed.first(), allowed.last()) else {
-                    let possible: Vec<Option<Queue>> =
-                        (lo..=k).map(|j| position(j).place()).collect();
-                    let kind = match required {
-                        None if possible.iter().all(Option::is_some) => "lost",
-                        Some(_) if possible.iter().all(Option::is_none) => {
-                            if (lo..=k).any(|j| position(j) == Pos::Gone) {
-                                "came back"
-                            } else {
-                                "unexpected"
-                            }
-                        }
-                        Some(_) => "wrong queue",
-                        None => "inconsistent",
-                    };
+                    let possible: Vec<Pos> = (lo..=k).map(position).collect();
+                    let kind = misfit_kind(&possible, required.map(|r| r.0));
                     let mut detail = format!(
-                        "item {id}: {} {}, but its history allows only {:?}:",
+                        "item {id}: {} {}{}, but its history allows only {:?}:",
                         if si + 1 < segs.len() {
                             "the next child found it in"
                         } else {
                             "found"
                         },
-                        place_name(required),
-                        possible.iter().map(|p| place_name(*p)).collect::<Vec<_>>()
+                        place_name(required.map(|r| r.0)),
+                        match required.and_then(|r| r.1) {
+                            Some(a) => format!(" with {a} attempts"),
+                            None => String::new(),
+                        },
+                        possible.iter().map(|p| pos_name(*p)).collect::<Vec<_>>()
                     );
                     for step in seg {
                         let (l, t) = tx(step.var);
@@ -343,7 +511,7 @@ impl Model {
                 // Exactly the first j steps survived, for some j in `allowed`: forbid the
                 // others. "Not exactly m" is "step m lost or step m+1 survived".
                 for m in 0..=k {
-                    if position(m).place() == required {
+                    if fits_at(m) {
                         continue;
                     }
                     match (m, m == k) {
@@ -358,30 +526,29 @@ impl Model {
                 }
             }
         }
-        for (&id, &queue) in &self.known {
+        for (&id, &(was, had)) in &self.known {
             if segments.contains_key(&id) {
                 continue;
             }
-            match place.get(&id) {
-                Some(&q) if q == queue => {}
-                Some(&q) => verdict.add(
-                    "wrong queue",
+            let now = place.get(&id).copied();
+            let then = Pos::At(was, Some(had));
+            if !fits(
+                then,
+                now.map(|(p, a)| (p, Some(a))),
+                slack(then, cycles.len()),
+            ) {
+                let kind = misfit_kind(&[then], now.map(|n| n.0));
+                verdict.add(
+                    kind,
                     format!(
-                        "item {id} was in {}, no transaction touched it, now in {}",
-                        queue.name(),
-                        q.name()
+                        "item {id} was in {}, no transaction touched it, now {}",
+                        pos_name(then),
+                        now.map_or("nowhere".to_owned(), |(p, a)| pos_name(Pos::At(p, Some(a))))
                     ),
-                ),
-                None => verdict.add(
-                    "lost",
-                    format!(
-                        "item {id} was in {}, no transaction touched it, now gone",
-                        queue.name()
-                    ),
-                ),
+                );
             }
         }
-        for (&id, &queue) in &place {
+        for (&id, &(now, _)) in &place {
             if !segments.contains_key(&id) && !self.known.contains_key(&id) {
                 let kind = if self.ever.contains(&id) {
                     "came back"
@@ -392,7 +559,7 @@ impl Model {
                     kind,
                     format!(
                         "item {id} found in {} but no transaction touched it since it was gone",
-                        queue.name()
+                        now.name()
                     ),
                 );
             }
@@ -417,7 +584,7 @@ impl Model {
         for (ci, log) in cycles.iter().enumerate() {
             let mut events: Vec<(usize, bool, usize)> = Vec::new();
             for (ti, t) in log.txs.iter().enumerate() {
-                events.push((t.intent, false, ti));
+                events.push((t.start, false, ti));
                 if let Some(ack) = t.ack {
                     events.push((ack, true, ti));
                 }
@@ -471,9 +638,13 @@ impl Model {
         for (var, &(ci, ti)) in tx_of_var.iter().enumerate() {
             let (log, t) = (&cycles[ci], &cycles[ci].txs[ti]);
             match t.acked_at {
+                Some(_) if t.ops.is_empty() => {} // a lease call that found nothing
                 Some(at) => {
                     figures.acked_txs += 1;
                     figures.acked_ops += t.ops.len() as u64;
+                    for op in &t.ops {
+                        figures.count(op);
+                    }
                     if sure_lost[var] {
                         figures.lost_acked_txs += 1;
                         let age = log.killed_at.saturating_duration_since(at);
@@ -483,12 +654,17 @@ impl Model {
                 None => figures.unknown_txs += 1,
             }
         }
+        for &(p, attempts) in place.values() {
+            figures.dead_found += u64::from(p.is_dead());
+            figures.tried_found += u64::from(attempts > 0);
+            figures.max_attempts = figures.max_attempts.max(attempts);
+        }
 
         for log in cycles {
             for t in &log.txs {
                 for op in &t.ops {
-                    if let Op::Enqueue(_, id) = *op {
-                        self.ever.insert(id);
+                    if matches!(op.kind, Kind::Enqueue | Kind::EnqueueDelayed) {
+                        self.ever.insert(op.id);
                     }
                 }
             }
@@ -497,63 +673,9 @@ impl Model {
         (verdict.0, figures)
     }
 
-    /// The store as found: duplicates, items in both queues, counts, set-aside records.
-    fn check_found(&self, found: &Found, verdict: &mut Verdict) -> HashMap<u64, Queue> {
-        let mut place = HashMap::new();
-        for (queue, ids, count) in [
-            (Queue::A, &found.a, found.count_a),
-            (Queue::B, &found.b, found.count_b),
-        ] {
-            if count != ids.len() as u64 {
-                verdict.add(
-                    "count",
-                    format!(
-                        "count() of {} is {count}, but a transaction dequeued {} items",
-                        queue.name(),
-                        ids.len()
-                    ),
-                );
-            }
-            for &id in ids {
-                match place.insert(id, queue) {
-                    Some(q) if q == queue => {
-                        verdict.add("duplicate", format!("item {id} twice in {}", q.name()))
-                    }
-                    Some(_) => verdict.add("both queues", format!("item {id} in a and in b")),
-                    None => {}
-                }
-            }
-        }
-        if found.count_after_abort != (found.count_a, found.count_b) {
-            verdict.add(
-                "count",
-                format!(
-                    "counts were {:?} before a dequeue-everything transaction, {:?} after it aborted",
-                    (found.count_a, found.count_b),
-                    found.count_after_abort
-                ),
-            );
-        }
-        for id in &found.damaged {
-            verdict.add(
-                "damaged",
-                format!("item {id} has a payload it was not given"),
-            );
-        }
-        if found.set_aside > 0 {
-            verdict.add(
-                "set aside",
-                format!(
-                    "{} log records failed their checksum after a kill",
-                    found.set_aside
-                ),
-            );
-        }
-        place
-    }
-
     /// Rule 2 at the start: an item's first transaction since the last check found it where
-    /// the parent last saw it.
+    /// the parent last saw it, with as many attempts or (after children that may have leased
+    /// it without a word) a few more.
     fn check_start<'a>(
         &self,
         id: u64,
@@ -571,21 +693,26 @@ impl Model {
                     );
                 }
             }
-            Pos::In(q) => {
+            Pos::At(p, attempts) => {
                 let was = self.known.get(&id).copied();
-                if was != Some(q) {
+                let then = was.map_or(Pos::Gone, |(w, a)| Pos::At(w, Some(a)));
+                let fine = match was {
+                    Some(_) => fits(then, Some((p, attempts)), slack(then, first.cycle)),
+                    None => false,
+                };
+                if !fine {
                     let kind = match was {
-                        Some(_) => "wrong queue",
                         None if self.ever.contains(&id) => "came back",
                         None => "unexpected",
+                        Some(_) => misfit_kind(&[then], Some(p)),
                     };
                     verdict.add(
                         kind,
                         format!(
                             "{} took item {id} from {}, but at the last check it was {}",
                             describe(l, t),
-                            q.name(),
-                            place_name(was)
+                            pos_name(first.pre),
+                            pos_name(then)
                         ),
                     );
                 }
@@ -593,6 +720,122 @@ impl Model {
             Pos::Gone => unreachable!("a step never starts from Gone"),
         }
     }
+}
+
+/// The store as found: each queue against itself (counts, stats, browsing), duplicates,
+/// items in two places, set-aside records. Returns where each item is, with its attempts.
+fn check_found(found: &Found, verdict: &mut Verdict) -> HashMap<u64, Held> {
+    let mut place: HashMap<u64, Held> = HashMap::new();
+    let mut put = |id: u64, held: Held, verdict: &mut Verdict| match place.insert(id, held) {
+        Some((p, _)) if p == held.0 => {
+            verdict.add("duplicate", format!("item {id} twice in {}", p.name()))
+        }
+        Some((p, _)) => {
+            let kind = if p.is_dead() || held.0.is_dead() {
+                "two places"
+            } else {
+                "both queues"
+            };
+            verdict.add(
+                kind,
+                format!("item {id} in {} and in {}", p.name(), held.0.name()),
+            );
+        }
+        None => {}
+    };
+    for (&queue, fq) in &found.queues {
+        let name = queue.name();
+        let taken = fq.dequeued.len() as u64;
+        if fq.count != taken {
+            verdict.add(
+                "count",
+                format!(
+                    "count() of {name} is {}, but a transaction dequeued {taken} items",
+                    fq.count
+                ),
+            );
+        }
+        if fq.count_after_abort != fq.count {
+            verdict.add(
+                "count",
+                format!(
+                    "count() of {name} was {} before a dequeue-everything transaction, {} \
+                     after it aborted",
+                    fq.count, fq.count_after_abort
+                ),
+            );
+        }
+        let problems = [
+            (fq.leased, "leased items after a restart"),
+            (fq.delayed, "delayed items long after all were due"),
+            (
+                fq.held_after_abort,
+                "items held after the only transaction aborted",
+            ),
+        ];
+        for (n, what) in problems {
+            if n > 0 {
+                verdict.add("stats", format!("{name}: {n} {what}"));
+            }
+        }
+        if fq.dead_count != fq.dead.len() as u64 {
+            verdict.add(
+                "stats",
+                format!(
+                    "{name}: stats() counts {} dead letters, dead_letters() lists {}",
+                    fq.dead_count,
+                    fq.dead.len()
+                ),
+            );
+        }
+        for (id, reason) in &fq.wrong_reasons {
+            verdict.add(
+                "dead letters",
+                format!("{name}: the dead letter of item {id} gives the reason {reason:?}"),
+            );
+        }
+        let mut browsed: Vec<u64> = fq.browsed.iter().map(|b| b.0).collect();
+        let mut dequeued = fq.dequeued.clone();
+        browsed.sort_unstable();
+        dequeued.sort_unstable();
+        if browsed != dequeued || !fq.not_ready.is_empty() {
+            verdict.add(
+                "browse",
+                format!(
+                    "{name}: browsing listed {} items ({} not ready: {:?}), a transaction \
+                     dequeued {}",
+                    browsed.len(),
+                    fq.not_ready.len(),
+                    &fq.not_ready[..fq.not_ready.len().min(5)],
+                    dequeued.len()
+                ),
+            );
+        }
+        let attempts: HashMap<u64, u32> = fq.browsed.iter().copied().collect();
+        for &id in &fq.dequeued {
+            let seen = attempts.get(&id).copied().unwrap_or(0);
+            put(id, (Place::In(queue), seen), verdict);
+        }
+        for &(id, seen) in &fq.dead {
+            put(id, (Place::Dead(queue), seen), verdict);
+        }
+    }
+    for id in &found.damaged {
+        verdict.add(
+            "damaged",
+            format!("item {id} has a payload it was not given"),
+        );
+    }
+    if found.set_aside > 0 {
+        verdict.add(
+            "set aside",
+            format!(
+                "{} log records failed their checksum after a kill",
+                found.set_aside
+            ),
+        );
+    }
+    place
 }
 
 /// Every item's steps, split by cycle (one segment per cycle that touched it), in the order
@@ -605,25 +848,32 @@ fn item_histories(
     let mut segments: HashMap<u64, Vec<Vec<Step>>> = HashMap::new();
     for (ci, log) in cycles.iter().enumerate() {
         for (ti, t) in log.txs.iter().enumerate() {
-            // id -> (dequeued from, enqueued into)
-            let mut effects: Vec<(u64, Option<Queue>, Option<Queue>)> = Vec::new();
+            // id -> (taken from, left in)
+            let mut effects: Vec<(u64, Option<Pos>, Option<Pos>)> = Vec::new();
             for op in &t.ops {
-                let id = op.id();
-                let slot = match effects.iter().position(|e| e.0 == id) {
+                let slot = match effects.iter().position(|e| e.0 == op.id) {
                     Some(slot) => slot,
                     None => {
-                        effects.push((id, None, None));
+                        effects.push((op.id, None, None));
                         effects.len() - 1
                     }
                 };
-                let twice = match *op {
-                    Op::Dequeue(q, _) => effects[slot].1.replace(q).is_some(),
-                    Op::Enqueue(q, _) => effects[slot].2.replace(q).is_some(),
-                };
+                let (takes, leaves) = effect(op);
+                let mut twice = false;
+                if let Some(from) = takes {
+                    twice |= effects[slot].1.replace(from).is_some();
+                }
+                if let Some(to) = leaves {
+                    twice |= effects[slot].2.replace(to).is_some();
+                }
                 if twice {
                     verdict.add(
                         "duplicate",
-                        format!("item {id} twice in one transaction: {}", describe(log, t)),
+                        format!(
+                            "item {} twice in one transaction: {}",
+                            op.id,
+                            describe(log, t)
+                        ),
                     );
                 }
             }
@@ -631,8 +881,8 @@ fn item_histories(
                 let step = Step {
                     var: vars[ci][ti],
                     cycle: ci,
-                    pre: from.map_or(Pos::New, Pos::In),
-                    post: to.map_or(Pos::Gone, Pos::In),
+                    pre: from.unwrap_or(Pos::New),
+                    post: to.unwrap_or(Pos::Gone),
                 };
                 let segs = segments.entry(id).or_default();
                 match segs.last_mut() {
@@ -652,6 +902,11 @@ mod tests {
 
     use super::*;
 
+    const A: Place = Place::In(Queue::A);
+    const B: Place = Place::In(Queue::B);
+    const C: Place = Place::In(Queue::C);
+    const DEAD_C: Place = Place::Dead(Queue::C);
+
     fn cycle(cycle: usize, lines: &[&str]) -> CycleLog {
         let now = Instant::now();
         let lines: Vec<(Instant, String)> =
@@ -659,18 +914,37 @@ mod tests {
         CycleLog::parse(cycle, &lines, now)
     }
 
-    fn found(a: &[u64], b: &[u64]) -> Found {
-        let (na, nb) = (a.len() as u64, b.len() as u64);
-        Found {
-            a: a.to_vec(),
-            b: b.to_vec(),
-            count_a: na,
-            count_b: nb,
-            count_after_abort: (na, nb),
-            set_aside: 0,
-            damaged: Vec::new(),
-            blob_files: 0,
+    /// A store that holds `items` (place, item, attempts), consistent with itself.
+    fn store(items: &[(Place, u64, u32)]) -> Found {
+        let mut found = Found::default();
+        for queue in Queue::ALL {
+            found.queues.insert(queue, FoundQueue::default());
         }
+        for &(place, id, attempts) in items {
+            let (Place::In(q) | Place::Dead(q)) = place;
+            let fq = found.queues.get_mut(&q).unwrap();
+            match place {
+                Place::In(_) => {
+                    fq.dequeued.push(id);
+                    fq.browsed.push((id, attempts));
+                    fq.count += 1;
+                    fq.count_after_abort += 1;
+                }
+                Place::Dead(_) => {
+                    fq.dead.push((id, attempts));
+                    fq.dead_count += 1;
+                }
+            }
+        }
+        found
+    }
+
+    /// A store with these items in `a` and `b`, never leased.
+    fn found(a: &[u64], b: &[u64]) -> Found {
+        let items: Vec<(Place, u64, u32)> = (a.iter().map(|&id| (A, id, 0)))
+            .chain(b.iter().map(|&id| (B, id, 0)))
+            .collect();
+        store(&items)
     }
 
     fn kinds(
@@ -763,7 +1037,7 @@ mod tests {
     #[test]
     fn counts_must_match_what_a_transaction_finds() {
         let mut store = found(&[1], &[]);
-        store.count_a = 2;
+        store.queues.get_mut(&Queue::A).unwrap().count = 2;
         let c = [cycle(0, &["O", "i|0|+a1", "a|0"])];
         let k = kinds(&mut Model::default(), Durability::Sync, &c, &store);
         assert_eq!(k, ["count"]);
@@ -865,5 +1139,312 @@ mod tests {
             &found(&[], &[]),
         );
         assert_eq!(k, ["workload"]);
+    }
+
+    /// Item 1 enqueued into `c`, then leased twice (released at once in between).
+    const LEASED_TWICE: [&str; 7] = [
+        "O",
+        "i|0|+c1",
+        "a|0",
+        "l|1",
+        "L|1|Lc1@1",
+        "l|2",
+        "L|2|Lc1@2",
+    ];
+
+    #[test]
+    fn attempts_never_go_down() {
+        let c = [cycle(0, &LEASED_TWICE)];
+        // Sync: both leases were acknowledged, so 2 attempts; 3 if a third lease was under
+        // way at the kill.
+        for (attempts, expected) in [
+            (0, "attempts"),
+            (1, "attempts"),
+            (2, ""),
+            (3, ""),
+            (4, "attempts"),
+        ] {
+            let k = kinds(
+                &mut Model::default(),
+                Durability::Sync,
+                &c,
+                &store(&[(C, 1, attempts)]),
+            );
+            assert_eq!(
+                k.first().copied().unwrap_or(""),
+                expected,
+                "{attempts} attempts"
+            );
+        }
+        // Buffered: the leases may be lost (the second, or both), but not more.
+        for (attempts, expected) in [(0, ""), (1, ""), (3, ""), (4, "attempts")] {
+            let k = kinds(
+                &mut Model::default(),
+                Durability::Buffered,
+                &c,
+                &store(&[(C, 1, attempts)]),
+            );
+            assert_eq!(
+                k.first().copied().unwrap_or(""),
+                expected,
+                "{attempts} attempts"
+            );
+        }
+        // A lease whose result was not reported may have counted: one per child.
+        let mut model = Model::default();
+        assert!(kinds(&mut model, Durability::Sync, &c, &store(&[(C, 1, 2)])).is_empty());
+        let quiet = [cycle(1, &["O"]), cycle(2, &["O", "l|0"])];
+        let k = kinds(&mut model, Durability::Sync, &quiet, &store(&[(C, 1, 4)]));
+        assert!(k.is_empty(), "{k:?}");
+        let k = kinds(&mut model, Durability::Sync, &quiet, &store(&[(C, 1, 3)]));
+        assert_eq!(k, ["attempts"], "down from 4");
+    }
+
+    #[test]
+    fn the_next_child_sees_the_attempts_of_the_last() {
+        let first = cycle(0, &LEASED_TWICE);
+        for (line, expected) in [
+            ("L|0|Lc1@3", ""),
+            ("L|0|Lc1@4", ""), // a lease under way at the kill counted one more
+            ("L|0|Lc1@2", "attempts"),
+            ("L|0|Lc1@5", "attempts"),
+        ] {
+            let second = cycle(1, &["O", "l|0", line]);
+            let attempts = line[line.len() - 1..].parse().unwrap();
+            let c = [first.clone(), second];
+            let k = kinds(
+                &mut Model::default(),
+                Durability::Sync,
+                &c,
+                &store(&[(C, 1, attempts)]),
+            );
+            assert_eq!(k.first().copied().unwrap_or(""), expected, "{line}");
+        }
+        // Within one child, attempts follow each other exactly.
+        let mut lines = LEASED_TWICE.to_vec();
+        lines.extend(["l|3", "L|3|Lc1@4"]);
+        let k = kinds(
+            &mut Model::default(),
+            Durability::Sync,
+            &[cycle(0, &lines)],
+            &store(&[(C, 1, 4)]),
+        );
+        assert_eq!(k, ["in-process"]);
+    }
+
+    /// Item 1 into `c`, then leased three times and failed each time, the third time to
+    /// the dead letters (acknowledged, or not when `acked` is false).
+    fn failed_thrice(acked: bool) -> CycleLog {
+        let mut lines = vec![
+            "O",
+            "i|0|+c1",
+            "a|0",
+            "l|1",
+            "L|1|Lc1@1",
+            "i|2|Fc1@1",
+            "a|2",
+        ];
+        lines.extend([
+            "l|3",
+            "L|3|Lc1@2",
+            "i|4|Rc1@2",
+            "a|4",
+            "l|5",
+            "L|5|Lc1@3",
+            "i|6|Dc1@3",
+        ]);
+        if acked {
+            lines.push("a|6");
+        }
+        cycle(0, &lines)
+    }
+
+    #[test]
+    fn an_acknowledged_fail_at_the_maximum_makes_a_dead_letter() {
+        let c = [failed_thrice(true)];
+        let sync = Durability::Sync;
+        assert!(kinds(&mut Model::default(), sync, &c, &store(&[(DEAD_C, 1, 3)])).is_empty());
+        let k = kinds(&mut Model::default(), sync, &c, &store(&[(C, 1, 3)]));
+        assert_eq!(k, ["dead letters"]);
+        let k = kinds(&mut Model::default(), sync, &c, &store(&[]));
+        assert_eq!(k, ["lost"]);
+        let k = kinds(&mut Model::default(), sync, &c, &store(&[(DEAD_C, 1, 2)]));
+        assert_eq!(k, ["attempts"]);
+        let k = kinds(
+            &mut Model::default(),
+            sync,
+            &c,
+            &store(&[(DEAD_C, 1, 3), (C, 1, 3)]),
+        );
+        assert!(k.contains(&"two places"), "{k:?}");
+        // Under Buffered the fail may be lost, and a lease or two before it.
+        let buffered = Durability::Buffered;
+        for attempts in [1, 2, 3] {
+            let k = kinds(
+                &mut Model::default(),
+                buffered,
+                &c,
+                &store(&[(C, 1, attempts)]),
+            );
+            assert!(k.is_empty(), "{attempts}: {k:?}");
+        }
+        // Not acknowledged: either way.
+        let c = [failed_thrice(false)];
+        for place in [C, DEAD_C] {
+            let k = kinds(&mut Model::default(), sync, &c, &store(&[(place, 1, 3)]));
+            assert!(k.is_empty(), "{place:?}: {k:?}");
+        }
+    }
+
+    #[test]
+    fn replays_and_purges_take_dead_letters_and_nothing_else_moves_them() {
+        let sync = Durability::Sync;
+        let dead = || {
+            let mut model = Model::default();
+            let k = kinds(
+                &mut model,
+                sync,
+                &[failed_thrice(true)],
+                &store(&[(DEAD_C, 1, 3)]),
+            );
+            assert!(k.is_empty(), "{k:?}");
+            model
+        };
+        type Items = &'static [(Place, u64, u32)];
+        let cases: [(&str, Items, &str); 9] = [
+            ("i|0|Zc1@3", &[(C, 1, 0)], ""),
+            ("i|0|Zc1@3", &[(C, 1, 3)], "attempts"),
+            ("i|0|Zc1@3", &[(DEAD_C, 1, 3)], "dead letters"),
+            ("i|0|Yc1@3", &[(C, 1, 3)], ""),
+            ("i|0|Yc1@3", &[(C, 1, 4)], ""), // leased without a word
+            ("i|0|Yc1@2", &[(C, 1, 2)], "attempts"), // not the dead letter's attempts
+            ("i|0|Xc1@3", &[], ""),
+            ("i|0|Xc1@3", &[(DEAD_C, 1, 3)], "came back"),
+            ("i|0|Xc1@3", &[(C, 1, 3)], "came back"),
+        ];
+        for (line, items, expected) in cases {
+            let c = [cycle(1, &["O", line, "a|0"])];
+            let k = kinds(&mut dead(), sync, &c, &store(items));
+            assert_eq!(
+                k.first().copied().unwrap_or(""),
+                expected,
+                "{line} {items:?}"
+            );
+        }
+        // A dead letter nobody touched stays as it was.
+        let quiet = [cycle(1, &["O"])];
+        assert!(kinds(&mut dead(), sync, &quiet, &store(&[(DEAD_C, 1, 3)])).is_empty());
+        let k = kinds(&mut dead(), sync, &quiet, &store(&[(DEAD_C, 1, 4)]));
+        assert_eq!(k, ["attempts"]);
+        let k = kinds(&mut dead(), sync, &quiet, &store(&[(C, 1, 3)]));
+        assert_eq!(k, ["dead letters"]);
+    }
+
+    #[test]
+    fn acks_consume_leased_items_atomically_with_their_follow_ups() {
+        let lines = [
+            "O",
+            "i|0|+c1",
+            "a|0",
+            "l|1",
+            "L|1|Lc1@1",
+            "fs|0",
+            "fd|0",
+            "i|2|Ac1@1,+a2",
+            "a|2",
+        ];
+        let c = [cycle(0, &lines)];
+        let sync = Durability::Sync;
+        assert!(kinds(&mut Model::default(), sync, &c, &found(&[2], &[])).is_empty());
+        let k = kinds(
+            &mut Model::default(),
+            sync,
+            &c,
+            &store(&[(A, 2, 0), (C, 1, 1)]),
+        );
+        assert_eq!(k, ["came back"]);
+        let buffered = Durability::Buffered;
+        let k = kinds(&mut Model::default(), buffered, &c, &store(&[(C, 1, 1)]));
+        assert!(k.is_empty(), "the ack lost whole: {k:?}");
+        let k = kinds(&mut Model::default(), buffered, &c, &store(&[]));
+        assert_eq!(k, ["partial"], "the ack applied, its follow-up lost");
+    }
+
+    #[test]
+    fn buffered_lease_calls_keep_the_commit_order() {
+        let d = Durability::Buffered;
+        // The lease was acknowledged before the enqueue of 2 began: 2 survives only with it.
+        let lines = [
+            "O",
+            "i|0|+c1",
+            "a|0",
+            "fs|0",
+            "fd|0",
+            "l|1",
+            "L|1|Lc1@1",
+            "i|2|+c2",
+            "a|2",
+        ];
+        let c = [cycle(0, &lines)];
+        let k = kinds(
+            &mut Model::default(),
+            d,
+            &c,
+            &store(&[(C, 1, 0), (C, 2, 0)]),
+        );
+        assert_eq!(k, ["not a prefix"]);
+        assert!(kinds(
+            &mut Model::default(),
+            d,
+            &c,
+            &store(&[(C, 1, 1), (C, 2, 0)])
+        )
+        .is_empty());
+        // Started before the enqueue was acknowledged, and reported after it: either way.
+        let lines = [
+            "O",
+            "i|0|+c1",
+            "a|0",
+            "fs|0",
+            "fd|0",
+            "l|1",
+            "i|2|+c2",
+            "a|2",
+            "L|1|Lc1@1",
+        ];
+        let c = [cycle(0, &lines)];
+        assert!(kinds(
+            &mut Model::default(),
+            d,
+            &c,
+            &store(&[(C, 1, 0), (C, 2, 0)])
+        )
+        .is_empty());
+    }
+
+    #[test]
+    fn the_reopened_store_agrees_with_itself() {
+        let c = [cycle(0, &["O", "i|0|+c1,+c2", "a|0"])];
+        let sync = Durability::Sync;
+        let good = store(&[(C, 1, 0), (C, 2, 0)]);
+        assert!(kinds(&mut Model::default(), sync, &c, &good).is_empty());
+        type Spoil = fn(&mut FoundQueue);
+        let spoilers: [(Spoil, &str); 6] = [
+            (
+                |q| q.wrong_reasons.push((1, "lease expired".into())),
+                "dead letters",
+            ),
+            (|q| q.leased = 1, "stats"),
+            (|q| q.delayed = 1, "stats"),
+            (|q| q.dead_count = 1, "stats"),
+            (|q| q.not_ready.push(1), "browse"),
+            (|q| q.browsed.truncate(1), "browse"),
+        ];
+        for (spoil, expected) in spoilers {
+            let mut bad = good.clone();
+            spoil(bad.queues.get_mut(&Queue::C).unwrap());
+            let k = kinds(&mut Model::default(), sync, &c, &bad);
+            assert_eq!(k.first().copied(), Some(expected));
+        }
     }
 }
