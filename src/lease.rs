@@ -635,7 +635,10 @@ where
 
     /// Counts of the queue's items: visible, delayed, leased, held by open transactions, dead;
     /// and the enqueue time of the item at the front. Each is a snapshot, taken one after the
-    /// other; none lists anything, so it costs the same however long the queue.
+    /// other, not together: an item moving between states at that moment may be counted in
+    /// neither or in both (one whose lease expired at the maximum attempts is in neither while
+    /// its move to the dead letters is written). None lists anything, so it costs the same
+    /// however long the queue.
     ///
     /// # Cancel safety
     ///
