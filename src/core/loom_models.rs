@@ -249,7 +249,7 @@ fn expiry_racing_an_extension_is_one_or_the_other() {
         let (proc, core) = leased_item();
         let extender = {
             let proc = proc.clone();
-            thread::spawn(move || proc.extend(7, 5, 20))
+            thread::spawn(move || proc.extend(7, 5, 20).is_some())
         };
         let expired = proc.expire(7, 10);
         if let Some(leased) = expired.as_ref() {

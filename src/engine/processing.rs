@@ -111,14 +111,12 @@ impl Proc {
             .map(|l| (l.deadline, l.entry.attempts))
     }
 
-    /// Moves the deadline of lease `token`, if it is still running at `now`.
-    pub(crate) fn extend(&self, token: u64, now: u64, deadline: u64) -> bool {
+    /// Moves the deadline of lease `token`, if it is still running at `now`. Returns the
+    /// deadline it had.
+    pub(crate) fn extend(&self, token: u64, now: u64, deadline: u64) -> Option<u64> {
         match self.leases.lock().get_mut(&token) {
-            Some(l) if l.deadline > now => {
-                l.deadline = deadline;
-                true
-            }
-            _ => false,
+            Some(l) if l.deadline > now => Some(std::mem::replace(&mut l.deadline, deadline)),
+            _ => None,
         }
     }
 
@@ -600,6 +598,12 @@ impl Timers {
         self.add(deadline, token, Timer::Expire(Arc::clone(proc)));
     }
 
+    /// Forgets the expiry timer of lease `token` at `deadline` (settled, or extended): the
+    /// map of timers holds only leases that may still expire.
+    pub(crate) fn cancel_expiry(&self, token: u64, deadline: u64) {
+        self.state.lock().timers.remove(&(deadline, token));
+    }
+
     /// Delayed items of `proc`, for browsing.
     pub(crate) fn delayed_entries(&self, proc: &Arc<Proc>) -> Vec<Entry> {
         self.state
@@ -741,7 +745,9 @@ impl Engine {
             if let MoveKind::Ack { token, claimed } = &mut mv.kind {
                 if claimed.is_none() {
                     *claimed = mv.proc.claim(*token, now);
-                    if claimed.is_none() {
+                    if let Some(leased) = claimed {
+                        self.timers.cancel_expiry(*token, leased.deadline);
+                    } else {
                         failed = Some(Error::LeaseExpired {
                             queue: mv.proc.core.name().to_owned(),
                             token: *token,
@@ -887,15 +893,18 @@ impl Engine {
 
     fn claim(&self, proc: &Arc<Proc>, token: u64, now: u64) -> Result<Leased> {
         self.check_open()?;
-        proc.claim(token, now).ok_or_else(|| Error::LeaseExpired {
+        let leased = proc.claim(token, now).ok_or_else(|| Error::LeaseExpired {
             queue: proc.core.name().to_owned(),
             token,
-        })
+        })?;
+        self.timers.cancel_expiry(token, leased.deadline);
+        Ok(leased)
     }
 
     /// Gives back lease `token` at once (its `Lease` was dropped unsettled).
     pub(crate) fn drop_lease(&self, proc: &Arc<Proc>, token: u64) {
         if let Some(leased) = proc.take_lease(token) {
+            self.timers.cancel_expiry(token, leased.deadline);
             proc.core.restore(std::iter::once(leased.entry));
         }
     }
@@ -905,13 +914,16 @@ impl Engine {
         self.check_open()?;
         let now = self.now();
         let deadline = now.saturating_add(ttl);
-        if !proc.extend(token, now, deadline) {
+        let Some(old) = proc.extend(token, now, deadline) else {
             return Err(Error::LeaseExpired {
                 queue: proc.core.name().to_owned(),
                 token,
             });
+        };
+        if old != deadline {
+            self.timers.cancel_expiry(token, old);
+            self.timers.expire_at(proc, token, deadline);
         }
-        self.timers.expire_at(proc, token, deadline);
         Ok(deadline)
     }
 
@@ -998,5 +1010,43 @@ impl Engine {
     /// Delayed items of `proc`'s queue, for browsing.
     pub(crate) fn delayed_entries(&self, proc: &Arc<Proc>) -> Vec<Entry> {
         self.timers.delayed_entries(proc)
+    }
+}
+
+#[cfg(all(test, not(reliable_queue_loom)))]
+mod tests {
+    use std::time::{Duration, UNIX_EPOCH};
+
+    use crate::{ManualClock, Store};
+
+    /// A settled or extended lease leaves no timer behind, nor does a settled transaction
+    /// with a deadline: the timers hold only what may still fire.
+    #[test]
+    fn settled_leases_and_transactions_leave_no_timers() {
+        let clock = ManualClock::new(UNIX_EPOCH).unwrap();
+        let store = Store::builder().clock(clock.clone()).open().unwrap();
+        let q = store.blocking_queue::<u32>("q").unwrap();
+        let ttl = Duration::from_secs(60);
+        let timers = || q.engine().timers.state.lock().timers.len();
+        for i in 0..100 {
+            let mut tx = store.begin();
+            tx.set_timeout(ttl).unwrap();
+            q.enqueue(&mut tx, i).unwrap();
+            tx.blocking_commit().unwrap();
+            let mut lease = q.blocking_lease(ttl).unwrap();
+            lease.blocking_extend(ttl * 2).unwrap();
+            match i % 4 {
+                0 => lease.blocking_complete().unwrap(),
+                1 => drop(lease),
+                2 => lease.blocking_release(Duration::ZERO).unwrap(),
+                _ => {
+                    let mut tx = store.begin();
+                    lease.ack(&mut tx).unwrap();
+                    tx.blocking_commit().unwrap();
+                }
+            }
+            assert_eq!(timers(), 0, "round {i}");
+            clock.advance(Duration::from_millis(1));
+        }
     }
 }
