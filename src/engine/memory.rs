@@ -40,26 +40,38 @@ impl Memory {
     /// then the processing-layer moves (prepared already: see `Engine::prepare_moves`).
     #[inline]
     pub(crate) fn commit(&self, work: &mut Work, timers: &Timers) {
-        let versions = work.moves.iter().filter(|m| m.makes_version()).count();
-        let n = work.enqueues.len() + versions;
-        if n > 0 || !work.moves.is_empty() {
-            let n = u64::try_from(n).unwrap_or(u64::MAX);
-            let first = self.next_id.fetch_add(n, Ordering::Relaxed);
-            let now = timers.clock().now();
-            let enqueued = u64::try_from(work.enqueues.len()).unwrap_or(u64::MAX);
-            if enqueued > 0 {
+        if work.moves.is_empty() {
+            if !work.enqueues.is_empty() {
+                let n = u64::try_from(work.enqueues.len()).unwrap_or(u64::MAX);
+                let first = self.next_id.fetch_add(n, Ordering::Relaxed);
+                let now = timers.clock().now();
                 publish_all(std::mem::take(&mut work.enqueues), first, now);
             }
-            let mut id = first + enqueued;
-            for mv in work.moves.drain(..) {
-                let takes_id = mv.makes_version();
-                apply(mv, id, now, timers, false);
-                id += u64::from(takes_id);
-            }
+        } else {
+            self.commit_moves(work, timers);
         }
-        work.release_held();
-        work.release_keys();
-        work.dequeued.clear();
+        if !work.dequeued.is_empty() {
+            work.settle_dequeued();
+        }
         work.enqueued_bytes = 0;
+    }
+
+    /// The part of a commit with processing-layer moves: ids for the enqueues, then one for
+    /// each new version, in that order.
+    fn commit_moves(&self, work: &mut Work, timers: &Timers) {
+        let versions = work.moves.iter().filter(|m| m.makes_version()).count();
+        let n = u64::try_from(work.enqueues.len() + versions).unwrap_or(u64::MAX);
+        let first = self.next_id.fetch_add(n, Ordering::Relaxed);
+        let now = timers.clock().now();
+        let enqueued = u64::try_from(work.enqueues.len()).unwrap_or(u64::MAX);
+        if enqueued > 0 {
+            publish_all(std::mem::take(&mut work.enqueues), first, now);
+        }
+        let mut id = first + enqueued;
+        for mv in work.moves.drain(..) {
+            let takes_id = mv.makes_version();
+            apply(mv, id, now, timers, false);
+            id += u64::from(takes_id);
+        }
     }
 }

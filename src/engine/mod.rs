@@ -113,9 +113,11 @@ impl Work {
         }
     }
 
-    /// The committed dequeues' items left their queues: their keys are free again.
-    pub(crate) fn release_keys(&self) {
-        for (core, entry) in &self.dequeued {
+    /// The dequeued items were committed: no longer held, gone from their queues, so their
+    /// keys are free again. Leaves `dequeued` empty.
+    pub(crate) fn settle_dequeued(&mut self) {
+        for (core, entry) in self.dequeued.drain(..) {
+            core.unhold(1);
             if let Some(key) = &entry.key {
                 core.release_key(key);
             }

@@ -21,9 +21,8 @@
 //! - per open transaction: its plain and delayed enqueues, the leases it acknowledges and the
 //!   items it holds;
 //! - the lease handles the test holds, in the order of the store-side `Vec`, and the lease
-//!   timers (due, token): an extend adds one, none is removed before it fires, and a lease
-//!   expires at the first of its timers to fire once its deadline has passed (the store's
-//!   timers behave so: see `Timers::fire`).
+//!   timers (due, token): an extend replaces the lease's timer, so leases expire in
+//!   (deadline, token) order (the store's timers behave so: see `Timers::fire`).
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fmt::Write as _;
@@ -562,10 +561,15 @@ impl Model {
     pub(crate) fn extend(&mut self, value: u64, ttl: u64) -> u64 {
         let deadline = self.now + ttl;
         let item = self.item(value);
-        let Place::Leased { token, .. } = item.place else {
+        let Place::Leased {
+            token,
+            deadline: old,
+        } = item.place
+        else {
             panic!("extend of a lease that does not run")
         };
         item.place = Place::Leased { token, deadline };
+        self.lease_timers.remove(&(old, token));
         self.lease_timers.insert((deadline, token));
         self.note("extend");
         deadline

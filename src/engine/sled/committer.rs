@@ -599,9 +599,7 @@ impl Committer {
                 apply(mv, id, now, &self.timers, true);
                 id += u64::from(takes_id);
             }
-            req.work.release_held();
-            req.work.release_keys();
-            req.work.dequeued.clear();
+            req.work.settle_dequeued();
             drop(req.reply.send(Ok(())));
         }
         debug_assert_eq!(id, self.next_id, "every new id was published");
