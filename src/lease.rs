@@ -494,21 +494,48 @@ where
         Ok(self.leases(granted, items))
     }
 
-    /// Leases the front item if one is visible, without waiting for one.
+    /// Leases the front item if one is visible, without waiting for one to be committed
+    /// (it waits only for the attempt to be recorded).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`lease`](Self::lease).
+    ///
+    /// # Errors
+    ///
+    /// As [`lease`](Self::lease).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), reliable_queue::Error> {
+    /// let store = reliable_queue::Store::in_memory()?;
+    /// let q = store.queue::<u8>("q").await?;
+    /// assert!(q.try_lease(std::time::Duration::from_secs(5)).await?.is_none());
+    /// # Ok(()) }
+    /// ```
+    pub async fn try_lease(&self, ttl: Duration) -> Result<Option<Lease<T>>> {
+        check_ttl(ttl)?;
+        let mut tx = Transaction::new(Arc::clone(self.engine_arc()));
+        let Some(item) = self.try_dequeue(&mut tx).await? else {
+            return Ok(None);
+        };
+        self.grant_one(&mut tx, item, ttl).await.map(Some)
+    }
+
+    /// [`try_lease`](Self::try_lease) for threads.
     ///
     /// # Errors
     ///
     /// As [`lease`](Self::lease).
     pub fn blocking_try_lease(&self, ttl: Duration) -> Result<Option<Lease<T>>> {
-        let ttl_ms = check_ttl(ttl)?;
+        check_ttl(ttl)?;
         let mut tx = Transaction::new(Arc::clone(self.engine_arc()));
         let Some(item) = self.blocking_try_dequeue(&mut tx)? else {
             return Ok(None);
         };
-        let granted = self
-            .engine()
-            .blocking_grant(self.queue_ref(), tx.work_mut(), ttl_ms)?;
-        Ok(self.leases(granted, vec![item]).pop())
+        self.blocking_grant_one(&mut tx, item, ttl).map(Some)
     }
 
     /// Enqueues `item` in `tx`, invisible until `delay` after the commit: then it is appended
