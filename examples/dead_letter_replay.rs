@@ -16,7 +16,6 @@
 //! with `Replay::All` and their attempts reset: this time they are sent.
 
 use std::error::Error;
-use std::thread;
 use std::time::{Duration, SystemTime};
 
 use reliable_queue::{Failed, ReliableConcurrentQueue, Replay, RetryPolicy, Store};
@@ -181,15 +180,12 @@ fn work(
 ) -> Result<usize, BoxError> {
     let mut done = 0;
     loop {
-        let Some(lease) = mail.blocking_try_lease(LEASE_TTL)? else {
-            let stats = mail.blocking_stats()?;
-            if stats.visible + stats.delayed + stats.leased == 0 {
-                return Ok(done);
-            }
-            // Retries backing off: wait for them.
-            thread::sleep(Duration::from_millis(5));
-            continue;
-        };
+        let stats = mail.blocking_stats()?;
+        if stats.visible + stats.delayed + stats.leased == 0 {
+            return Ok(done);
+        }
+        // A mail, or a retry backing off: the lease waits until it is due.
+        let lease = mail.blocking_lease(LEASE_TTL)?;
         let (m, attempt) = (lease.item().clone(), lease.attempt());
         match relay.send(&m, attempt) {
             Ok(()) => {

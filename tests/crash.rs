@@ -5,7 +5,7 @@
 //! Each test is a parent that runs many cycles over one store directory. In a cycle it starts
 //! this test binary again as a child (the same test, selected with `--exact`, told by
 //! `RQ_CRASH_ROLE` to play the child). The child opens the store and runs producers,
-//! consumers, movers, lease workers and a dead-letter janitor on it (`crash/child.rs`),
+//! consumers, movers and lease workers (which also tend the dead letters) on it (`crash/child.rs`),
 //! reporting on stdout every transaction just before it calls `commit` (intent) and just
 //! after `commit` returned `Ok` (acknowledgement); a lease call just before it starts and,
 //! with the items and attempts it got, just after it returned (`crash/report.rs`). The parent
@@ -37,11 +37,13 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdout, Command, ExitStatus, Stdio};
 use std::sync::mpsc::{self, RecvTimeoutError, Sender};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use reliable_queue::{Durability, ItemState, QueueStats, ReliableConcurrentQueue, Replay, Store};
+use reliable_queue::{
+    Durability, ItemState, ManualClock, QueueStats, ReliableConcurrentQueue, Replay, Store,
+};
 
 use check::{Figures, Found, FoundQueue, Model, Violation};
 use child::Item;
@@ -484,9 +486,23 @@ impl Parent<'_> {
     }
 }
 
-/// How long the parent waits for the delayed items of a store it reopened to fall due (they
-/// are due some milliseconds after their commits; this is only a bound).
-const DUE_PATIENCE: Duration = Duration::from_secs(30);
+/// How far the parent moves the clock of a store it reopened: past every due time the
+/// workload sets (delays and backoffs of a few milliseconds).
+const PAST_EVERY_DUE: Duration = Duration::from_secs(3600);
+
+/// Reopens the store for the parent on a clock of its own, moved past every due time: the
+/// delayed items of the child are then in their queues, with no waiting.
+fn open_all_due(path: &Path, durability: Durability) -> reliable_queue::Result<Store> {
+    let clock = ManualClock::new(SystemTime::now())?;
+    let store = Store::builder()
+        .path(path)
+        .durability(durability)
+        .flush_interval(FLUSH_INTERVAL)
+        .clock(clock.clone())
+        .open()?;
+    clock.advance(PAST_EVERY_DUE);
+    Ok(store)
+}
 
 /// The queues of the workload, opened on `store`.
 fn open_queues(
@@ -498,40 +514,13 @@ fn open_queues(
         .collect()
 }
 
-/// Waits until no queue has delayed items left and the visible counts held still across
-/// two looks: every delayed item (due some milliseconds after the child committed it) is
-/// then in its queue.
-fn wait_until_due(queues: &[(Queue, ReliableConcurrentQueue<Item>)]) -> Result<(), String> {
-    let give_up = Instant::now() + DUE_PATIENCE;
-    let mut last = None;
-    loop {
-        let mut delayed = 0;
-        let mut visible = Vec::new();
-        for (_, q) in queues {
-            let stats = q.blocking_stats().map_err(|e| e.to_string())?;
-            delayed += stats.delayed;
-            visible.push(stats.visible);
-        }
-        if delayed == 0 && last.as_ref() == Some(&visible) {
-            return Ok(());
-        }
-        if Instant::now() > give_up {
-            // The check reports the delayed items left.
-            return Ok(());
-        }
-        last = (delayed == 0).then_some(visible);
-        std::thread::sleep(Duration::from_millis(1));
-    }
-}
-
 /// Reopens the store and looks at everything in it, once the delayed items fell due: the
 /// stats of each queue, every item with its attempts (browsing), every dead letter; then one
 /// transaction dequeues every item of every queue and aborts, so the store is left as it was.
 fn inspect(path: &Path, durability: Durability) -> Result<Found, String> {
     let text = |e: reliable_queue::Error| e.to_string();
-    let store = open_store(path, durability).map_err(|e| format!("reopening failed: {e:?}"))?;
+    let store = open_all_due(path, durability).map_err(|e| format!("reopening failed: {e:?}"))?;
     let queues = open_queues(&store).map_err(text)?;
-    wait_until_due(&queues)?;
     let mut found = Found {
         set_aside: store.set_aside_records().len(),
         ..Found::default()
@@ -613,9 +602,8 @@ fn drain_and_reopen(
     };
     let drained = (|| -> Result<HashMap<u64, Place>, String> {
         let text = |e: reliable_queue::Error| e.to_string();
-        let store = open_store(path, durability).map_err(text)?;
+        let store = open_all_due(path, durability).map_err(text)?;
         let queues = open_queues(&store).map_err(text)?;
-        wait_until_due(&queues)?;
         let mut drained = HashMap::new();
         for (queue, q) in &queues {
             loop {

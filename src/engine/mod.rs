@@ -518,12 +518,9 @@ impl Engine {
     #[inline]
     fn start_commit(&self, work: &mut Work) -> Committing {
         work.withdraw_leaked();
-        if let Some(expiry) = work.expiry.take() {
-            if let Err(e) = expiry.settle() {
-                drop_expired(std::mem::take(work));
-                return Committing::Done(Err(e));
-            }
-            self.timers.cancel_transaction(&expiry);
+        if let Err(e) = self.settle_deadline(work) {
+            drop_expired(std::mem::take(work));
+            return Committing::Done(Err(e));
         }
         if let Err(e) = self.check_open() {
             abort(std::mem::take(work));
@@ -552,13 +549,22 @@ impl Engine {
     /// fail; it is also what dropping a transaction does.
     #[inline]
     pub(crate) fn abort(&self, mut work: Work) {
-        if let Some(expiry) = &work.expiry {
-            if expiry.settle().is_ok() {
-                self.timers.cancel_transaction(expiry);
-                work.expiry = None;
-            }
+        match self.settle_deadline(&mut work) {
+            Ok(()) => abort(work),
+            Err(_) => drop_expired(work),
         }
-        abort(work);
+    }
+
+    /// The transaction of `work` commits or aborts: its deadline, if it has one, is settled
+    /// and its timer removed. Fails with [`Error::TransactionExpired`] if the deadline passed
+    /// first (its held items went back then).
+    fn settle_deadline(&self, work: &mut Work) -> Result<()> {
+        let Some(expiry) = work.expiry.take() else {
+            return Ok(());
+        };
+        expiry.settle()?;
+        self.timers.cancel_transaction(&expiry);
+        Ok(())
     }
 
     // ---- the store ----------------------------------------------------------------------
@@ -640,12 +646,11 @@ fn drop_expired(mut work: Work) {
 
 /// Gives `work`'s dequeued items back and undoes its moves; its enqueues are dropped.
 pub(crate) fn abort(mut work: Work) {
+    debug_assert!(
+        work.expiry.is_none(),
+        "a deadline is settled before the work is undone"
+    );
     work.withdraw_leaked();
-    if let Some(expiry) = work.expiry.take() {
-        if expiry.settle().is_err() {
-            return drop_expired(work);
-        }
-    }
     work.undo_moves();
     if !work.dequeued.is_empty() {
         work.release_held();

@@ -191,8 +191,12 @@ pub(crate) struct Grant(Mutex<GrantState>);
 pub(crate) enum GrantState {
     #[default]
     Waiting,
-    /// The lease runs under this token until this deadline.
-    Granted { token: u64, deadline: u64 },
+    /// The lease runs under this token until this deadline, as this attempt.
+    Granted {
+        token: u64,
+        deadline: u64,
+        attempt: u32,
+    },
     /// Whoever asked is gone: the item goes back at once.
     Abandoned,
 }
@@ -329,10 +333,12 @@ pub(crate) fn apply(mv: Move, id: u64, now: u64, timers: &Timers, dead_on_disk: 
                 proc.core.restore(std::iter::once(entry));
                 return;
             }
+            let attempt = entry.attempts;
             proc.insert_lease(id, Leased { entry, deadline });
             *state = GrantState::Granted {
                 token: id,
                 deadline,
+                attempt,
             };
             drop(state);
             timers.expire_at(&proc, id, deadline);
@@ -817,17 +823,15 @@ impl Engine {
         grants
             .iter()
             .filter_map(|g| match g.state() {
-                GrantState::Granted { token, deadline } => {
-                    let attempt = pending
-                        .proc
-                        .lease_state(token, 0)
-                        .map_or(0, |(_, attempt)| attempt);
-                    Some(Granted {
-                        token,
-                        deadline,
-                        attempt,
-                    })
-                }
+                GrantState::Granted {
+                    token,
+                    deadline,
+                    attempt,
+                } => Some(Granted {
+                    token,
+                    deadline,
+                    attempt,
+                }),
                 _ => None,
             })
             .collect()

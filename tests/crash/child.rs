@@ -19,8 +19,8 @@
 //! no write, not reported). Now and then a worker extends a lease (not logged, not reported).
 //! A fail reports in its intent the outcome the retry policy calls for (a retry, or the dead
 //! letters at the third attempt); if `fail` returns another, the child reports a failure.
-//! A janitor replays a few dead letters now and then (attempts kept or reset), and purges
-//! some, and all those above forty per queue. Leases run 30 s: no lease expires before the kill.
+//! After one step in `TEND_ONE_IN`, one of the workers tends the dead letters: replays a few (attempts
+//! kept or reset), purges some, and all those above forty per queue. Leases run 30 s: no lease expires before the kill.
 
 use std::io::Write as _;
 use std::path::PathBuf;
@@ -76,7 +76,10 @@ const BACKLOG_LIMIT: u64 = 3000;
 /// Producers put items into `c` only while it has fewer than this many (visible or delayed).
 const JOBS_LIMIT: u64 = 100;
 
-/// The janitor purges dead letters of a queue that has more than this many.
+/// A worker tends the dead letters after one step in this many.
+const TEND_ONE_IN: u32 = 16;
+
+/// Tending purges dead letters of a queue that has more than this many.
 const DEAD_LIMIT: u64 = 40;
 
 /// How long a consumer or mover waits for a first item before it looks again.
@@ -127,8 +130,11 @@ enum Role {
     Producer,
     Consumer,
     Mover,
-    Worker,
-    Janitor,
+    /// A lease worker; the one with `tends` also tends the dead letters (one thread only:
+    /// two would race for the same dead letters).
+    Worker {
+        tends: bool,
+    },
 }
 
 struct Workload {
@@ -223,8 +229,12 @@ impl Workload {
                 Role::Producer => self.produce(rng)?,
                 Role::Consumer => self.consume(rng)?,
                 Role::Mover => self.move_items(rng)?,
-                Role::Worker => self.work(rng)?,
-                Role::Janitor => self.tend(rng)?,
+                Role::Worker { tends } => {
+                    self.work(rng)?;
+                    if tends && rng.gen_range(0..TEND_ONE_IN) == 0 {
+                        self.tend(rng)?;
+                    }
+                }
             }
         }
         Ok(())
@@ -360,9 +370,12 @@ impl Workload {
         let q = self.queue(queue);
         let stats = q.blocking_stats().map_err(err)?;
         if stats.visible == 0 && (queue != Queue::C || stats.delayed == 0) {
-            // Nothing to lease, nor (in `c`) about to fall due: give the producers a moment.
-            std::thread::sleep(Duration::from_millis(1));
-            return Ok(());
+            // Nothing to lease, nor (in `c`) about to fall due: wait until an item is
+            // committed there (or the child's life ends), give it back, and choose again.
+            let mut tx = self.store.begin();
+            let left = self.deadline.saturating_duration_since(Instant::now());
+            q.blocking_dequeue_timeout(&mut tx, left).map_err(err)?;
+            return tx.blocking_abort().map_err(err);
         }
         let n = self.next_tx();
         report(&format!("l|{n}"));
@@ -463,9 +476,9 @@ impl Workload {
         }
     }
 
-    /// Now and then replays or purges a few dead letters of each queue.
+    /// Replays or purges a few dead letters of each queue (a worker does this after one
+    /// step in [`TEND_ONE_IN`]).
     fn tend(&self, rng: &mut StdRng) -> Step {
-        std::thread::sleep(Duration::from_millis(rng.gen_range(5..=20)));
         for queue in Queue::ALL {
             let q = self.queue(queue);
             let dead = q.blocking_stats().map_err(err)?.dead;
@@ -552,9 +565,8 @@ pub(crate) fn run(durability: Durability, config: ChildConfig) {
         Role::Producer,
         Role::Consumer,
         Role::Mover,
-        Role::Worker,
-        Role::Worker,
-        Role::Janitor,
+        Role::Worker { tends: true },
+        Role::Worker { tends: false },
     ];
     std::thread::scope(|scope| {
         for (i, role) in roles.into_iter().enumerate() {
