@@ -743,7 +743,8 @@ fn store_of_another_format_version_is_refused_and_released() {
         tx.blocking_commit().unwrap();
     }
     let set_format = |version: u32| {
-        let db = sled::open(&path).unwrap();
+        // sled's threads may hold its lock a moment after a store (or a refused open) let go.
+        let db = common::open_raw_sled(&path);
         let meta = db.open_tree("meta").unwrap();
         let old = meta.insert("format", &version.to_le_bytes()).unwrap();
         db.flush().unwrap();
@@ -783,7 +784,8 @@ fn database_that_is_not_a_store_is_refused() {
         Store::open(&path),
         Err(Error::UnsupportedFormat { found: 0, .. })
     ));
-    let db = sled::open(&path).unwrap();
+    // sled's threads may hold its lock a moment after the refused open let go of it.
+    let db = common::open_raw_sled(&path);
     let log = db.open_tree("log").unwrap();
     assert_eq!(log.len(), 1, "the foreign data is untouched");
 }
