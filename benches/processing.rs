@@ -14,8 +14,13 @@
 //!   take what else is visible. `dequeue-commit`: `begin`, `blocking_dequeue` (or
 //!   `blocking_try_dequeue`), up to 15 × `blocking_try_dequeue`, `blocking_commit`.
 //!   `lease-many-ack`: `blocking_lease_many(16, ttl)`, then `begin`, `Lease::ack` for each,
-//!   `blocking_commit`. After the group, the mean number of items per consumer call is printed
-//!   for each side (the two sides get what is visible, so their batches may differ).
+//!   `blocking_commit`: two durable writes per batch, the attempts and the acks.
+//!   `lease-chained`: the batch consumer's loop on `blocking_commit_and_lease`: `begin`,
+//!   `Lease::ack` for each lease of the batch, then `blocking_commit_and_lease(tx, 16, ttl)`
+//!   commits the acks and leases the next batch (what is visible) in one durable write; only
+//!   when it leases nothing does the consumer wait in `blocking_lease_many`. After the group,
+//!   the mean number of items per consumer call is printed for each side (each side gets what
+//!   is visible, so their batches may differ).
 //! - `processing/memory/1-thread`, in memory: one thread loops over enqueue one item + commit,
 //!   then `dequeue-commit` (one item) or `lease-complete`.
 //!
@@ -32,7 +37,7 @@ use std::time::{Duration, Instant};
 
 use criterion::measurement::WallTime;
 use criterion::{BenchmarkGroup, Criterion, SamplingMode, Throughput};
-use reliable_queue::{Durability, ReliableConcurrentQueue, Store};
+use reliable_queue::{Durability, Lease, ReliableConcurrentQueue, Store};
 
 #[path = "common/mod.rs"]
 mod common;
@@ -49,6 +54,8 @@ enum Take {
     Dequeue,
     /// A lease, then its completion.
     Lease,
+    /// Batches of leases, each batch's acks committed with the next batch's attempts.
+    Chain,
 }
 
 /// A `reliable-queue` store with one queue of [`Payload`]s, and how its consumers take items.
@@ -78,6 +85,7 @@ impl common::Peer for Peer {
         match self.take {
             Take::Dequeue => "dequeue-commit",
             Take::Lease => "lease-complete",
+            Take::Chain => "lease-chained",
         }
     }
     fn open(&self, dir: &Path) -> Open {
@@ -161,7 +169,7 @@ impl Open {
                 lease.blocking_complete().expect("complete");
                 1
             }
-            Take::Lease => {
+            Take::Lease | Take::Chain => {
                 let leases = self.queue.blocking_lease_many(n, TTL).expect("lease_many");
                 let taken = leases.len();
                 let mut tx = self.store.begin();
@@ -176,11 +184,52 @@ impl Open {
     }
 }
 
-/// Items and calls of the consumers of the `up-to-n` workload, per side: `[Dequeue, Lease]`.
-static TAKEN: [(AtomicU64, AtomicU64); 2] = [
+/// Items and calls of the consumers of the `up-to-n` workload, per side, in `Take` order.
+static TAKEN: [(AtomicU64, AtomicU64); 3] = [
+    (AtomicU64::new(0), AtomicU64::new(0)),
     (AtomicU64::new(0), AtomicU64::new(0)),
     (AtomicU64::new(0), AtomicU64::new(0)),
 ];
+
+/// The `Take::Chain` consumer of [`pipeline_up_to`]: reserves up to `up_to` items from `left`
+/// before each call (as the other sides do), returns what it did not get. Returns its items
+/// and calls.
+fn chained_consumer(consumer: &Open, left: &AtomicU64, up_to: usize) -> (u64, u64) {
+    let (mut items, mut calls) = (0, 0);
+    let mut held: Vec<Lease<Payload>> = Vec::new();
+    let reserve = |left: u64| (left > 0).then(|| left - left.min(up_to as u64));
+    loop {
+        let reserved = left
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, reserve)
+            .map_or(0, |before| before.min(up_to as u64) as usize);
+        if held.is_empty() {
+            if reserved == 0 {
+                return (items, calls);
+            }
+            held = consumer
+                .queue
+                .blocking_lease_many(reserved, TTL)
+                .expect("lease_many");
+        } else {
+            let mut tx = consumer.store.begin();
+            for lease in held.drain(..) {
+                std::hint::black_box(lease.item());
+                lease.ack(&mut tx).expect("ack");
+            }
+            if reserved == 0 {
+                tx.blocking_commit().expect("commit");
+                continue;
+            }
+            held = consumer
+                .queue
+                .blocking_commit_and_lease(tx, reserved, TTL)
+                .expect("commit_and_lease");
+        }
+        left.fetch_add((reserved - held.len()) as u64, Ordering::Relaxed);
+        items += held.len() as u64;
+        calls += 1;
+    }
+}
 
 /// `producers` threads commit `txs` transactions of `batch` enqueues in all; `consumers`
 /// threads take up to `up_to` items at a time (waiting for the first, then what else is
@@ -220,6 +269,9 @@ fn pipeline_up_to(
             let (mut items, mut calls) = (0, 0);
             start.wait();
             let reserve = |left: u64| (left > 0).then(|| left - left.min(up_to as u64));
+            if consumer.take == Take::Chain {
+                (items, calls) = chained_consumer(&consumer, &left, up_to);
+            }
             while let Ok(before) = left.fetch_update(Ordering::Relaxed, Ordering::Relaxed, reserve)
             {
                 let reserved = before.min(up_to as u64) as usize;
@@ -228,7 +280,7 @@ fn pipeline_up_to(
                 items += taken as u64;
                 calls += 1;
             }
-            let side = &TAKEN[usize::from(consumer.take == Take::Lease)];
+            let side = &TAKEN[consumer.take as usize];
             side.0.fetch_add(items, Ordering::Relaxed);
             side.1.fetch_add(calls, Ordering::Relaxed);
         }));
@@ -260,6 +312,7 @@ fn batches(group: &mut BenchmarkGroup<'_, WallTime>, peer: Peer, threads: usize,
     let name = match peer.take {
         Take::Dequeue => "dequeue-commit",
         Take::Lease => "lease-many-ack",
+        Take::Chain => "lease-chained",
     };
     group.bench_function(name, |b| {
         b.iter_custom(|txs| {
@@ -300,8 +353,10 @@ fn processing(c: &mut Criterion) {
     group.sampling_mode(SamplingMode::Flat);
     batches(&mut group, Peer::new(disk, Take::Dequeue), 4, n);
     batches(&mut group, Peer::new(disk, Take::Lease), 4, n);
+    batches(&mut group, Peer::new(disk, Take::Chain), 4, n);
     group.finish();
-    for (side, (items, calls)) in ["dequeue-commit", "lease-many-ack"].iter().zip(&TAKEN) {
+    let sides = ["dequeue-commit", "lease-many-ack", "lease-chained"];
+    for (side, (items, calls)) in sides.iter().zip(&TAKEN) {
         let (items, calls) = (items.load(Ordering::Relaxed), calls.load(Ordering::Relaxed));
         if calls > 0 {
             println!(

@@ -181,8 +181,15 @@ impl Clock {
     #[inline]
     pub(crate) fn now(&self) -> u64 {
         match self {
-            Clock::System { base, base_ms } => base_ms
-                .saturating_add(u64::try_from(base.elapsed().as_millis()).unwrap_or(u64::MAX)),
+            Clock::System { base, base_ms } => {
+                // Whole milliseconds without `as_millis`'s 128-bit arithmetic.
+                let elapsed = base.elapsed();
+                let ms = elapsed
+                    .as_secs()
+                    .saturating_mul(1000)
+                    .saturating_add(u64::from(elapsed.subsec_millis()));
+                base_ms.saturating_add(ms)
+            }
             Clock::Manual(m) => m.0.now.load(Ordering::Acquire),
         }
     }

@@ -114,6 +114,14 @@ impl<T> Lease<T> {
         self.token
     }
 
+    /// In memory, completes at once what a transaction of its own would (see
+    /// `Engine::complete_at_once`); `None` on disk.
+    fn complete_at_once(&mut self) -> Option<Result<()>> {
+        let done = self.engine.complete_at_once(&self.proc, self.token)?;
+        self.settled = true;
+        Some(done)
+    }
+
     fn expired(&self) -> Error {
         Error::LeaseExpired {
             queue: self.proc.core.name().to_owned(),
@@ -182,7 +190,10 @@ impl<T> Lease<T> {
     /// assert_eq!(q.stats().await?.leased, 0);
     /// # Ok(()) }
     /// ```
-    pub async fn complete(self) -> Result<()> {
+    pub async fn complete(mut self) -> Result<()> {
+        if let Some(done) = self.complete_at_once() {
+            return done;
+        }
         let mut tx = Transaction::new(Arc::clone(&self.engine));
         self.ack(&mut tx)?;
         tx.commit().await
@@ -193,7 +204,10 @@ impl<T> Lease<T> {
     /// # Errors
     ///
     /// As [`complete`](Lease::complete).
-    pub fn blocking_complete(self) -> Result<()> {
+    pub fn blocking_complete(mut self) -> Result<()> {
+        if let Some(done) = self.complete_at_once() {
+            return done;
+        }
         let mut tx = Transaction::new(Arc::clone(&self.engine));
         self.ack(&mut tx)?;
         tx.blocking_commit()
@@ -358,16 +372,20 @@ where
         granted
             .into_iter()
             .zip(items)
-            .map(|(g, item)| Lease {
-                engine: Arc::clone(self.engine_arc()),
-                proc: Arc::clone(self.proc()),
-                item,
-                token: g.token,
-                deadline: g.deadline,
-                attempt: g.attempt,
-                settled: false,
-            })
+            .map(|(g, item)| self.lease_of(g, item))
             .collect()
+    }
+
+    fn lease_of(&self, g: Granted, item: T) -> Lease<T> {
+        Lease {
+            engine: Arc::clone(self.engine_arc()),
+            proc: Arc::clone(self.proc()),
+            item,
+            token: g.token,
+            deadline: g.deadline,
+            attempt: g.attempt,
+            settled: false,
+        }
     }
 
     /// Turns the one item `tx` holds (taken from this queue) into a lease.
@@ -380,9 +398,10 @@ where
         let ttl_ms = check_ttl(ttl)?;
         let granted = self
             .engine()
-            .grant(self.queue_ref(), tx.work_mut(), ttl_ms)
+            .grant(self.queue_ref(), tx.work_mut(), 0, ttl_ms)
             .await?;
-        self.leases(granted, vec![item]).pop().ok_or(Error::Closed)
+        let granted = granted.into_iter().next().ok_or(Error::Closed)?;
+        Ok(self.lease_of(granted, item))
     }
 
     /// [`grant_one`](Self::grant_one) for threads.
@@ -395,8 +414,9 @@ where
         let ttl_ms = check_ttl(ttl)?;
         let granted = self
             .engine()
-            .blocking_grant(self.queue_ref(), tx.work_mut(), ttl_ms)?;
-        self.leases(granted, vec![item]).pop().ok_or(Error::Closed)
+            .blocking_grant(self.queue_ref(), tx.work_mut(), 0, ttl_ms)?;
+        let granted = granted.into_iter().next().ok_or(Error::Closed)?;
+        Ok(self.lease_of(granted, item))
     }
 
     /// Leases the item at the front of the queue for `ttl`, waiting for one if none is
@@ -418,8 +438,12 @@ where
     ///
     /// See [`Lease`].
     pub async fn lease(&self, ttl: Duration) -> Result<Lease<T>> {
-        let mut leases = self.lease_many(1, ttl).await?;
-        leases.pop().ok_or(Error::Closed)
+        if let Some(lease) = self.lease_front_at_once(ttl) {
+            return lease;
+        }
+        let mut tx = Transaction::new(Arc::clone(self.engine_arc()));
+        let item = self.dequeue(&mut tx).await?;
+        self.grant_one(&mut tx, item, ttl).await
     }
 
     /// [`lease`](Self::lease) for threads.
@@ -428,8 +452,34 @@ where
     ///
     /// As [`lease`](Self::lease).
     pub fn blocking_lease(&self, ttl: Duration) -> Result<Lease<T>> {
-        let mut leases = self.blocking_lease_many(1, ttl)?;
-        leases.pop().ok_or(Error::Closed)
+        if let Some(lease) = self.lease_front_at_once(ttl) {
+            return lease;
+        }
+        let mut tx = Transaction::new(Arc::clone(self.engine_arc()));
+        let item = self.blocking_take(&mut tx)?;
+        self.blocking_grant_one(&mut tx, item, ttl)
+    }
+
+    /// In memory, leases the front item at once if one is visible (see
+    /// `Engine::lease_front_at_once`); `None` otherwise. Checks `ttl` first.
+    fn lease_front_at_once(&self, ttl: Duration) -> Option<Result<Lease<T>>> {
+        let ttl = match check_ttl(ttl) {
+            Ok(ttl) => ttl,
+            Err(e) => return Some(Err(e)),
+        };
+        let leased = self
+            .engine()
+            .lease_front_at_once(self.queue_ref(), ttl, |entry| self.decode(entry))?;
+        Some(leased.map(|(granted, item)| self.lease_of(granted, item)))
+    }
+
+    /// The front item if one is visible, else the first one committed: a waiting dequeue
+    /// that skips setting up a wait when it need not.
+    fn blocking_take(&self, tx: &mut Transaction) -> Result<T> {
+        match self.blocking_try_dequeue(tx)? {
+            Some(item) => Ok(item),
+            None => self.blocking_dequeue(tx),
+        }
     }
 
     /// Leases up to `n` items at once, in one durable write: waits for the first, then takes
@@ -468,7 +518,7 @@ where
         }
         let granted = self
             .engine()
-            .grant(self.queue_ref(), tx.work_mut(), ttl_ms)
+            .grant(self.queue_ref(), tx.work_mut(), 0, ttl_ms)
             .await?;
         Ok(self.leases(granted, items))
     }
@@ -481,7 +531,7 @@ where
     pub fn blocking_lease_many(&self, n: usize, ttl: Duration) -> Result<Vec<Lease<T>>> {
         let ttl_ms = check_ttl(ttl)?;
         let mut tx = Transaction::new(Arc::clone(self.engine_arc()));
-        let mut items = vec![self.blocking_dequeue(&mut tx)?];
+        let mut items = vec![self.blocking_take(&mut tx)?];
         while items.len() < n {
             match self.blocking_try_dequeue(&mut tx)? {
                 Some(item) => items.push(item),
@@ -490,8 +540,105 @@ where
         }
         let granted = self
             .engine()
-            .blocking_grant(self.queue_ref(), tx.work_mut(), ttl_ms)?;
+            .blocking_grant(self.queue_ref(), tx.work_mut(), 0, ttl_ms)?;
         Ok(self.leases(granted, items))
+    }
+
+    /// Commits `tx` and, in the same durable write, leases up to `n` more items of this queue
+    /// that are visible now (it does not wait for any): the loop of a batch consumer, whose
+    /// acknowledgements of one batch ([`Lease::ack`]) and attempts of the next then cost one
+    /// write, not two. Atomic: if the commit fails, nothing of `tx` applies and no lease is
+    /// granted (the items taken go back to the front, their attempts not counted). Returns
+    /// the leases, in queue order; none when nothing was visible (then wait with
+    /// [`lease_many`](Self::lease_many)). An item that cannot be decoded is left at the front
+    /// and taking stops there; the next lease reports it.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`Transaction::commit`] and [`lease`](Self::lease): once polled, the commit
+    /// happens; leases granted to a dropped future go back at once (their attempts counted).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for a zero `ttl` or one over [`MAX_TTL`](crate::MAX_TTL),
+    /// [`Error::WrongStore`] if `tx` belongs to another store (`tx` is then aborted), and the
+    /// commit's errors, such as [`Error::LeaseExpired`] for an acknowledged lease that ended.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), reliable_queue::Error> {
+    /// let store = reliable_queue::Store::in_memory()?;
+    /// let q = store.queue::<u32>("q").await?;
+    /// # let mut tx = store.begin(); for i in 0..5 { q.enqueue(&mut tx, i)?; } tx.commit().await?;
+    /// let mut leases = q.lease_many(2, Duration::from_secs(5)).await?;
+    /// while !leases.is_empty() {
+    ///     let mut tx = store.begin();
+    ///     for lease in leases {
+    ///         // ... process lease.item() ...
+    ///         lease.ack(&mut tx)?;
+    ///     }
+    ///     leases = q.commit_and_lease(tx, 2, Duration::from_secs(5)).await?;
+    /// }
+    /// assert_eq!(q.stats().await?.leased, 0);
+    /// # Ok(()) }
+    /// ```
+    pub async fn commit_and_lease(
+        &self,
+        mut tx: Transaction,
+        n: usize,
+        ttl: Duration,
+    ) -> Result<Vec<Lease<T>>> {
+        let ttl = check_ttl(ttl)?;
+        let (from, items) = self.take_visible(&mut tx, n)?;
+        let granted = self
+            .engine()
+            .grant(self.queue_ref(), tx.work_mut(), from, ttl)
+            .await?;
+        Ok(self.leases(granted, items))
+    }
+
+    /// [`commit_and_lease`](Self::commit_and_lease) for threads.
+    ///
+    /// # Errors
+    ///
+    /// As [`commit_and_lease`](Self::commit_and_lease).
+    pub fn blocking_commit_and_lease(
+        &self,
+        mut tx: Transaction,
+        n: usize,
+        ttl: Duration,
+    ) -> Result<Vec<Lease<T>>> {
+        let ttl = check_ttl(ttl)?;
+        let (from, items) = self.take_visible(&mut tx, n)?;
+        let granted = self
+            .engine()
+            .blocking_grant(self.queue_ref(), tx.work_mut(), from, ttl)?;
+        Ok(self.leases(granted, items))
+    }
+
+    /// Takes up to `n` visible items into `tx`, stopping before one that cannot be decoded
+    /// (it goes back to the front). Returns where they start among `tx`'s dequeued items,
+    /// and the items.
+    fn take_visible(&self, tx: &mut Transaction, n: usize) -> Result<(usize, Vec<T>)> {
+        self.check(tx)?;
+        let from = tx.work_mut().dequeued.len();
+        let mut items = Vec::with_capacity(n.min(1024));
+        while items.len() < n {
+            match self.blocking_try_dequeue(tx) {
+                Ok(Some(item)) => items.push(item),
+                Ok(None) => break,
+                // The item was taken, then failed to decode.
+                Err(Error::Deserialize { .. }) => {
+                    tx.work_mut().give_back_last();
+                    break;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok((from, items))
     }
 
     /// Leases the front item if one is visible, without waiting for one to be committed

@@ -204,6 +204,133 @@ fn p4_extend_is_the_heartbeat() {
     }
 }
 
+/// The batch consumer's loop: the acks of one batch and the attempts of the next commit
+/// together, all or nothing.
+#[test]
+fn commit_and_lease_acks_one_batch_and_leases_the_next_in_one_commit() {
+    let clock = clock();
+    for (name, store, dir) in stores(&clock) {
+        let q = store.blocking_queue::<u64>("q").unwrap();
+        let out = store.blocking_queue::<u64>("out").unwrap();
+        fill(&store, &q, &[1, 2, 3, 4, 5]);
+        let mut tx = store.begin();
+        for lease in q.blocking_lease_many(2, TTL).unwrap() {
+            out.enqueue(&mut tx, *lease.item() * 10).unwrap();
+            lease.ack(&mut tx).unwrap();
+        }
+        let next = q.blocking_commit_and_lease(tx, 2, TTL).unwrap();
+        let taken: Vec<(u64, u32)> = next.iter().map(|l| (*l.item(), l.attempt())).collect();
+        assert_eq!(taken, [(3, 1), (4, 1)], "{name}");
+        let stats = q.blocking_stats().unwrap();
+        assert_eq!((stats.visible, stats.leased), (1, 2), "{name}");
+        assert_eq!(
+            out.blocking_count().unwrap(),
+            2,
+            "{name}: the commit applied"
+        );
+
+        // An ack whose lease ended fails the commit: nothing applies, no lease is granted,
+        // and the item the call took is back with its attempt uncounted.
+        let mut tx = store.begin();
+        out.enqueue(&mut tx, 99).unwrap();
+        for lease in next {
+            lease.ack(&mut tx).unwrap();
+        }
+        clock.advance(TTL);
+        assert!(
+            matches!(
+                q.blocking_commit_and_lease(tx, 3, TTL),
+                Err(Error::LeaseExpired { .. })
+            ),
+            "{name}"
+        );
+        assert_eq!(
+            out.blocking_count().unwrap(),
+            2,
+            "{name}: nothing of the failed commit"
+        );
+        let mut attempts: Vec<(u64, u32)> = q
+            .blocking_lease_many(3, TTL)
+            .unwrap()
+            .into_iter()
+            .map(|l| {
+                let seen = (*l.item(), l.attempt());
+                drop(l);
+                seen
+            })
+            .collect();
+        attempts.sort_unstable();
+        assert_eq!(attempts, [(3, 2), (4, 2), (5, 1)], "{name}");
+
+        // Nothing visible: no lease, and the commit still applies.
+        let leases = q.blocking_lease_many(3, TTL).unwrap();
+        let mut tx = store.begin();
+        for lease in leases {
+            lease.ack(&mut tx).unwrap();
+        }
+        out.enqueue(&mut tx, 7).unwrap();
+        assert!(q.blocking_commit_and_lease(tx, 3, TTL).unwrap().is_empty());
+        let stats = q.blocking_stats().unwrap();
+        assert_eq!((stats.visible, stats.leased), (0, 0), "{name}");
+        assert_eq!(out.blocking_count().unwrap(), 3, "{name}");
+        if let Some((_guard, path)) = dir {
+            store.blocking_close().unwrap();
+            let store = reopen(&clock, &path);
+            let q = store.blocking_queue::<u64>("q").unwrap();
+            assert_eq!(
+                q.blocking_count().unwrap(),
+                0,
+                "{name}: the acks are durable"
+            );
+            assert_eq!(
+                store
+                    .blocking_queue::<u64>("out")
+                    .unwrap()
+                    .blocking_count()
+                    .unwrap(),
+                3
+            );
+        }
+    }
+}
+
+/// An item that does not decode stops `commit_and_lease` before it, at the front; the commit
+/// applies, and the next lease reports the item.
+#[test]
+fn commit_and_lease_leaves_an_undecodable_item_at_the_front() {
+    let clock = clock();
+    for (name, store, _dir) in stores(&clock) {
+        let q = store.blocking_queue::<bool>("mixed").unwrap();
+        let raw = store.blocking_queue::<u64>("mixed").unwrap();
+        let mut tx = store.begin();
+        q.enqueue(&mut tx, true).unwrap();
+        q.enqueue(&mut tx, true).unwrap();
+        raw.enqueue(&mut tx, 7).unwrap();
+        q.enqueue(&mut tx, false).unwrap();
+        tx.blocking_commit().unwrap();
+        let mut tx = store.begin();
+        q.blocking_lease(TTL).unwrap().ack(&mut tx).unwrap();
+        let next = q.blocking_commit_and_lease(tx, 5, TTL).unwrap();
+        assert_eq!(next.len(), 1, "{name}: stopped before the undecodable item");
+        next.into_iter()
+            .next()
+            .unwrap()
+            .blocking_complete()
+            .unwrap();
+        let stats = q.blocking_stats().unwrap();
+        assert_eq!(
+            (stats.visible, stats.leased, stats.held),
+            (2, 0, 0),
+            "{name}"
+        );
+        assert!(
+            matches!(q.blocking_lease(TTL), Err(Error::Deserialize { .. })),
+            "{name}"
+        );
+        assert_eq!(raw.blocking_lease(TTL).unwrap().item(), &7, "{name}");
+    }
+}
+
 #[test]
 fn p5_fail_retries_after_the_backoff_then_buries_and_release_keeps_the_attempts() {
     let clock = clock();

@@ -205,13 +205,14 @@ fn leased_item() -> (Arc<crate::engine::processing::Proc>, Arc<QueueCore>) {
     let core = queue_with(&[]);
     let proc = Arc::new(Proc::new(core.clone(), crate::RetryPolicy::default()));
     let entry = Entry::new(7, Box::new([0]), 0);
-    proc.insert_lease(
+    let watch = proc.insert_lease(
         7,
         Leased {
             entry,
             deadline: 10,
         },
     );
+    assert_eq!(watch, Some(10), "the first deadline is watched");
     (proc, core)
 }
 
@@ -226,7 +227,7 @@ fn expiry_racing_an_ack_settles_the_lease_once() {
             let proc = proc.clone();
             thread::spawn(move || proc.claim(7, 5).is_some())
         };
-        let expired = proc.expire(7, 10);
+        let expired = proc.expire_due(10).0.pop();
         if let Some(leased) = expired.as_ref() {
             core.restore(std::iter::once(leased.entry.clone()));
         }
@@ -251,7 +252,7 @@ fn expiry_racing_an_extension_is_one_or_the_other() {
             let proc = proc.clone();
             thread::spawn(move || proc.extend(7, 5, 20).is_some())
         };
-        let expired = proc.expire(7, 10);
+        let expired = proc.expire_due(10).0.pop();
         if let Some(leased) = expired.as_ref() {
             core.restore(std::iter::once(leased.entry.clone()));
         }

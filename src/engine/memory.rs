@@ -26,6 +26,11 @@ impl Memory {
         Memory::default()
     }
 
+    /// Takes `n` ids for a commit's items and versions; returns the first.
+    pub(crate) fn take_ids(&self, n: u64) -> u64 {
+        self.next_id.fetch_add(n, Ordering::Relaxed)
+    }
+
     pub(crate) fn catalog(&self) -> &Catalog {
         &self.catalog
     }

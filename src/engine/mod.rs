@@ -113,6 +113,22 @@ impl Work {
         }
     }
 
+    /// Gives the last item dequeued back to the front of its queue (it could not be decoded).
+    pub(crate) fn give_back_last(&mut self) {
+        let Some((core, entry)) = self.dequeued.pop() else {
+            return;
+        };
+        // Past the deadline the timer has put the item's copy back already.
+        if self
+            .expiry
+            .as_ref()
+            .is_none_or(|x| x.forget(&core, entry.id))
+        {
+            core.unhold(1);
+            core.restore(std::iter::once(entry));
+        }
+    }
+
     /// The dequeued items were committed: no longer held, gone from their queues, so their
     /// keys are free again. Leaves `dequeued` empty.
     pub(crate) fn settle_dequeued(&mut self) {

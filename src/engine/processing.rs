@@ -23,9 +23,12 @@
 //! rows like visible ones), fencing compares the token in the `WHERE` clause, delayed items
 //! are rows with `not_before` in the future, and dead letters are rows of a table of their own.
 
-use std::collections::{BTreeMap, HashMap};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap};
 use std::sync::{Arc, OnceLock, Weak};
 use std::thread::JoinHandle;
+
+use rustc_hash::FxHashMap;
 use std::time::Duration;
 
 use crate::clock::{Clock, OnAdvance};
@@ -59,13 +62,68 @@ pub(crate) struct DeadSlot {
     pub(crate) has_bytes: bool,
 }
 
+/// The running leases of one queue and their deadlines.
+///
+/// The deadlines are a heap cleaned lazily: settling a lease leaves its deadline behind, and an
+/// extension adds one; entries whose lease no longer runs to that deadline are dropped when
+/// they reach the top, or all at once when they outnumber the running leases (so the heap
+/// stays within a constant factor of them). The store's timers hold one entry per queue, at
+/// the earliest deadline registered, rather than one per lease: granting a lease later than
+/// that, or settling one, never touches them.
+#[derive(Debug, Default)]
+struct LeaseTable {
+    /// By token. (Tokens are ids handed out in sequence: a multiplicative hash spreads them at
+    /// a fraction of the default hasher's cost.)
+    running: FxHashMap<u64, Leased>,
+    /// `(deadline, token)`, earliest first; some stale (see above).
+    deadlines: BinaryHeap<Reverse<(u64, u64)>>,
+    /// The earliest time the store's timers will look at this table (`u64::MAX`: never).
+    watched: u64,
+}
+
+impl LeaseTable {
+    fn new() -> Self {
+        LeaseTable {
+            watched: u64::MAX,
+            ..LeaseTable::default()
+        }
+    }
+
+    /// Adds `deadline` for lease `token`; returns it if the store's timers must be told
+    /// (it is earlier than any time they look at the table already).
+    fn add_deadline(&mut self, token: u64, deadline: u64) -> Option<u64> {
+        if self.deadlines.len() > 2 * self.running.len() + 64 {
+            self.compact();
+        }
+        self.deadlines.push(Reverse((deadline, token)));
+        (deadline < self.watched).then(|| {
+            self.watched = deadline;
+            deadline
+        })
+    }
+
+    /// Keeps only the deadlines of running leases.
+    fn compact(&mut self) {
+        let mut all = std::mem::take(&mut self.deadlines).into_vec();
+        all.clear();
+        all.extend(self.running.iter().map(|(t, l)| Reverse((l.deadline, *t))));
+        self.deadlines = BinaryHeap::from(all);
+    }
+
+    fn is_current(&self, deadline: u64, token: u64) -> bool {
+        self.running
+            .get(&token)
+            .is_some_and(|l| l.deadline == deadline)
+    }
+}
+
 /// The processing-layer state of one queue.
 #[derive(Debug)]
 pub(crate) struct Proc {
     pub(crate) core: Arc<QueueCore>,
-    /// Running leases by token. Its lock decides every race between a settlement, an
-    /// extension and an expiry (loom-modelled: `core::loom_models`).
-    leases: crate::sync::Mutex<HashMap<u64, Leased>>,
+    /// Running leases. Its lock decides every race between a settlement, an extension and an
+    /// expiry (loom-modelled: `core::loom_models`).
+    leases: crate::sync::Mutex<LeaseTable>,
     delayed: AtomicU64,
     dead: Mutex<BTreeMap<u64, DeadSlot>>,
     policy: Mutex<RetryPolicy>,
@@ -75,7 +133,7 @@ impl Proc {
     pub(crate) fn new(core: Arc<QueueCore>, policy: RetryPolicy) -> Self {
         Proc {
             core,
-            leases: crate::sync::Mutex::new(HashMap::new()),
+            leases: crate::sync::Mutex::new(LeaseTable::new()),
             delayed: AtomicU64::new(0),
             dead: Mutex::new(BTreeMap::new()),
             policy: Mutex::new(policy),
@@ -91,7 +149,7 @@ impl Proc {
     }
 
     pub(crate) fn leased(&self) -> u64 {
-        u64::try_from(self.leases.lock().len()).unwrap_or(u64::MAX)
+        u64::try_from(self.leases.lock().running.len()).unwrap_or(u64::MAX)
     }
 
     pub(crate) fn delayed(&self) -> u64 {
@@ -106,51 +164,99 @@ impl Proc {
     pub(crate) fn lease_state(&self, token: u64, now: u64) -> Option<(u64, u32)> {
         self.leases
             .lock()
+            .running
             .get(&token)
             .filter(|l| l.deadline > now)
             .map(|l| (l.deadline, l.entry.attempts))
     }
 
-    /// Moves the deadline of lease `token`, if it is still running at `now`. Returns the
-    /// deadline it had.
-    pub(crate) fn extend(&self, token: u64, now: u64, deadline: u64) -> Option<u64> {
-        match self.leases.lock().get_mut(&token) {
-            Some(l) if l.deadline > now => Some(std::mem::replace(&mut l.deadline, deadline)),
+    /// Moves the deadline of lease `token`, if it is still running at `now`: `None` if it is
+    /// not, else whether the store's timers must be told of the new deadline (see
+    /// [`Timers::watch`]).
+    pub(crate) fn extend(&self, token: u64, now: u64, deadline: u64) -> Option<Option<u64>> {
+        let mut table = self.leases.lock();
+        match table.running.get_mut(&token) {
+            Some(l) if l.deadline > now => {
+                if l.deadline == deadline {
+                    return Some(None);
+                }
+                l.deadline = deadline;
+                Some(table.add_deadline(token, deadline))
+            }
             _ => None,
         }
     }
 
     /// Ends lease `token` for its holder, if it is still running at `now`.
     pub(crate) fn claim(&self, token: u64, now: u64) -> Option<Leased> {
-        let mut leases = self.leases.lock();
-        match leases.get(&token) {
-            Some(l) if l.deadline > now => leases.remove(&token),
+        let mut table = self.leases.lock();
+        match table.running.get(&token) {
+            Some(l) if l.deadline > now => table.running.remove(&token),
             _ => None,
         }
     }
 
-    /// Ends lease `token` for the timer, if its deadline has passed at `now`.
-    pub(crate) fn expire(&self, token: u64, now: u64) -> Option<Leased> {
-        let mut leases = self.leases.lock();
-        match leases.get(&token) {
-            Some(l) if l.deadline <= now => leases.remove(&token),
-            _ => None,
+    /// Ends every lease whose deadline has passed at `now`, for the timer. Also returns the
+    /// next time the store's timers must look at the table, if they do not already.
+    pub(crate) fn expire_due(&self, now: u64) -> (Vec<Leased>, Option<u64>) {
+        let mut table = self.leases.lock();
+        let mut expired = Vec::new();
+        while let Some(&Reverse((deadline, token))) = table.deadlines.peek() {
+            if deadline <= now {
+                table.deadlines.pop();
+                if table.is_current(deadline, token) {
+                    expired.extend(table.running.remove(&token));
+                }
+            } else if !table.is_current(deadline, token) {
+                table.deadlines.pop();
+            } else {
+                break;
+            }
         }
+        if table.watched <= now {
+            table.watched = u64::MAX;
+        }
+        let next = table.deadlines.peek().map(|&Reverse((d, _))| d);
+        let watch = next.filter(|&d| d < table.watched);
+        if let Some(d) = watch {
+            table.watched = d;
+        }
+        (expired, watch)
     }
 
     /// Ends lease `token` whatever its deadline (its holder gave it up).
     pub(crate) fn take_lease(&self, token: u64) -> Option<Leased> {
-        self.leases.lock().remove(&token)
+        self.leases.lock().running.remove(&token)
     }
 
-    pub(crate) fn insert_lease(&self, token: u64, leased: Leased) {
-        self.leases.lock().insert(token, leased);
+    /// Adds a running lease; returns its deadline if the store's timers must be told of it
+    /// (see [`Timers::watch`]).
+    #[must_use = "the store's timers must watch the deadline returned"]
+    pub(crate) fn insert_lease(&self, token: u64, leased: Leased) -> Option<u64> {
+        let deadline = leased.deadline;
+        let mut table = self.leases.lock();
+        table.running.insert(token, leased);
+        table.add_deadline(token, deadline)
+    }
+
+    /// [`insert_lease`](Self::insert_lease) for several leases under one lock.
+    #[must_use = "the store's timers must watch the deadline returned"]
+    fn insert_leases(&self, leased: impl Iterator<Item = (u64, Leased)>) -> Option<u64> {
+        let mut table = self.leases.lock();
+        let mut watch = None;
+        for (token, lease) in leased {
+            let deadline = lease.deadline;
+            table.running.insert(token, lease);
+            watch = table.add_deadline(token, deadline).or(watch);
+        }
+        watch
     }
 
     /// Leased items, for browsing: (token, deadline, entry clone), ids from `after`.
     pub(crate) fn leased_entries(&self) -> Vec<(u64, u64, Entry)> {
         self.leases
             .lock()
+            .running
             .iter()
             .map(|(t, l)| (*t, l.deadline, l.entry.clone()))
             .collect()
@@ -334,14 +440,16 @@ pub(crate) fn apply(mv: Move, id: u64, now: u64, timers: &Timers, dead_on_disk: 
                 return;
             }
             let attempt = entry.attempts;
-            proc.insert_lease(id, Leased { entry, deadline });
+            let watch = proc.insert_lease(id, Leased { entry, deadline });
             *state = GrantState::Granted {
                 token: id,
                 deadline,
                 attempt,
             };
             drop(state);
-            timers.expire_at(&proc, id, deadline);
+            if let Some(deadline) = watch {
+                timers.watch(&proc, deadline);
+            }
         }
         MoveKind::Bury { mut entry, reason } => {
             entry.id = id;
@@ -366,6 +474,15 @@ pub(crate) fn apply(mv: Move, id: u64, now: u64, timers: &Timers, dead_on_disk: 
         }
         MoveKind::Purge { .. } => {}
     }
+}
+
+/// Counts a lease granted at `now` as the item's next attempt.
+fn count_attempt(entry: &mut Entry, now: u64) {
+    entry.attempts = entry.attempts.saturating_add(1);
+    if entry.times.first_attempt == 0 {
+        entry.times.first_attempt = now;
+    }
+    entry.times.last_attempt = now;
 }
 
 /// When a fresh item committed at `now` is due: `delay` after the commit, or at the time it
@@ -443,6 +560,19 @@ impl TxExpiry {
         state.copies.push((Arc::clone(core), entry.clone()));
     }
 
+    /// The transaction gives back entry `id` of `core` itself: the timer must not. False if
+    /// the timer has run already (it gave the entry back).
+    pub(crate) fn forget(&self, core: &Arc<QueueCore>, id: u64) -> bool {
+        let mut state = self.state.lock();
+        if state.expired {
+            return false;
+        }
+        state
+            .copies
+            .retain(|(c, e)| !(e.id == id && Arc::ptr_eq(c, core)));
+        true
+    }
+
     /// The transaction commits or aborts: the timer will do nothing. Fails if it ran first.
     pub(crate) fn settle(&self) -> Result<()> {
         let mut state = self.state.lock();
@@ -476,7 +606,7 @@ impl TxExpiry {
 enum Timer {
     /// A delayed item becomes visible.
     Due(Arc<Proc>, Entry),
-    /// The lease with this token (the key's id) ends, unless settled or extended.
+    /// The leases of this queue due by then end (see `LeaseTable`).
     Expire(Arc<Proc>),
     /// A transaction's deadline.
     Transaction(Arc<TxExpiry>),
@@ -486,6 +616,11 @@ enum Timer {
 struct TimerState {
     /// By (due time, item id or lease token): unique, in time order.
     timers: BTreeMap<(u64, u64), Timer>,
+    /// When the timer thread wakes by itself: the due time it sleeps until, `u64::MAX` while
+    /// it sleeps with nothing due, 0 while it is awake (it looks at the map again before it
+    /// sleeps). A new timer wakes it only when it is due earlier, so a lease granted and
+    /// settled before its deadline costs no wake-up of the thread.
+    wakes_at: u64,
     stopped: bool,
 }
 
@@ -500,7 +635,7 @@ pub(crate) struct Timers {
     /// The engine, for the commits a timer makes (an expiry at the maximum attempts buries).
     engine: OnceLock<Weak<Engine>>,
     thread: Mutex<Option<JoinHandle<()>>>,
-    /// Keys of transaction timers count down from `u64::MAX`, far from any item id.
+    /// Keys of transaction and lease timers count down from `u64::MAX`, far from any item id.
     next_tx_key: AtomicU64,
 }
 
@@ -577,10 +712,10 @@ impl Timers {
         if state.stopped {
             return;
         }
-        let first = state.timers.keys().next().is_none_or(|&(d, _)| due < d);
+        let sooner = due < state.wakes_at;
         state.timers.insert((due, key), timer);
         drop(state);
-        if first {
+        if sooner {
             self.wake.notify_all();
         }
     }
@@ -599,15 +734,11 @@ impl Timers {
         );
     }
 
-    /// Ends lease `token` at `deadline`, unless it is settled or extended by then.
-    pub(crate) fn expire_at(&self, proc: &Arc<Proc>, token: u64, deadline: u64) {
-        self.add(deadline, token, Timer::Expire(Arc::clone(proc)));
-    }
-
-    /// Forgets the expiry timer of lease `token` at `deadline` (settled, or extended): the
-    /// map of timers holds only leases that may still expire.
-    pub(crate) fn cancel_expiry(&self, token: u64, deadline: u64) {
-        self.state.lock().timers.remove(&(deadline, token));
+    /// Looks at the leases of `proc` at `deadline` (what `Proc::insert_lease` and its like
+    /// return): those due by then end.
+    pub(crate) fn watch(&self, proc: &Arc<Proc>, deadline: u64) {
+        let key = self.next_tx_key.fetch_sub(1, Ordering::Relaxed);
+        self.add(deadline, key, Timer::Expire(Arc::clone(proc)));
     }
 
     /// Delayed items of `proc`, for browsing.
@@ -638,10 +769,16 @@ impl Timers {
                     state = self.state.lock();
                 }
                 Some(&(due, _)) => {
+                    state.wakes_at = due;
                     let wait = Duration::from_millis(due - now);
                     self.wake.wait_for(&mut state, wait);
+                    state.wakes_at = 0;
                 }
-                None => self.wake.wait(&mut state),
+                None => {
+                    state.wakes_at = u64::MAX;
+                    self.wake.wait(&mut state);
+                    state.wakes_at = 0;
+                }
             }
         }
     }
@@ -659,7 +796,7 @@ impl Timers {
                 }
             }
         };
-        for ((_, key), timer) in fired {
+        for (_, timer) in fired {
             match timer {
                 Timer::Due(proc, entry) => {
                     if !due_proc.as_ref().is_some_and(|p| Arc::ptr_eq(p, &proc)) {
@@ -670,7 +807,11 @@ impl Timers {
                 }
                 Timer::Expire(proc) => {
                     flush(&due_proc, &mut due);
-                    if let Some(leased) = proc.expire(key, now) {
+                    let (expired, next) = proc.expire_due(now);
+                    if let Some(deadline) = next {
+                        self.watch(&proc, deadline);
+                    }
+                    for leased in expired {
                         self.expired(&proc, leased.entry);
                     }
                 }
@@ -751,9 +892,7 @@ impl Engine {
             if let MoveKind::Ack { token, claimed } = &mut mv.kind {
                 if claimed.is_none() {
                     *claimed = mv.proc.claim(*token, now);
-                    if let Some(leased) = claimed {
-                        self.timers.cancel_expiry(*token, leased.deadline);
-                    } else {
+                    if claimed.is_none() {
                         failed = Some(Error::LeaseExpired {
                             queue: mv.proc.core.name().to_owned(),
                             token: *token,
@@ -770,15 +909,20 @@ impl Engine {
         }
     }
 
-    /// Turns the items dequeued into `work` into leases of `ttl` ms: commits their next
-    /// attempt, then returns the leases in the order they were dequeued.
+    /// Turns the items dequeued into `work` from its `from`th on into leases of `ttl` ms:
+    /// commits `work` (its other items, enqueues and moves too) with their next attempt,
+    /// then returns the leases in the order the items were dequeued.
     pub(crate) async fn grant(
         &self,
         queue: &QueueRef,
         work: &mut Work,
+        from: usize,
         ttl: u64,
     ) -> Result<Vec<Granted>> {
-        let pending = self.lease_moves(queue, work, ttl);
+        if let Some(granted) = self.grant_at_once(queue, work, from, ttl) {
+            return granted;
+        }
+        let pending = self.lease_moves(queue, work, from, ttl);
         self.commit(work).await?;
         Ok(self.granted(pending))
     }
@@ -788,23 +932,128 @@ impl Engine {
         &self,
         queue: &QueueRef,
         work: &mut Work,
+        from: usize,
         ttl: u64,
     ) -> Result<Vec<Granted>> {
-        let pending = self.lease_moves(queue, work, ttl);
+        if let Some(granted) = self.grant_at_once(queue, work, from, ttl) {
+            return granted;
+        }
+        let pending = self.lease_moves(queue, work, from, ttl);
         self.blocking_commit(work)?;
         Ok(self.granted(pending))
     }
 
-    fn lease_moves(&self, queue: &QueueRef, work: &mut Work, ttl: u64) -> Pending {
+    /// The memory engine's grant: with no write to wait for, the leases are made in the
+    /// caller's thread, with what a commit of their `Lease` moves would do (new ids, the
+    /// attempt counted, the lease table, the expiry timers) and none of its hand-over (no
+    /// `Grant` to fill in, no moves to build). `None` when the grant needs a commit: on disk,
+    /// or when `work` has anything else in it or a deadline.
+    fn grant_at_once(
+        &self,
+        queue: &QueueRef,
+        work: &mut Work,
+        from: usize,
+        ttl: u64,
+    ) -> Option<Result<Vec<Granted>>> {
+        let Flavor::Memory(memory) = &self.flavor else {
+            return None;
+        };
+        if from > 0 || !work.enqueues.is_empty() || !work.moves.is_empty() || work.expiry.is_some()
+        {
+            return None;
+        }
+        work.withdraw_leaked();
+        if let Err(e) = self.check_open() {
+            super::abort(std::mem::take(work));
+            return Some(Err(e));
+        }
         let now = self.now();
-        work.release_held();
-        let mut grants = Vec::with_capacity(work.dequeued.len());
-        for (_, mut entry) in work.dequeued.drain(..) {
-            entry.attempts = entry.attempts.saturating_add(1);
-            if entry.times.first_attempt == 0 {
-                entry.times.first_attempt = now;
+        let deadline = now.saturating_add(ttl);
+        let n = u64::try_from(work.dequeued.len()).unwrap_or(u64::MAX);
+        let first = memory.take_ids(n);
+        let mut granted = Vec::with_capacity(work.dequeued.len());
+        let leased = work
+            .dequeued
+            .drain(..)
+            .zip(first..)
+            .map(|((core, mut entry), id)| {
+                core.unhold(1);
+                entry.id = id;
+                count_attempt(&mut entry, now);
+                granted.push(Granted {
+                    token: id,
+                    deadline,
+                    attempt: entry.attempts,
+                });
+                (id, Leased { entry, deadline })
+            });
+        if let Some(deadline) = queue.proc.insert_leases(leased) {
+            self.timers.watch(&queue.proc, deadline);
+        }
+        Some(Ok(granted))
+    }
+
+    /// The memory engine's lease of the front item of `queue`, if one is visible: taken from
+    /// the queue and leased in the caller's thread, with no transaction to hold it meanwhile
+    /// (as [`grant_at_once`](Self::grant_at_once) does for a transaction's items). `decode`
+    /// reads the item first; if it fails, the item goes back to the front. `None` on disk or
+    /// when no item is visible: the caller takes the transaction's way.
+    pub(crate) fn lease_front_at_once<X>(
+        &self,
+        queue: &QueueRef,
+        ttl: u64,
+        decode: impl FnOnce(&Entry) -> Result<X>,
+    ) -> Option<Result<(Granted, X)>> {
+        let Flavor::Memory(memory) = &self.flavor else {
+            return None;
+        };
+        if let Err(e) = self.check_open() {
+            return Some(Err(e));
+        }
+        let mut entry = queue.core.try_take()?;
+        let item = match decode(&entry) {
+            Ok(item) => item,
+            Err(e) => {
+                queue.core.restore(std::iter::once(entry));
+                return Some(Err(e));
             }
-            entry.times.last_attempt = now;
+        };
+        let now = self.now();
+        let deadline = now.saturating_add(ttl);
+        let token = memory.take_ids(1);
+        entry.id = token;
+        count_attempt(&mut entry, now);
+        let granted = Granted {
+            token,
+            deadline,
+            attempt: entry.attempts,
+        };
+        if let Some(deadline) = queue.proc.insert_lease(token, Leased { entry, deadline }) {
+            self.timers.watch(&queue.proc, deadline);
+        }
+        Some(Ok((granted, item)))
+    }
+
+    /// The memory engine's completion of lease `token`: claimed and gone at once, as the
+    /// commit of its `Ack` alone would do. `None` on disk (the ack needs a durable write).
+    pub(crate) fn complete_at_once(&self, proc: &Arc<Proc>, token: u64) -> Option<Result<()>> {
+        if !matches!(self.flavor, Flavor::Memory(_)) {
+            return None;
+        }
+        let done = self.claim(proc, token, self.now()).map(|leased| {
+            if let Some(key) = &leased.entry.key {
+                proc.core.release_key(key);
+            }
+        });
+        Some(done)
+    }
+
+    fn lease_moves(&self, queue: &QueueRef, work: &mut Work, from: usize, ttl: u64) -> Pending {
+        let now = self.now();
+        let mut grants = Vec::with_capacity(work.dequeued.len().saturating_sub(from));
+        for (core, mut entry) in work.dequeued.drain(from..) {
+            core.unhold(1);
+            count_attempt(&mut entry, now);
             let grant = Arc::new(Grant::default());
             grants.push(Arc::clone(&grant));
             work.moves.push(Move {
@@ -901,14 +1150,12 @@ impl Engine {
             queue: proc.core.name().to_owned(),
             token,
         })?;
-        self.timers.cancel_expiry(token, leased.deadline);
         Ok(leased)
     }
 
     /// Gives back lease `token` at once (its `Lease` was dropped unsettled).
     pub(crate) fn drop_lease(&self, proc: &Arc<Proc>, token: u64) {
         if let Some(leased) = proc.take_lease(token) {
-            self.timers.cancel_expiry(token, leased.deadline);
             proc.core.restore(std::iter::once(leased.entry));
         }
     }
@@ -918,15 +1165,14 @@ impl Engine {
         self.check_open()?;
         let now = self.now();
         let deadline = now.saturating_add(ttl);
-        let Some(old) = proc.extend(token, now, deadline) else {
+        let Some(watch) = proc.extend(token, now, deadline) else {
             return Err(Error::LeaseExpired {
                 queue: proc.core.name().to_owned(),
                 token,
             });
         };
-        if old != deadline {
-            self.timers.cancel_expiry(token, old);
-            self.timers.expire_at(proc, token, deadline);
+        if let Some(deadline) = watch {
+            self.timers.watch(proc, deadline);
         }
         Ok(deadline)
     }
@@ -1023,14 +1269,16 @@ mod tests {
 
     use crate::{ManualClock, Store};
 
-    /// A settled or extended lease leaves no timer behind, nor does a settled transaction
-    /// with a deadline: the timers hold only what may still fire.
+    /// Settled and extended leases leave a bounded trace, settled transactions none: the
+    /// store's timers hold one entry for the queue's leases (a watch at the first deadline),
+    /// and the queue's deadline heap stays within its bound of the running leases.
     #[test]
-    fn settled_leases_and_transactions_leave_no_timers() {
+    fn settled_leases_and_transactions_leave_bounded_timers() {
         let clock = ManualClock::new(UNIX_EPOCH).unwrap();
         let store = Store::builder().clock(clock.clone()).open().unwrap();
         let q = store.blocking_queue::<u32>("q").unwrap();
         let ttl = Duration::from_secs(60);
+        let heap = || q.queue_ref().proc.leases.lock().deadlines.len();
         let timers = || q.engine().timers.state.lock().timers.len();
         for i in 0..100 {
             let mut tx = store.begin();
@@ -1049,7 +1297,9 @@ mod tests {
                     tx.blocking_commit().unwrap();
                 }
             }
-            assert_eq!(timers(), 0, "round {i}");
+            assert_eq!(timers(), 1, "round {i}");
+            // One lease at a time: `add_deadline` keeps at most 2 × 1 + 64 before a push.
+            assert!(heap() <= 2 + 64 + 1, "round {i}: {} deadlines", heap());
             clock.advance(Duration::from_millis(1));
         }
     }
