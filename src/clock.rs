@@ -164,6 +164,8 @@ pub(crate) enum Clock {
     /// Wall clock at `base`, moved on by the monotonic clock.
     System {
         base: Instant,
+        /// `base` on the kernel's coarse monotonic clock (see [`Clock::now_coarse`]).
+        coarse_base: coarsetime::Instant,
         base_ms: u64,
     },
     Manual(ManualClock),
@@ -173,6 +175,7 @@ impl Clock {
     pub(crate) fn system() -> Clock {
         Clock::System {
             base: Instant::now(),
+            coarse_base: coarsetime::Instant::now_without_cache_update(),
             base_ms: wall_ms(SystemTime::now()).unwrap_or(0),
         }
     }
@@ -181,7 +184,7 @@ impl Clock {
     #[inline]
     pub(crate) fn now(&self) -> u64 {
         match self {
-            Clock::System { base, base_ms } => {
+            Clock::System { base, base_ms, .. } => {
                 // Whole milliseconds without `as_millis`'s 128-bit arithmetic.
                 let elapsed = base.elapsed();
                 let ms = elapsed
@@ -189,6 +192,28 @@ impl Clock {
                     .saturating_mul(1000)
                     .saturating_add(u64::from(elapsed.subsec_millis()));
                 base_ms.saturating_add(ms)
+            }
+            Clock::Manual(m) => m.0.now.load(Ordering::Acquire),
+        }
+    }
+
+    /// Milliseconds since the epoch from the kernel's coarse monotonic clock: a read of the
+    /// time of the last scheduler tick, without the hardware clock read of [`now`](Self::now),
+    /// so up to one tick (1-10 ms by the kernel's configuration) behind it and never ahead.
+    /// For times that are only reported (an item's enqueue time), never for deadlines or due
+    /// times. A manual clock gives [`now`](Self::now).
+    #[inline]
+    pub(crate) fn now_coarse(&self) -> u64 {
+        match self {
+            Clock::System {
+                coarse_base,
+                base_ms,
+                ..
+            } => {
+                let elapsed = coarsetime::Instant::now_without_cache_update()
+                    .duration_since(*coarse_base)
+                    .as_millis();
+                base_ms.saturating_add(elapsed)
             }
             Clock::Manual(m) => m.0.now.load(Ordering::Acquire),
         }

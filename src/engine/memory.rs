@@ -49,7 +49,8 @@ impl Memory {
             if !work.enqueues.is_empty() {
                 let n = u64::try_from(work.enqueues.len()).unwrap_or(u64::MAX);
                 let first = self.next_id.fetch_add(n, Ordering::Relaxed);
-                let now = timers.clock().now();
+                // Plain items need the time only to report it (their enqueue time).
+                let now = timers.clock().now_coarse();
                 publish_all(std::mem::take(&mut work.enqueues), first, now);
             }
         } else {
