@@ -1269,6 +1269,29 @@ mod tests {
 
     use crate::{ManualClock, Store};
 
+    /// With the real clock: a timer thread asleep until a lease's deadline a minute away is
+    /// woken for a delayed item due sooner (a new timer notifies it only when it is due
+    /// before the thread would wake by itself). A wait with a long timeout, not a sleep: the
+    /// item arrives about 20 ms after the commit, and only a missed wake-up makes it late.
+    #[test]
+    fn a_timer_due_before_the_timer_thread_wakes_wakes_it() {
+        let store = Store::in_memory().unwrap();
+        let q = store.blocking_queue::<u32>("q").unwrap();
+        let mut tx = store.begin();
+        q.enqueue(&mut tx, 1).unwrap();
+        tx.blocking_commit().unwrap();
+        let _lease = q.blocking_lease(Duration::from_secs(60)).unwrap();
+        let mut tx = store.begin();
+        q.enqueue_after(&mut tx, 2, Duration::from_millis(20))
+            .unwrap();
+        tx.blocking_commit().unwrap();
+        let mut tx = store.begin();
+        let got = q
+            .blocking_dequeue_timeout(&mut tx, Duration::from_secs(30))
+            .unwrap();
+        assert_eq!(got, Some(2));
+    }
+
     /// Settled and extended leases leave a bounded trace, settled transactions none: the
     /// store's timers hold one entry for the queue's leases (a watch at the first deadline),
     /// and the queue's deadline heap stays within its bound of the running leases.
