@@ -55,6 +55,9 @@ pub(crate) struct Config {
     pub(crate) clock: crate::clock::Clock,
     /// Default deadline of a transaction from `Store::begin`, in ms (none by default).
     pub(crate) transaction_timeout: Option<u64>,
+    /// The PostgreSQL store to connect to, instead of a local one.
+    #[cfg(feature = "postgres")]
+    pub(crate) postgres: Option<crate::engine::postgres::PgConfig>,
 }
 
 /// Default limit on one encoded item: 4 MiB.
@@ -81,6 +84,8 @@ impl Default for Config {
             salvage: false,
             clock: crate::clock::Clock::default(),
             transaction_timeout: None,
+            #[cfg(feature = "postgres")]
+            postgres: None,
         }
     }
 }
@@ -114,6 +119,19 @@ impl Config {
         }
         if c.transaction_timeout == Some(0) {
             return bad("transaction_timeout", "at least 1 ms");
+        }
+        #[cfg(feature = "postgres")]
+        if let Some(pg) = &c.postgres {
+            pg.validate()?;
+            if c.path.is_some() {
+                return bad("postgres", "either a path or a PostgreSQL URL, not both");
+            }
+            if c.transaction_timeout.is_some() {
+                return bad(
+                    "transaction_timeout",
+                    "unset on the postgres engine (not available there yet)",
+                );
+            }
         }
         Ok(c)
     }

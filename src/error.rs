@@ -233,6 +233,47 @@ pub enum Error {
         id: u64,
     },
 
+    /// The PostgreSQL server could not be reached, refused a statement or lost the
+    /// connection (the `postgres` engine). Nothing of the transaction applied: its database
+    /// transaction was rolled back (or its connection is gone, which rolls it back), so every
+    /// item it dequeued is back in its queue. Retry once the server is back: the store
+    /// reconnects by itself.
+    Postgres {
+        /// What the store was doing: `"connect"`, `"migrate"`, `"dequeue"`, `"commit"`, ...
+        operation: &'static str,
+        /// The client's error (a `tokio_postgres::Error`, or the pool's).
+        source: Source,
+    },
+
+    /// The connection to PostgreSQL was lost while `COMMIT` was in flight: the transaction
+    /// may have committed or not, and this process cannot tell. Its dequeued items are either
+    /// gone for good or back in their queues, never both; its enqueues are either all in or
+    /// all out. An enqueue made with a deduplication key can be retried safely.
+    CommitOutcomeUnknown {
+        /// The client's error.
+        source: Source,
+    },
+
+    /// The database's schema for this store was written by another version of this crate
+    /// than this build supports. Nothing was changed.
+    SchemaVersion {
+        /// The PostgreSQL schema (namespace) the store lives in.
+        schema: String,
+        /// The version found.
+        found: i64,
+        /// The version this build reads and writes.
+        supported: i64,
+    },
+
+    /// The operation is not available on this store's engine (yet): for example the
+    /// processing layer on the `postgres` engine while it is being built. Nothing was done.
+    Unsupported {
+        /// The operation.
+        operation: &'static str,
+        /// The engine: `"postgres"`.
+        engine: &'static str,
+    },
+
     /// An internal invariant did not hold: a bug in this crate. The operation was not
     /// applied. Please report it with the message.
     Bug {
@@ -395,6 +436,26 @@ impl fmt::Display for Error {
             Error::Damaged { path, detail } => {
                 write!(f, "store file {} is damaged: {detail}", path.display())
             }
+            Error::Postgres { operation, source } => {
+                write!(f, "PostgreSQL failed during {operation}: {source}")
+            }
+            Error::CommitOutcomeUnknown { source } => write!(
+                f,
+                "the connection to PostgreSQL was lost during COMMIT; the transaction may or \
+                 may not have committed: {source}"
+            ),
+            Error::SchemaVersion {
+                schema,
+                found,
+                supported,
+            } => write!(
+                f,
+                "PostgreSQL schema {schema:?} is at version {found}; this build supports \
+                 version {supported}"
+            ),
+            Error::Unsupported { operation, engine } => {
+                write!(f, "{operation} is not available on the {engine} engine yet")
+            }
             Error::Bug { invariant } => write!(
                 f,
                 "internal invariant broken ({invariant}); this is a bug in reliable-queue"
@@ -415,6 +476,8 @@ impl std::error::Error for Error {
             Error::Serialize { source, .. }
             | Error::Deserialize { source, .. }
             | Error::Storage { source, .. }
+            | Error::Postgres { source, .. }
+            | Error::CommitOutcomeUnknown { source }
             | Error::PreviousFailure { source } => Some(&**source),
             _ => None,
         }

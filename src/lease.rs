@@ -704,6 +704,7 @@ where
         item: impl Borrow<T>,
         delay: Duration,
     ) -> Result<()> {
+        self.engine().check_embedded("enqueue_after")?;
         let delay = check_delay(delay)?;
         if delay == 0 {
             return self.enqueue(tx, item);
@@ -724,6 +725,7 @@ where
         item: impl Borrow<T>,
         at: SystemTime,
     ) -> Result<()> {
+        self.engine().check_embedded("enqueue_at")?;
         let due = wall_ms(at)?;
         if due <= self.engine().now() {
             return self.enqueue(tx, item);
@@ -767,6 +769,7 @@ where
         key: &[u8],
         delay: Duration,
     ) -> Result<Enqueued> {
+        self.engine().check_embedded("enqueue_unique")?;
         if key.is_empty() || key.len() > MAX_KEY {
             return Err(Error::InvalidArgument {
                 argument: "key",
@@ -822,6 +825,7 @@ where
     ///
     /// [`Error::Closed`] after close.
     pub async fn stats(&self) -> Result<QueueStats> {
+        self.engine().check_embedded("stats")?;
         self.blocking_stats()
     }
 
@@ -831,6 +835,7 @@ where
     ///
     /// As [`stats`](Self::stats).
     pub fn blocking_stats(&self) -> Result<QueueStats> {
+        self.engine().check_embedded("stats")?;
         self.engine().check_open()?;
         let proc = self.proc();
         Ok(QueueStats {
@@ -859,6 +864,7 @@ where
     ///
     /// Storage errors; [`Error::Closed`] after close.
     pub async fn set_retry_policy(&self, policy: RetryPolicy) -> Result<()> {
+        self.engine().check_embedded("set_retry_policy")?;
         self.engine().set_policy(self.proc(), policy).await
     }
 
@@ -868,6 +874,7 @@ where
     ///
     /// As [`set_retry_policy`](Self::set_retry_policy).
     pub fn blocking_set_retry_policy(&self, policy: RetryPolicy) -> Result<()> {
+        self.engine().check_embedded("set_retry_policy")?;
         crate::engine::block_on(self.set_retry_policy(policy))
     }
 
@@ -903,6 +910,7 @@ where
     /// # Ok(()) }
     /// ```
     pub async fn browse(&self, after: Option<u64>, limit: usize) -> Result<Vec<BrowsedItem<T>>> {
+        self.engine().check_embedded("browse")?;
         self.blocking_browse(after, limit)
     }
 
@@ -912,6 +920,7 @@ where
     ///
     /// As [`browse`](Self::browse).
     pub fn blocking_browse(&self, after: Option<u64>, limit: usize) -> Result<Vec<BrowsedItem<T>>> {
+        self.engine().check_embedded("browse")?;
         self.engine().check_open()?;
         let proc = self.proc();
         let above = |id: u64| after.is_none_or(|a| id > a);
@@ -971,6 +980,7 @@ where
         after: Option<u64>,
         limit: usize,
     ) -> Result<Vec<DeadLetter<T>>> {
+        self.engine().check_embedded("dead_letters")?;
         self.engine().check_open()?;
         let mut slots = self.proc().dead_page(after, limit);
         self.engine().dead_bytes(&mut slots).await?;
@@ -987,6 +997,7 @@ where
         after: Option<u64>,
         limit: usize,
     ) -> Result<Vec<DeadLetter<T>>> {
+        self.engine().check_embedded("dead_letters")?;
         crate::engine::block_on(self.dead_letters(after, limit))
     }
 
@@ -1041,6 +1052,7 @@ where
     /// # Ok(()) }
     /// ```
     pub async fn replay(&self, which: Replay, reset_attempts: bool) -> Result<usize> {
+        self.engine().check_embedded("replay")?;
         let ids = self.chosen(&which);
         let mut work = self
             .engine()
@@ -1055,6 +1067,7 @@ where
     ///
     /// As [`replay`](Self::replay).
     pub fn blocking_replay(&self, which: Replay, reset_attempts: bool) -> Result<usize> {
+        self.engine().check_embedded("replay")?;
         crate::engine::block_on(self.replay(which, reset_attempts))
     }
 
@@ -1068,6 +1081,7 @@ where
     ///
     /// As [`replay`](Self::replay).
     pub async fn purge(&self, which: Replay) -> Result<usize> {
+        self.engine().check_embedded("purge")?;
         let ids = self.chosen(&which);
         let mut work = self.engine().dead_work(self.proc(), &ids, false, true)?;
         self.engine().commit(&mut work).await?;
@@ -1080,6 +1094,7 @@ where
     ///
     /// As [`purge`](Self::purge).
     pub fn blocking_purge(&self, which: Replay) -> Result<usize> {
+        self.engine().check_embedded("purge")?;
         crate::engine::block_on(self.purge(which))
     }
 }

@@ -126,7 +126,7 @@ impl<T> ReliableConcurrentQueue<T> {
     /// ```
     pub async fn count(&self) -> Result<u64> {
         crate::engine::consume_budget().await;
-        self.engine.count(&self.queue)
+        self.engine.count_async(&self.queue).await
     }
 
     /// [`count`](Self::count) for threads.
@@ -144,6 +144,9 @@ impl<T> ReliableConcurrentQueue<T> {
     /// # Ok::<(), reliable_queue::Error>(())
     /// ```
     pub fn blocking_count(&self) -> Result<u64> {
+        if self.engine.is_remote() {
+            return crate::engine::block_on(self.engine.count_async(&self.queue));
+        }
         self.engine.count(&self.queue)
     }
 
@@ -263,6 +266,15 @@ where
     pub async fn try_dequeue(&self, tx: &mut Transaction) -> Result<Option<T>> {
         // Before taking anything: a future that yields here has taken nothing.
         crate::engine::consume_budget().await;
+        #[cfg(feature = "postgres")]
+        if self.engine.is_remote() {
+            self.check(tx)?;
+            let taken = self
+                .engine
+                .try_dequeue_remote(&self.queue, tx.work_mut())
+                .await?;
+            return taken.map(|entry| self.decode(&entry)).transpose();
+        }
         self.blocking_try_dequeue(tx)
     }
 
@@ -285,6 +297,9 @@ where
     /// # Ok::<(), reliable_queue::Error>(())
     /// ```
     pub fn blocking_try_dequeue(&self, tx: &mut Transaction) -> Result<Option<T>> {
+        if self.engine.is_remote() {
+            return crate::engine::block_on(self.try_dequeue(tx));
+        }
         self.check(tx)?;
         match self.engine.try_dequeue(&self.queue, tx.work_mut())? {
             Some(entry) => self.decode(entry).map(Some),

@@ -119,6 +119,50 @@ impl Store {
         })
     }
 
+    #[cfg(feature = "postgres")]
+    pub(crate) fn from_engine(engine: Arc<Engine>) -> Store {
+        Store { engine }
+    }
+
+    /// Connects to the store kept in the PostgreSQL database at `url`, in the default schema
+    /// (`reliable_queue`): [`Builder::postgres`] with [`Builder::connect`]. Feature
+    /// `postgres`.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`Builder::connect`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Builder::connect`].
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), reliable_queue::Error> {
+    /// let store = reliable_queue::Store::connect("postgresql://app@localhost/app").await?;
+    /// let q = store.queue::<String>("mail").await?;
+    /// let mut tx = store.begin();
+    /// q.enqueue(&mut tx, "hello".to_string())?;
+    /// tx.commit().await?;
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "postgres")]
+    pub async fn connect(url: &str) -> Result<Store> {
+        Builder::new().postgres(url).connect().await
+    }
+
+    /// [`connect`](Store::connect) for threads.
+    ///
+    /// # Errors
+    ///
+    /// As [`Builder::connect`].
+    #[cfg(feature = "postgres")]
+    pub fn blocking_connect(url: &str) -> Result<Store> {
+        Builder::new().postgres(url).open()
+    }
+
     /// Opens the queue `name`, creating it if it does not exist yet. On disk, creating a
     /// queue is recorded in the log (durably, under [`Durability::Sync`]) before this
     /// returns.

@@ -128,7 +128,7 @@ impl Transaction {
     /// # Ok::<(), reliable_queue::Error>(())
     /// ```
     pub fn dequeued(&self) -> usize {
-        self.work.dequeued.len()
+        self.work.held()
     }
 
     /// Applies every enqueue and dequeue of the transaction atomically, and returns once they
@@ -222,6 +222,12 @@ impl Transaction {
     /// # Ok(()) }
     /// ```
     pub async fn abort(self) -> Result<()> {
+        #[cfg(feature = "postgres")]
+        if self.engine.is_remote() {
+            let mut this = self;
+            let work = std::mem::take(&mut this.work);
+            return this.engine.abort_remote(work).await;
+        }
         let aborted = self.blocking_abort();
         crate::engine::consume_budget().await;
         aborted
@@ -246,6 +252,9 @@ impl Transaction {
     /// # Ok::<(), reliable_queue::Error>(())
     /// ```
     pub fn blocking_abort(mut self) -> Result<()> {
+        if self.engine.is_remote() {
+            return crate::engine::block_on(self.abort());
+        }
         let work = std::mem::take(&mut self.work);
         self.engine.abort(work);
         Ok(())

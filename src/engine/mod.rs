@@ -20,6 +20,8 @@
 
 pub(crate) mod catalog;
 pub(crate) mod memory;
+#[cfg(feature = "postgres")]
+pub(crate) mod postgres;
 pub(crate) mod processing;
 pub(crate) mod sled;
 mod wait;
@@ -88,6 +90,10 @@ pub(crate) struct Work {
     /// Processing-layer changes (delayed enqueues, lease records, settlements, dead-letter
     /// moves), applied after the enqueues; see `processing`.
     pub(crate) moves: Vec<Move>,
+    /// On PostgreSQL: the connection with the transaction's open database transaction.
+    #[cfg(feature = "postgres")]
+    /// (Boxed: the embedded engines' `Work` stays as small as it was.)
+    pub(crate) pg: Option<Box<postgres::PgTx>>,
     /// The transaction's deadline, if it has one (P10).
     pub(crate) expiry: Option<Arc<TxExpiry>>,
 }
@@ -104,6 +110,16 @@ impl Work {
 
     fn is_empty(&self) -> bool {
         self.enqueues.is_empty() && self.dequeued.is_empty() && self.moves.is_empty()
+    }
+
+    /// Items the transaction holds: taken from the in-memory core, or rows deleted in its
+    /// database transaction.
+    pub(crate) fn held(&self) -> usize {
+        #[cfg(feature = "postgres")]
+        if let Some(pg) = &self.pg {
+            return self.dequeued.len() + pg.held();
+        }
+        self.dequeued.len()
     }
 
     /// Counts the dequeued items as no longer held (committed or given back).
@@ -223,11 +239,17 @@ struct Hot {
 enum Flavor {
     Memory(memory::Memory),
     Sled(sled::Sled),
+    #[cfg(feature = "postgres")]
+    Postgres(postgres::Postgres),
 }
 
 impl Engine {
     /// Opens the engine the settings name: on disk in `config.path` (sled), else in memory.
     pub(crate) fn open(config: Config) -> Result<Arc<Engine>> {
+        #[cfg(feature = "postgres")]
+        if config.postgres.is_some() {
+            return block_on(Engine::connect(config));
+        }
         let timers = Timers::new(config.clock.clone());
         let mut procs = HashMap::new();
         let flavor = match &config.path {
@@ -251,6 +273,28 @@ impl Engine {
             }
             None => Flavor::Memory(memory::Memory::new()),
         };
+        Engine::assemble(config, flavor, timers, procs)
+    }
+
+    /// Connects to the PostgreSQL store `config.postgres` names.
+    #[cfg(feature = "postgres")]
+    pub(crate) async fn connect(config: Config) -> Result<Arc<Engine>> {
+        let Some(pg) = &config.postgres else {
+            return Err(Error::Bug {
+                invariant: "connect is called with a PostgreSQL configuration",
+            });
+        };
+        let flavor = Flavor::Postgres(postgres::Postgres::connect(pg).await?);
+        let timers = Timers::new(config.clock.clone());
+        Engine::assemble(config, flavor, timers, HashMap::new())
+    }
+
+    fn assemble(
+        config: Config,
+        flavor: Flavor,
+        timers: Arc<Timers>,
+        procs: HashMap<QueueId, Arc<Proc>>,
+    ) -> Result<Arc<Engine>> {
         let engine = Arc::new(Engine {
             hot: CachePadded::new(Hot {
                 closed: AtomicBool::new(false),
@@ -283,6 +327,7 @@ impl Engine {
 
     /// Gives `work` a deadline `timeout` ms from now (replacing any it had).
     pub(crate) fn set_timeout(&self, work: &mut Work, timeout: u64) -> Result<()> {
+        self.check_embedded("set_timeout")?;
         work.check_live()?;
         if let Some(old) = &work.expiry {
             // Settled: its timer does nothing now.
@@ -314,7 +359,40 @@ impl Engine {
         match &self.flavor {
             Flavor::Memory(m) => m.catalog(),
             Flavor::Sled(s) => s.catalog(),
+            #[cfg(feature = "postgres")]
+            Flavor::Postgres(p) => p.catalog(),
         }
+    }
+
+    /// The PostgreSQL engine, if this store is on it.
+    #[cfg(feature = "postgres")]
+    pub(crate) fn postgres(&self) -> Option<&postgres::Postgres> {
+        match &self.flavor {
+            Flavor::Postgres(p) => Some(p),
+            _ => None,
+        }
+    }
+
+    /// Is this store on a remote engine (every item operation a round trip)?
+    #[inline]
+    pub(crate) fn is_remote(&self) -> bool {
+        #[cfg(feature = "postgres")]
+        if matches!(self.flavor, Flavor::Postgres(_)) {
+            return true;
+        }
+        false
+    }
+
+    /// Fails with [`Error::Unsupported`] on a remote engine, for what is built on the embedded
+    /// engines only so far.
+    pub(crate) fn check_embedded(&self, operation: &'static str) -> Result<()> {
+        if self.is_remote() {
+            return Err(Error::Unsupported {
+                operation,
+                engine: "postgres",
+            });
+        }
+        Ok(())
     }
 
     /// The item size limit (`Config::max_item_size`): encoders stop past it.
@@ -341,6 +419,8 @@ impl Engine {
         match &self.flavor {
             Flavor::Memory(m) => m.queue(name),
             Flavor::Sled(s) => s.queue(name).await,
+            #[cfg(feature = "postgres")]
+            Flavor::Postgres(p) => p.queue(name).await,
         }
         .map(|core| self.queue_ref(core))
     }
@@ -351,6 +431,8 @@ impl Engine {
         match &self.flavor {
             Flavor::Memory(m) => m.queue(name),
             Flavor::Sled(s) => block_on(s.queue(name)),
+            #[cfg(feature = "postgres")]
+            Flavor::Postgres(p) => block_on(p.queue(name)),
         }
         .map(|core| self.queue_ref(core))
     }
@@ -376,6 +458,8 @@ impl Engine {
         match &self.flavor {
             Flavor::Memory(_) => Ok(()),
             Flavor::Sled(s) => s.unfence(name).await,
+            #[cfg(feature = "postgres")]
+            Flavor::Postgres(_) => Ok(()),
         }
     }
 
@@ -446,6 +530,7 @@ impl Engine {
         work.withdraw_leaked();
         self.check_open()?;
         work.check_live()?;
+        self.check_embedded("try_dequeue through this path")?;
         Ok(queue.core.try_take().map(|entry| hold(work, queue, entry)))
     }
 
@@ -467,7 +552,11 @@ impl Engine {
         work: &'w mut Work,
         waker: &Waker,
     ) -> Poll<Result<&'w Entry>> {
-        if let Err(e) = self.check_open().and_then(|()| work.check_live()) {
+        if let Err(e) = self
+            .check_open()
+            .and_then(|()| work.check_live())
+            .and_then(|()| self.check_embedded("waiting dequeue"))
+        {
             return Poll::Ready(Err(e));
         }
         let queue = waiting.queue;
@@ -507,6 +596,10 @@ impl Engine {
     /// Applies `work` atomically and durably, leaving it empty. On failure its dequeued
     /// items are back in their queues.
     pub(crate) async fn commit(&self, work: &mut Work) -> Result<()> {
+        #[cfg(feature = "postgres")]
+        if let Some(pg) = self.postgres() {
+            return self.commit_remote(pg, std::mem::take(work)).await;
+        }
         // Everything but the wait happens before the first await, so the future keeps only
         // the reply's receiver across it, not the work.
         match self.start_commit(work) {
@@ -524,6 +617,10 @@ impl Engine {
     /// [`commit`](Self::commit) for threads.
     #[inline]
     pub(crate) fn blocking_commit(&self, work: &mut Work) -> Result<()> {
+        #[cfg(feature = "postgres")]
+        if let Some(pg) = self.postgres() {
+            return block_on(self.commit_remote(pg, std::mem::take(work)));
+        }
         match self.start_commit(work) {
             Committing::Done(outcome) => outcome,
             Committing::Waiting(reply) => block_on(sled::answer(reply)),
@@ -557,7 +654,64 @@ impl Engine {
                 Committing::Done(Ok(()))
             }
             Flavor::Sled(s) => Committing::Waiting(s.submit(std::mem::take(work))),
+            // `commit` and `blocking_commit` take the remote way before this.
+            #[cfg(feature = "postgres")]
+            Flavor::Postgres(_) => Committing::Done(Err(Error::Bug {
+                invariant: "a remote commit does not start as an embedded one",
+            })),
         }
+    }
+
+    /// A commit on PostgreSQL: the buffered enqueues and the open database transaction.
+    #[cfg(feature = "postgres")]
+    async fn commit_remote(&self, pg: &postgres::Postgres, mut work: Work) -> Result<()> {
+        work.withdraw_leaked();
+        self.check_open()?;
+        if !work.moves.is_empty() || work.expiry.is_some() {
+            abort(work);
+            return Err(Error::Unsupported {
+                operation: "the processing layer",
+                engine: "postgres",
+            });
+        }
+        let enqueues = std::mem::take(&mut work.enqueues).into_vec();
+        pg.commit(work.pg.take(), enqueues).await
+    }
+
+    /// On PostgreSQL: takes the head item of `queue` into `work`'s database transaction.
+    #[cfg(feature = "postgres")]
+    pub(crate) async fn try_dequeue_remote(
+        &self,
+        queue: &QueueRef,
+        work: &mut Work,
+    ) -> Result<Option<Entry>> {
+        self.check_open()?;
+        let pg = self.postgres().ok_or(Error::Bug {
+            invariant: "a remote dequeue is on a remote engine",
+        })?;
+        pg.try_dequeue(&queue.core, &mut work.pg).await
+    }
+
+    /// On PostgreSQL: rolls `work`'s database transaction back and waits for it, so that its
+    /// rows are visible again when this returns.
+    #[cfg(feature = "postgres")]
+    pub(crate) async fn abort_remote(&self, mut work: Work) -> Result<()> {
+        let pg = self.postgres().ok_or(Error::Bug {
+            invariant: "a remote abort is on a remote engine",
+        })?;
+        let held = work.pg.take();
+        abort(work);
+        pg.rollback(held).await
+    }
+
+    /// Items visible in `queue` now (a round trip on a remote engine).
+    pub(crate) async fn count_async(&self, queue: &QueueRef) -> Result<u64> {
+        #[cfg(feature = "postgres")]
+        if let Some(pg) = self.postgres() {
+            self.check_open()?;
+            return pg.count(&queue.core).await;
+        }
+        self.count(queue)
     }
 
     /// Discards `work`: the enqueues are dropped, the dequeued items go back to the front of
@@ -591,6 +745,9 @@ impl Engine {
         match &self.flavor {
             Flavor::Memory(_) => Ok(()),
             Flavor::Sled(s) => s.flush().await,
+            // Every commit is durable when it returns.
+            #[cfg(feature = "postgres")]
+            Flavor::Postgres(_) => Ok(()),
         }
     }
 
@@ -612,6 +769,11 @@ impl Engine {
         match &self.flavor {
             Flavor::Memory(_) => Ok(()),
             Flavor::Sled(s) => s.close().await,
+            #[cfg(feature = "postgres")]
+            Flavor::Postgres(p) => {
+                p.close();
+                Ok(())
+            }
         }
     }
 

@@ -919,6 +919,7 @@ impl Engine {
         from: usize,
         ttl: u64,
     ) -> Result<Vec<Granted>> {
+        self.check_embedded("leases")?;
         if let Some(granted) = self.grant_at_once(queue, work, from, ttl) {
             return granted;
         }
@@ -935,6 +936,7 @@ impl Engine {
         from: usize,
         ttl: u64,
     ) -> Result<Vec<Granted>> {
+        self.check_embedded("leases")?;
         if let Some(granted) = self.grant_at_once(queue, work, from, ttl) {
             return granted;
         }

@@ -295,4 +295,90 @@ impl Builder {
     pub fn open(self) -> Result<Store> {
         Store::open_with(self.config.validate()?)
     }
+
+    /// Keeps the store in the PostgreSQL database at `url` (a libpq URL such as
+    /// `postgresql://user@host/db`, or a key-value string such as `host=/run/postgresql
+    /// dbname=app`) instead of in this process: every process that connects to the same
+    /// database and schema shares the same queues. Open it with [`connect`](Builder::connect)
+    /// (or [`open`](Builder::open), which blocks). Feature `postgres`.
+    ///
+    /// The store's tables are created on first use in the schema
+    /// [`postgres_schema`](Builder::postgres_schema) names (`reliable_queue` by default), and
+    /// their version is checked at every connect.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), reliable_queue::Error> {
+    /// let store = reliable_queue::Store::builder()
+    ///     .postgres("postgresql://app@db.internal/app")
+    ///     .postgres_schema("jobs")
+    ///     .connect()
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "postgres")]
+    pub fn postgres(mut self, url: &str) -> Self {
+        let schema = self.config.postgres.take().map(|pg| pg.schema);
+        let mut pg = crate::engine::postgres::PgConfig::new(url);
+        if let Some(schema) = schema {
+            pg.schema = schema;
+        }
+        self.config.postgres = Some(pg);
+        self
+    }
+
+    /// The PostgreSQL schema (namespace) of the store's tables: 1 to 63 lower-case ASCII
+    /// letters, digits or `_`, not starting with a digit (`reliable_queue` by default). Two
+    /// stores in one database are two schemas. Takes effect with [`postgres`](Builder::postgres)
+    /// (in either order).
+    #[cfg(feature = "postgres")]
+    pub fn postgres_schema(mut self, schema: &str) -> Self {
+        let pg = self
+            .config
+            .postgres
+            .get_or_insert_with(|| crate::engine::postgres::PgConfig::new(""));
+        pg.schema = schema.to_owned();
+        self
+    }
+
+    /// Connections the store keeps open to PostgreSQL at most (16 by default): each open
+    /// transaction that has dequeued holds one until it commits or aborts.
+    #[cfg(feature = "postgres")]
+    pub fn postgres_pool_size(mut self, connections: usize) -> Self {
+        let pg = self
+            .config
+            .postgres
+            .get_or_insert_with(|| crate::engine::postgres::PgConfig::new(""));
+        pg.pool_size = connections;
+        self
+    }
+
+    /// Validates the settings and connects to the PostgreSQL store set by
+    /// [`postgres`](Builder::postgres): checks that the server answers and creates the
+    /// store's tables, or checks their version. Without a PostgreSQL URL it opens the store
+    /// as [`open`](Builder::open) does.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: a dropped future leaves at most the schema created.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`](crate::Error::InvalidConfig) for a malformed URL or schema
+    /// name, or a setting the engine does not take;
+    /// [`Error::Postgres`](crate::Error::Postgres) when the server cannot be reached or
+    /// refuses; [`Error::SchemaVersion`](crate::Error::SchemaVersion) when the schema was
+    /// made by another version of this crate.
+    #[cfg(feature = "postgres")]
+    pub async fn connect(self) -> Result<Store> {
+        let config = self.config.validate()?;
+        if config.postgres.is_none() {
+            return Store::open_with(config);
+        }
+        Ok(Store::from_engine(
+            crate::engine::Engine::connect(config).await?,
+        ))
+    }
 }

@@ -1,0 +1,588 @@
+//! The PostgreSQL engine (feature `postgres`): queues as rows of one table, shared by every
+//! process and machine that connects to the same database and schema.
+//!
+//! A transaction is one database transaction on a pooled connection, begun by its first
+//! dequeue. A dequeue deletes the head row that no other transaction holds (`FOR UPDATE SKIP
+//! LOCKED`) inside that transaction and takes a transaction-scoped advisory lock on the row's
+//! id, so that `count` can tell held rows from visible ones (`pg_locks`); a rollback (abort,
+//! drop, a lost connection, a crashed process) puts every row back at once. Enqueues are
+//! buffered by the handle and written at commit by one `INSERT` of every item.
+//!
+//! The client is tokio-postgres with a deadpool pool. Both run on a current-thread tokio
+//! runtime of the store's own, on a thread of its own (`reliable-queue-postgres`): every
+//! database call is a task spawned there, so the async forms work under any executor and the
+//! blocking forms wait on the task's handle. A connection inside an open database transaction
+//! is always owned by a [`PgTx`], whose drop rolls back (in a task, without blocking the
+//! caller) before the connection goes back to the pool, also when the caller's future was
+//! dropped half way.
+//!
+//! ARCHITECTURE.md ("The PostgreSQL engine") has the schema and the statements.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod};
+use tokio::runtime::Handle;
+use tokio::sync::oneshot;
+use tokio_postgres::NoTls;
+
+use super::catalog::Catalog;
+use super::Entry;
+use crate::core::{QueueCore, QueueId};
+use crate::error::{Error, Result};
+use crate::sync::process::Mutex;
+
+/// The schema version this build reads and writes.
+pub(crate) const SCHEMA_VERSION: i64 = 1;
+
+/// The default PostgreSQL schema (namespace) of a store.
+pub(crate) const DEFAULT_SCHEMA: &str = "reliable_queue";
+
+/// Default number of pooled connections.
+pub(crate) const DEFAULT_POOL_SIZE: usize = 16;
+
+/// Where a PostgreSQL store lives.
+#[derive(Clone, PartialEq, Eq)]
+pub(crate) struct PgConfig {
+    /// A libpq-style URL or key-value connection string.
+    pub(crate) url: String,
+    /// The schema (namespace) of the store's tables: lower-case letters, digits and `_`.
+    pub(crate) schema: String,
+    pub(crate) pool_size: usize,
+}
+
+impl fmt::Debug for PgConfig {
+    /// Leaves the URL out: it may carry a password.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PgConfig")
+            .field("schema", &self.schema)
+            .field("pool_size", &self.pool_size)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PgConfig {
+    pub(crate) fn new(url: &str) -> PgConfig {
+        PgConfig {
+            url: url.to_owned(),
+            schema: DEFAULT_SCHEMA.to_owned(),
+            pool_size: DEFAULT_POOL_SIZE,
+        }
+    }
+
+    /// Checks the schema name: it is spliced into statements, so only a plain identifier is
+    /// accepted.
+    pub(crate) fn validate(&self) -> Result<()> {
+        let ok = !self.schema.is_empty()
+            && self.schema.len() <= 63
+            && self
+                .schema
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+            && !self.schema.as_bytes()[0].is_ascii_digit();
+        if !ok {
+            return Err(Error::InvalidConfig {
+                setting: "postgres_schema",
+                expected:
+                    "1 to 63 lower-case ASCII letters, digits or '_', not starting with a digit",
+            });
+        }
+        if self.pool_size == 0 || self.pool_size > 1024 {
+            return Err(Error::InvalidConfig {
+                setting: "postgres_pool_size",
+                expected: "between 1 and 1024 connections",
+            });
+        }
+        Ok(())
+    }
+}
+
+/// The statements, with the schema spliced in.
+#[derive(Debug)]
+struct Sql {
+    schema: String,
+    /// `$1` the queue's id: deletes the head row no other transaction holds, takes the
+    /// advisory lock that marks it held, returns `(id, payload)`.
+    take: String,
+    /// `$1` queue ids, `$2` payloads, in commit order.
+    insert: String,
+    /// `$1` the queue's id: visible rows, not counting those held by open transactions.
+    count: String,
+    /// `$1` the queue's name: its id, the row created if need be.
+    queue: String,
+}
+
+impl Sql {
+    fn new(schema: &str) -> Sql {
+        let s = format!("\"{schema}\"");
+        Sql {
+            schema: schema.to_owned(),
+            take: format!(
+                "DELETE FROM {s}.items WHERE id = (\
+                   SELECT id FROM {s}.items \
+                   WHERE queue = $1 AND not_before IS NULL AND leased_until IS NULL \
+                   ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED) \
+                 RETURNING id, payload, pg_try_advisory_xact_lock(id) AS marked"
+            ),
+            insert: format!(
+                "INSERT INTO {s}.items (queue, payload) \
+                 SELECT q, p FROM unnest($1::int4[], $2::bytea[]) WITH ORDINALITY AS t(q, p, n) \
+                 ORDER BY n"
+            ),
+            count: format!(
+                "SELECT count(*) FROM {s}.items i \
+                 WHERE i.queue = $1 AND i.not_before IS NULL AND i.leased_until IS NULL \
+                 AND i.id NOT IN (\
+                   SELECT (l.classid::int8 << 32) | l.objid::int8 FROM pg_locks l \
+                   WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted \
+                   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()))"
+            ),
+            queue: format!(
+                "WITH made AS (\
+                   INSERT INTO {s}.queues (name) VALUES ($1) ON CONFLICT (name) DO NOTHING \
+                   RETURNING id) \
+                 SELECT id FROM made UNION ALL SELECT id FROM {s}.queues WHERE name = $1 LIMIT 1"
+            ),
+        }
+    }
+
+    /// The schema's tables, version 1.
+    fn create(&self) -> String {
+        let s = format!("\"{}\"", self.schema);
+        format!(
+            "CREATE TABLE {s}.queues (\
+               id serial PRIMARY KEY, \
+               name text NOT NULL UNIQUE, \
+               retry_policy jsonb); \
+             CREATE TABLE {s}.items (\
+               id bigserial PRIMARY KEY, \
+               queue int4 NOT NULL REFERENCES {s}.queues (id), \
+               payload bytea NOT NULL, \
+               enqueued_at timestamptz NOT NULL DEFAULT now(), \
+               attempts int4 NOT NULL DEFAULT 0, \
+               not_before timestamptz, \
+               leased_until timestamptz, \
+               lease_token int8, \
+               first_attempt timestamptz, \
+               last_attempt timestamptz, \
+               dedup_key bytea); \
+             CREATE INDEX items_queue_id ON {s}.items (queue, id); \
+             INSERT INTO {s}.meta (key, value) VALUES ('schema_version', '{SCHEMA_VERSION}');"
+        )
+    }
+}
+
+/// A connection in a transaction's hands, with or without an open database transaction.
+/// Dropped with one open, it rolls back in a task of the store's runtime and only then goes
+/// back to the pool; a connection that cannot roll back is dropped from the pool.
+pub(crate) struct PgTx {
+    client: Option<Object>,
+    /// `BEGIN` was sent and neither `COMMIT` nor `ROLLBACK` since.
+    open: bool,
+    /// Rows dequeued (deleted) in the open database transaction.
+    held: usize,
+    rt: Handle,
+}
+
+impl fmt::Debug for PgTx {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PgTx").field("open", &self.open).finish()
+    }
+}
+
+impl PgTx {
+    fn new(rt: Handle) -> PgTx {
+        PgTx {
+            client: None,
+            open: false,
+            held: 0,
+            rt,
+        }
+    }
+
+    /// Rows dequeued in the open database transaction.
+    pub(crate) fn held(&self) -> usize {
+        self.held
+    }
+
+    fn client(&self) -> Result<&Object> {
+        self.client.as_ref().ok_or(Error::Bug {
+            invariant: "a PgTx holds its connection until dropped",
+        })
+    }
+
+    /// Sends `BEGIN` unless a transaction is open already.
+    async fn begin(&mut self) -> Result<()> {
+        if !self.open {
+            self.client()?
+                .batch_execute("BEGIN")
+                .await
+                .map_err(|e| pg("begin", e))?;
+            self.open = true;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for PgTx {
+    fn drop(&mut self) {
+        let Some(client) = self.client.take() else {
+            return;
+        };
+        if !self.open {
+            return;
+        }
+        // The rollback must not block whoever drops the transaction; the connection is
+        // reused only once it is out of the transaction.
+        self.rt.spawn(async move {
+            if client.batch_execute("ROLLBACK").await.is_err() {
+                // Broken: out of the pool, closed when dropped (the server rolls back).
+                drop(Object::take(client));
+            }
+        });
+    }
+}
+
+/// A PostgreSQL failure during `operation`.
+fn pg(operation: &'static str, e: impl std::error::Error + Send + Sync + 'static) -> Error {
+    Error::Postgres {
+        operation,
+        source: Arc::new(e),
+    }
+}
+
+/// One connected PostgreSQL store.
+pub(crate) struct Postgres {
+    rt: Handle,
+    /// Ends the runtime's thread (at close).
+    stop: Mutex<Option<oneshot::Sender<()>>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+    pool: Pool,
+    sql: Arc<Sql>,
+    /// The queues this process has opened: their local cores (for the handles and, later,
+    /// the line of local waiters) and their ids in the database.
+    catalog: Catalog,
+    ids: Mutex<HashMap<QueueId, i32>>,
+}
+
+impl fmt::Debug for Postgres {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Postgres")
+            .field("schema", &self.sql.schema)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Postgres {
+    /// Starts the store's runtime, checks that the server answers, and creates or checks the
+    /// schema (under an advisory lock, so that processes starting together migrate once).
+    pub(crate) async fn connect(config: &PgConfig) -> Result<Postgres> {
+        config.validate()?;
+        let pg_config =
+            tokio_postgres::Config::from_str(&config.url).map_err(|e| Error::InvalidConfig {
+                setting: "postgres_url",
+                expected: if e.to_string().is_empty() {
+                    "a PostgreSQL connection URL or key-value string"
+                } else {
+                    "a PostgreSQL connection URL or key-value string (libpq syntax)"
+                },
+            })?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(Error::storage)?;
+        let rt = runtime.handle().clone();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name("reliable-queue-postgres".into())
+            .spawn(move || {
+                // Ends when `stop` fires or is dropped; tasks still running are dropped.
+                let _ = runtime.block_on(stopped);
+            })
+            .map_err(Error::storage)?;
+        let manager = Manager::from_config(
+            pg_config,
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = {
+            let _in_runtime = rt.enter();
+            Pool::builder(manager)
+                .max_size(config.pool_size)
+                .build()
+                .map_err(|e| pg("connect", e))?
+        };
+        let store = Postgres {
+            rt,
+            stop: Mutex::new(Some(stop)),
+            thread: Mutex::new(Some(thread)),
+            pool,
+            sql: Arc::new(Sql::new(&config.schema)),
+            catalog: Catalog::default(),
+            ids: Mutex::new(HashMap::new()),
+        };
+        let pool = store.pool.clone();
+        let sql = Arc::clone(&store.sql);
+        store.run(async move { migrate(&pool, &sql).await }).await?;
+        Ok(store)
+    }
+
+    /// Runs `task` on the store's runtime.
+    async fn run<T: Send + 'static>(
+        &self,
+        task: impl std::future::Future<Output = Result<T>> + Send + 'static,
+    ) -> Result<T> {
+        self.rt.spawn(task).await.map_err(|e| Error::Postgres {
+            operation: "run",
+            source: Arc::new(e),
+        })?
+    }
+
+    pub(crate) fn catalog(&self) -> &Catalog {
+        &self.catalog
+    }
+
+    /// Opens queue `name`, creating its row if need be.
+    pub(crate) async fn queue(&self, name: &str) -> Result<Arc<QueueCore>> {
+        crate::engine::catalog::check_name(name)?;
+        if let Some(id) = self.catalog.id_of(name) {
+            if self.ids.lock().contains_key(&id) {
+                return self.catalog.open_queue(name, |_| Ok(())).map(|(c, _)| c);
+            }
+        }
+        let pool = self.pool.clone();
+        let sql = Arc::clone(&self.sql);
+        let owned = name.to_owned();
+        let db_id: i32 = self
+            .run(async move {
+                let client = pool.get().await.map_err(|e| pg("queue", e))?;
+                let row = client
+                    .query_one(&sql.queue, &[&owned])
+                    .await
+                    .map_err(|e| pg("queue", e))?;
+                Ok(row.get(0))
+            })
+            .await?;
+        let (core, _) = self.catalog.open_queue(name, |_| Ok(()))?;
+        self.ids.lock().insert(core.id(), db_id);
+        Ok(core)
+    }
+
+    fn db_id(&self, core: &QueueCore) -> Result<i32> {
+        self.ids.lock().get(&core.id()).copied().ok_or(Error::Bug {
+            invariant: "a queue handle's queue has its database id",
+        })
+    }
+
+    /// Takes the head item of `core`'s queue into the transaction `tx` (begun now if need
+    /// be): `None` if every row is held by another transaction or the queue is empty.
+    pub(crate) async fn try_dequeue(
+        &self,
+        core: &QueueCore,
+        tx: &mut Option<Box<PgTx>>,
+    ) -> Result<Option<Entry>> {
+        let queue = self.db_id(core)?;
+        let mut held = tx
+            .take()
+            .unwrap_or_else(|| Box::new(PgTx::new(self.rt.clone())));
+        let pool = self.pool.clone();
+        let sql = Arc::clone(&self.sql);
+        let (held, taken) = self
+            .run(async move {
+                let taken = take(&pool, &sql, &mut held, queue).await;
+                Ok((held, taken))
+            })
+            .await?;
+        *tx = Some(held);
+        taken
+    }
+
+    /// Commits: the buffered enqueues in one `INSERT`, then `COMMIT` if a database
+    /// transaction is open (else the `INSERT` alone, atomic as one statement).
+    pub(crate) async fn commit(
+        &self,
+        tx: Option<Box<PgTx>>,
+        enqueues: Vec<(Arc<QueueCore>, Box<[u8]>)>,
+    ) -> Result<()> {
+        let mut queues = Vec::with_capacity(enqueues.len());
+        let mut payloads = Vec::with_capacity(enqueues.len());
+        for (core, bytes) in enqueues {
+            queues.push(self.db_id(&core)?);
+            payloads.push(bytes.into_vec());
+        }
+        if tx.as_ref().is_none_or(|t| !t.open) && queues.is_empty() {
+            return Ok(());
+        }
+        let held = tx.unwrap_or_else(|| Box::new(PgTx::new(self.rt.clone())));
+        let pool = self.pool.clone();
+        let sql = Arc::clone(&self.sql);
+        self.run(async move { finish(&pool, &sql, held, queues, payloads).await })
+            .await
+    }
+
+    /// Rolls back `tx`'s database transaction, if one is open, and waits for the server.
+    pub(crate) async fn rollback(&self, tx: Option<Box<PgTx>>) -> Result<()> {
+        let Some(mut held) = tx else {
+            return Ok(());
+        };
+        if !held.open {
+            return Ok(());
+        }
+        self.run(async move {
+            let rolled_back = held.client()?.batch_execute("ROLLBACK").await;
+            held.open = false;
+            if let Err(e) = rolled_back {
+                // The connection is broken; the server rolls back when it notices.
+                if let Some(client) = held.client.take() {
+                    drop(Object::take(client));
+                }
+                return Err(pg("abort", e));
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    /// Items visible in `core`'s queue now: rows not held by an open transaction.
+    pub(crate) async fn count(&self, core: &QueueCore) -> Result<u64> {
+        let queue = self.db_id(core)?;
+        let pool = self.pool.clone();
+        let sql = Arc::clone(&self.sql);
+        self.run(async move {
+            let client = pool.get().await.map_err(|e| pg("count", e))?;
+            let row = client
+                .query_one(&sql.count, &[&queue])
+                .await
+                .map_err(|e| pg("count", e))?;
+            let n: i64 = row.get(0);
+            Ok(u64::try_from(n).unwrap_or(0))
+        })
+        .await
+    }
+
+    /// Closes the pool and ends the runtime's thread. Transactions still open are rolled back
+    /// by the server when their connections close.
+    pub(crate) fn close(&self) {
+        self.pool.close();
+        drop(self.stop.lock().take());
+        let thread = self.thread.lock().take();
+        if let Some(thread) = thread {
+            if thread.thread().id() != std::thread::current().id() && thread.join().is_err() {
+                tracing::error!("the PostgreSQL runtime thread panicked");
+            }
+        }
+    }
+}
+
+impl Drop for Postgres {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+/// Creates the schema's tables, or checks their version, under an advisory lock.
+async fn migrate(pool: &Pool, sql: &Sql) -> Result<()> {
+    let mut client = pool.get().await.map_err(|e| pg("connect", e))?;
+    let tx = client.transaction().await.map_err(|e| pg("migrate", e))?;
+    // Two int4 keys (objsubid 2 in pg_locks): apart from the items' int8 keys.
+    tx.execute(
+        "SELECT pg_advisory_xact_lock(2107, hashtext($1))",
+        &[&sql.schema],
+    )
+    .await
+    .map_err(|e| pg("migrate", e))?;
+    let s = format!("\"{}\"", sql.schema);
+    tx.batch_execute(&format!(
+        "CREATE SCHEMA IF NOT EXISTS {s}; \
+         CREATE TABLE IF NOT EXISTS {s}.meta (key text PRIMARY KEY, value text NOT NULL);"
+    ))
+    .await
+    .map_err(|e| pg("migrate", e))?;
+    let found = tx
+        .query_opt(
+            &format!("SELECT value FROM {s}.meta WHERE key = 'schema_version'"),
+            &[],
+        )
+        .await
+        .map_err(|e| pg("migrate", e))?;
+    match found {
+        None => tx
+            .batch_execute(&sql.create())
+            .await
+            .map_err(|e| pg("migrate", e))?,
+        Some(row) => {
+            let text: String = row.get(0);
+            let version = text.trim().parse::<i64>().unwrap_or(-1);
+            if version != SCHEMA_VERSION {
+                return Err(Error::SchemaVersion {
+                    schema: sql.schema.clone(),
+                    found: version,
+                    supported: SCHEMA_VERSION,
+                });
+            }
+        }
+    }
+    tx.commit().await.map_err(|e| pg("migrate", e))
+}
+
+/// The dequeue statement in `held`'s transaction (a connection taken and `BEGIN` sent first
+/// if need be).
+async fn take(pool: &Pool, sql: &Sql, held: &mut PgTx, queue: i32) -> Result<Option<Entry>> {
+    if held.client.is_none() {
+        held.client = Some(pool.get().await.map_err(|e| pg("dequeue", e))?);
+    }
+    held.begin().await?;
+    let row = held
+        .client()?
+        .query_opt(&sql.take, &[&queue])
+        .await
+        .map_err(|e| pg("dequeue", e))?;
+    Ok(row.map(|row| {
+        held.held += 1;
+        let id: i64 = row.get(0);
+        let payload: Vec<u8> = row.get(1);
+        Entry::new(
+            u64::try_from(id).unwrap_or(0),
+            payload.into_boxed_slice(),
+            0,
+        )
+    }))
+}
+
+/// The end of a commit: the `INSERT` and the `COMMIT`. A failure before `COMMIT` rolls back
+/// (the `PgTx` is dropped); a connection lost during `COMMIT` is
+/// [`Error::CommitOutcomeUnknown`].
+async fn finish(
+    pool: &Pool,
+    sql: &Sql,
+    mut held: Box<PgTx>,
+    queues: Vec<i32>,
+    payloads: Vec<Vec<u8>>,
+) -> Result<()> {
+    if held.client.is_none() {
+        held.client = Some(pool.get().await.map_err(|e| pg("commit", e))?);
+    }
+    if !queues.is_empty() {
+        held.client()?
+            .execute(&sql.insert, &[&queues, &payloads])
+            .await
+            .map_err(|e| pg("commit", e))?;
+    }
+    if !held.open {
+        return Ok(());
+    }
+    let committed = held.client()?.batch_execute("COMMIT").await;
+    held.open = false;
+    match committed {
+        Ok(()) => Ok(()),
+        Err(e) if e.is_closed() || e.code().is_none() => Err(Error::CommitOutcomeUnknown {
+            source: Arc::new(e),
+        }),
+        Err(e) => Err(pg("commit", e)),
+    }
+}
