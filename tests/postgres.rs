@@ -66,12 +66,16 @@ mod cases {
     }
 
     /// S1: an enqueue is invisible until its commit, to every transaction including its own.
-    pub fn s1_an_enqueue_is_invisible_until_commit(server: &PgServer) {
+    pub(crate) fn s1_an_enqueue_is_invisible_until_commit(server: &PgServer) {
         let store = store(server, "s1");
         let q = store.blocking_queue::<u64>("q").unwrap();
         let mut tx = store.begin();
         q.enqueue(&mut tx, 1).unwrap();
-        assert_eq!(q.blocking_try_dequeue(&mut tx).unwrap(), None, "not even to itself");
+        assert_eq!(
+            q.blocking_try_dequeue(&mut tx).unwrap(),
+            None,
+            "not even to itself"
+        );
         let mut other = store.begin();
         assert_eq!(q.blocking_try_dequeue(&mut other).unwrap(), None);
         assert_eq!(q.blocking_count().unwrap(), 0);
@@ -84,7 +88,7 @@ mod cases {
 
     /// S2 and S5: a dequeued item is hidden from every other transaction at once, without
     /// waiting, and `count` does not count it; the next dequeue gets the next item.
-    pub fn s2_s5_a_dequeue_hides_the_item_at_once_and_count_skips_it(server: &PgServer) {
+    pub(crate) fn s2_s5_a_dequeue_hides_the_item_at_once_and_count_skips_it(server: &PgServer) {
         let store = store(server, "s2");
         let q = store.blocking_queue::<u64>("q").unwrap();
         fill(&store, &q, [1, 2, 3]);
@@ -92,7 +96,11 @@ mod cases {
         let mut a = store.begin();
         assert_eq!(q.blocking_try_dequeue(&mut a).unwrap(), Some(1));
         assert_eq!(a.dequeued(), 1);
-        assert_eq!(q.blocking_count().unwrap(), 2, "held by an open transaction");
+        assert_eq!(
+            q.blocking_count().unwrap(),
+            2,
+            "held by an open transaction"
+        );
         let mut b = store.begin();
         assert_eq!(q.blocking_try_dequeue(&mut b).unwrap(), Some(2));
         assert_eq!(q.blocking_count().unwrap(), 1);
@@ -102,7 +110,7 @@ mod cases {
     }
 
     /// S3: a commit applies its enqueues and dequeues on several queues at once.
-    pub fn s3_a_commit_is_atomic_across_queues(server: &PgServer) {
+    pub(crate) fn s3_a_commit_is_atomic_across_queues(server: &PgServer) {
         let store = store(server, "s3");
         let inbox = store.blocking_queue::<u64>("inbox").unwrap();
         let done = store.blocking_queue::<u64>("done").unwrap();
@@ -113,7 +121,10 @@ mod cases {
         done.enqueue(&mut tx, item * 10).unwrap();
         audit.enqueue(&mut tx, item).unwrap();
         assert_eq!(
-            (done.blocking_count().unwrap(), audit.blocking_count().unwrap()),
+            (
+                done.blocking_count().unwrap(),
+                audit.blocking_count().unwrap()
+            ),
             (0, 0)
         );
         tx.blocking_commit().unwrap();
@@ -124,7 +135,7 @@ mod cases {
 
     /// S4: an abort, or a dropped transaction, puts its items back at the head, and drops its
     /// enqueues.
-    pub fn s4_abort_and_drop_put_items_back_at_the_head(server: &PgServer) {
+    pub(crate) fn s4_abort_and_drop_put_items_back_at_the_head(server: &PgServer) {
         // One connection: whatever comes after a drop waits for its rollback to finish and
         // the connection to come back, so the test needs no waiting of its own.
         let store = Store::builder()
@@ -146,12 +157,16 @@ mod cases {
         assert_eq!(q.blocking_try_dequeue(&mut tx).unwrap(), Some(1));
         q.enqueue(&mut tx, 98).unwrap();
         drop(tx);
-        assert_eq!(drain(&store, &q), [1, 2, 3], "back at the head, the enqueue gone");
+        assert_eq!(
+            drain(&store, &q),
+            [1, 2, 3],
+            "back at the head, the enqueue gone"
+        );
     }
 
     /// Committed items are in the database: a second store (as another process would) sees
     /// them, in commit order.
-    pub fn committed_items_are_seen_by_another_connection_in_order(server: &PgServer) {
+    pub(crate) fn committed_items_are_seen_by_another_connection_in_order(server: &PgServer) {
         let first = store(server, "durable");
         let q = first.blocking_queue::<u64>("q").unwrap();
         fill(&first, &q, 0..50);
@@ -164,7 +179,7 @@ mod cases {
 
     /// Many consumers at once, each in its own transaction: every item is taken exactly once
     /// (SKIP LOCKED never hands a held row to a second transaction).
-    pub fn concurrent_consumers_take_each_item_once(server: &PgServer) {
+    pub(crate) fn concurrent_consumers_take_each_item_once(server: &PgServer) {
         let store = store(server, "concurrent");
         let q = store.blocking_queue::<u64>("q").unwrap();
         fill(&store, &q, 0..400);
@@ -205,7 +220,7 @@ mod cases {
     }
 
     /// The async forms, on a tokio runtime of the test's own.
-    pub fn the_async_forms_work_under_tokio(server: &PgServer) {
+    pub(crate) fn the_async_forms_work_under_tokio(server: &PgServer) {
         let url = server.url().to_owned();
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -232,7 +247,7 @@ mod cases {
     }
 
     /// Bad settings and an unreachable server are typed errors, never a panic.
-    pub fn bad_urls_schemas_and_unreachable_servers_are_typed_errors(server: &PgServer) {
+    pub(crate) fn bad_urls_schemas_and_unreachable_servers_are_typed_errors(server: &PgServer) {
         assert!(matches!(
             Store::blocking_connect("postgresql://[::1"),
             Err(Error::InvalidConfig { .. })
@@ -256,7 +271,7 @@ mod cases {
     }
 
     /// A schema written by another version of the crate is refused, and left as it is.
-    pub fn a_schema_of_another_version_is_refused(server: &PgServer) {
+    pub(crate) fn a_schema_of_another_version_is_refused(server: &PgServer) {
         let store = store(server, "versioned");
         store.blocking_close().unwrap();
         execute(
@@ -275,8 +290,172 @@ mod cases {
         }
     }
 
+    /// The environment variable that makes this binary a worker process of
+    /// [`processes_moving_items_under_kill_9_lose_and_duplicate_nothing`]: the store's URL.
+    pub(crate) const WORKER_VAR: &str = "RQ_PG_WORKER_URL";
+    const WORKER_SEED_VAR: &str = "RQ_PG_WORKER_SEED";
+    const MOVED: u64 = 2000;
+
+    /// A worker process: moves items between queues `a` and `b` of schema `multiproc`, a few
+    /// at a time, in transactions it commits, aborts or drops at random, and reports each
+    /// commit on stdout, until it is killed.
+    pub(crate) fn worker(url: &str) {
+        use rand::{Rng, SeedableRng};
+        use std::io::Write;
+        let seed = std::env::var(WORKER_SEED_VAR)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let store = Store::builder()
+            .postgres(url)
+            .postgres_schema("multiproc")
+            .postgres_pool_size(2)
+            .open()
+            .expect("worker: connect");
+        let queues = [
+            store.blocking_queue::<u64>("a").unwrap(),
+            store.blocking_queue::<u64>("b").unwrap(),
+        ];
+        let mut out = std::io::stdout();
+        loop {
+            let from = rng.gen_range(0..2);
+            let mut tx = store.begin();
+            let mut taken = Vec::new();
+            for _ in 0..rng.gen_range(1..=4) {
+                match queues[from].blocking_try_dequeue(&mut tx).unwrap() {
+                    Some(item) => taken.push(item),
+                    None => break,
+                }
+            }
+            for item in &taken {
+                queues[1 - from].enqueue(&mut tx, item).unwrap();
+            }
+            match rng.gen_range(0..16) {
+                0 => tx.blocking_abort().unwrap(),
+                1 => drop(tx),
+                _ => {
+                    tx.blocking_commit().unwrap();
+                    writeln!(out, "c").unwrap();
+                    out.flush().unwrap();
+                }
+            }
+        }
+    }
+
+    /// Several worker processes (this binary, re-executed) move items between two queues of
+    /// one database; the parent kills one with SIGKILL at random moments (after a random
+    /// number of their commits) and starts another. Each move is one transaction, so at the
+    /// end, once every worker is dead and the server has rolled back what they held, the two
+    /// queues hold exactly the items put in at the start: none lost, none twice.
+    pub(crate) fn processes_moving_items_under_kill_9_lose_and_duplicate_nothing(
+        server: &PgServer,
+    ) {
+        use rand::{Rng, SeedableRng};
+        use std::io::{BufRead, BufReader};
+        use std::process::{Child, Command, Stdio};
+        use std::sync::mpsc;
+
+        let store = store(server, "multiproc");
+        let a = store.blocking_queue::<u64>("a").unwrap();
+        let b = store.blocking_queue::<u64>("b").unwrap();
+        fill(&store, &a, 0..MOVED);
+        let url = format!("{} application_name=rq-worker", server.url());
+        let (commits, reported) = mpsc::channel::<()>();
+        let spawn = |seed: u64| -> Child {
+            let mut child = Command::new(std::env::current_exe().unwrap())
+                .env(WORKER_VAR, &url)
+                .env(WORKER_SEED_VAR, seed.to_string())
+                .stdout(Stdio::piped())
+                .spawn()
+                .expect("start a worker");
+            let stdout = child.stdout.take().unwrap();
+            let commits = commits.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(stdout).lines() {
+                    if line.is_err() || commits.send(()).is_err() {
+                        return;
+                    }
+                }
+            });
+            child
+        };
+        let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+        let mut workers: Vec<Child> = (0..4).map(&spawn).collect();
+        let kills = 20;
+        let mut seen = 0;
+        for round in 0..kills {
+            // Kill after a random number of commits by any worker: the kill lands anywhere
+            // in some worker's transaction.
+            for _ in 0..rng.gen_range(20..150) {
+                reported
+                    .recv_timeout(std::time::Duration::from_secs(60))
+                    .expect("the workers commit");
+                seen += 1;
+            }
+            let victim = rng.gen_range(0..workers.len());
+            workers[victim].kill().unwrap();
+            workers[victim].wait().unwrap();
+            workers[victim] = spawn(100 + round);
+        }
+        for mut worker in workers {
+            worker.kill().unwrap();
+            worker.wait().unwrap();
+        }
+        // The server rolls back a dead client's transaction when it sees its socket close;
+        // wait (bounded) until no worker session is left, so nothing is still held.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while sessions(server.url(), "rq-worker") > 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "worker sessions outlive their processes"
+            );
+            std::thread::yield_now();
+        }
+        assert_eq!(
+            a.blocking_count().unwrap() + b.blocking_count().unwrap(),
+            MOVED
+        );
+        let mut all = drain(&store, &a);
+        let in_a = all.len();
+        all.extend(drain(&store, &b));
+        all.sort_unstable();
+        assert_eq!(all, (0..MOVED).collect::<Vec<_>>(), "none lost, none twice");
+        eprintln!(
+            "    {kills} workers killed with SIGKILL after {seen} commits seen; \
+             {in_a} items in a, {} in b, none lost or twice",
+            MOVED as usize - in_a
+        );
+    }
+
+    /// Sessions of `application` on the server.
+    fn sessions(url: &str, application: &str) -> i64 {
+        let url = url.to_owned();
+        let application = application.to_owned();
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(async move {
+                let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+                    .await
+                    .unwrap();
+                let driver = tokio::spawn(connection);
+                let row = client
+                    .query_one(
+                        "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1",
+                        &[&application],
+                    )
+                    .await
+                    .unwrap();
+                drop(client);
+                driver.await.unwrap().unwrap();
+                row.get(0)
+            })
+    }
+
     /// What is not built on this engine yet says so with a typed error, and loses nothing.
-    pub fn the_processing_layer_is_refused_for_now(server: &PgServer) {
+    pub(crate) fn the_processing_layer_is_refused_for_now(server: &PgServer) {
         let store = store(server, "unsupported");
         let q = store.blocking_queue::<u64>("q").unwrap();
         fill(&store, &q, [1]);
@@ -297,7 +476,15 @@ mod cases {
 #[cfg(feature = "postgres")]
 fn main() -> std::process::ExitCode {
     use cases::*;
+    if let Ok(url) = std::env::var(WORKER_VAR) {
+        worker(&url);
+        return std::process::ExitCode::SUCCESS;
+    }
     pg::run_suite(vec![
+        (
+            "processes_moving_items_under_kill_9_lose_and_duplicate_nothing",
+            processes_moving_items_under_kill_9_lose_and_duplicate_nothing,
+        ),
         (
             "s1_an_enqueue_is_invisible_until_commit",
             s1_an_enqueue_is_invisible_until_commit,
