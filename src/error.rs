@@ -254,6 +254,15 @@ pub enum Error {
         source: Source,
     },
 
+    /// The transaction's database transaction was rolled back before its commit (the
+    /// `postgres` engine): a call on it failed inside the database transaction, or was
+    /// cancelled (its future dropped) while the database was working on it. Nothing of the
+    /// transaction applies; the items it dequeued are back in their queues. Begin a new one.
+    TransactionAborted {
+        /// What happened.
+        reason: &'static str,
+    },
+
     /// The database's schema for this store was written by another version of this crate
     /// than this build supports. Nothing was changed.
     SchemaVersion {
@@ -443,6 +452,11 @@ impl fmt::Display for Error {
                 f,
                 "the connection to PostgreSQL was lost during COMMIT; the transaction may or \
                  may not have committed: {source}"
+            ),
+            Error::TransactionAborted { reason } => write!(
+                f,
+                "the transaction was rolled back before its commit ({reason}); nothing of it \
+                 applies"
             ),
             Error::SchemaVersion {
                 schema,

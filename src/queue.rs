@@ -241,7 +241,11 @@ where
     ///
     /// # Cancel safety
     ///
-    /// Cancel-safe: dropping the future before it completes takes nothing.
+    /// Cancel-safe on the embedded engines: dropping the future before it completes takes
+    /// nothing. On PostgreSQL a future dropped while the database works on the dequeue aborts
+    /// the transaction instead (its later calls and its commit fail with
+    /// [`Error::TransactionAborted`]; what it held is back in its queues): the database may
+    /// have taken the item by then, and only a rollback can give it back.
     ///
     /// # Errors
     ///

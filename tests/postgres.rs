@@ -164,6 +164,44 @@ mod cases {
         );
     }
 
+    /// A dequeue whose future is dropped while the database works on it aborts its
+    /// transaction: the commit says so, and the item it may have taken is back. (A pool of
+    /// one connection, held by another transaction, keeps the dequeue waiting for certain
+    /// when its future is dropped.)
+    pub(crate) fn a_dequeue_cancelled_mid_flight_aborts_its_transaction(server: &PgServer) {
+        use std::future::Future;
+        use std::task::{Context, Poll, Waker};
+        let store = Store::builder()
+            .postgres(server.url())
+            .postgres_schema("cancelled")
+            .postgres_pool_size(1)
+            .open()
+            .unwrap();
+        let q = store.blocking_queue::<u64>("q").unwrap();
+        fill(&store, &q, [1, 2, 3]);
+        let mut holder = store.begin();
+        assert_eq!(q.blocking_try_dequeue(&mut holder).unwrap(), Some(1));
+        let mut tx = store.begin();
+        q.enqueue(&mut tx, 40).unwrap();
+        {
+            let mut dequeue = std::pin::pin!(q.try_dequeue(&mut tx));
+            let polled = dequeue
+                .as_mut()
+                .poll(&mut Context::from_waker(Waker::noop()));
+            assert!(matches!(polled, Poll::Pending), "waits for the connection");
+        }
+        holder.blocking_abort().unwrap();
+        assert!(matches!(
+            tx.blocking_commit(),
+            Err(Error::TransactionAborted { .. })
+        ));
+        assert_eq!(
+            drain(&store, &q),
+            [1, 2, 3],
+            "nothing taken, the enqueue not applied"
+        );
+    }
+
     /// Committed items are in the database: a second store (as another process would) sees
     /// them, in commit order.
     pub(crate) fn committed_items_are_seen_by_another_connection_in_order(server: &PgServer) {
@@ -500,6 +538,10 @@ fn main() -> std::process::ExitCode {
         (
             "s4_abort_and_drop_put_items_back_at_the_head",
             s4_abort_and_drop_put_items_back_at_the_head,
+        ),
+        (
+            "a_dequeue_cancelled_mid_flight_aborts_its_transaction",
+            a_dequeue_cancelled_mid_flight_aborts_its_transaction,
         ),
         (
             "committed_items_are_seen_by_another_connection_in_order",

@@ -92,8 +92,7 @@ pub(crate) struct Work {
     pub(crate) moves: Vec<Move>,
     /// On PostgreSQL: the connection with the transaction's open database transaction.
     #[cfg(feature = "postgres")]
-    /// (Boxed: the embedded engines' `Work` stays as small as it was.)
-    pub(crate) pg: Option<Box<postgres::PgTx>>,
+    pub(crate) pg: postgres::PgSlot,
     /// The transaction's deadline, if it has one (P10).
     pub(crate) expiry: Option<Arc<TxExpiry>>,
 }
@@ -116,8 +115,8 @@ impl Work {
     /// database transaction.
     pub(crate) fn held(&self) -> usize {
         #[cfg(feature = "postgres")]
-        if let Some(pg) = &self.pg {
-            return self.dequeued.len() + pg.held();
+        if !self.pg.is_idle() {
+            return self.dequeued.len() + self.pg.held();
         }
         self.dequeued.len()
     }
@@ -675,7 +674,7 @@ impl Engine {
             });
         }
         let enqueues = std::mem::take(&mut work.enqueues).into_vec();
-        pg.commit(work.pg.take(), enqueues).await
+        pg.commit(std::mem::take(&mut work.pg), enqueues).await
     }
 
     /// On PostgreSQL: takes the head item of `queue` into `work`'s database transaction.
@@ -699,7 +698,7 @@ impl Engine {
         let pg = self.postgres().ok_or(Error::Bug {
             invariant: "a remote abort is on a remote engine",
         })?;
-        let held = work.pg.take();
+        let held = std::mem::take(&mut work.pg);
         abort(work);
         pg.rollback(held).await
     }

@@ -175,6 +175,87 @@ impl Sql {
     }
 }
 
+/// A transaction's hold on PostgreSQL, as its `Work` keeps it: nothing yet (no dequeue: an
+/// enqueue-only transaction needs no connection before its commit), or its [`PgTx`]. One
+/// pointer wide, so the embedded engines' `Work` grows by no more than that.
+#[derive(Debug, Default)]
+pub(crate) struct PgSlot(Option<Box<PgTx>>);
+
+/// Why a transaction was rolled back before its commit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Aborted {
+    /// A call's future was dropped while its task had the connection.
+    Cancelled,
+    /// A statement failed inside the database transaction.
+    Failed,
+}
+
+impl Aborted {
+    fn error(self) -> Error {
+        Error::TransactionAborted {
+            reason: match self {
+                Aborted::Cancelled => {
+                    "a call on the transaction was cancelled while the database worked on it"
+                }
+                Aborted::Failed => "a statement failed inside the database transaction",
+            },
+        }
+    }
+}
+
+impl PgSlot {
+    /// Rows dequeued in the open database transaction.
+    pub(crate) fn held(&self) -> usize {
+        self.0.as_ref().map_or(0, |tx| tx.held)
+    }
+
+    /// Has the transaction taken a connection (or been aborted)?
+    pub(crate) fn is_idle(&self) -> bool {
+        self.0.is_none()
+    }
+
+    /// Takes the connection out for a call, leaving an aborted marker until
+    /// [`end_call`](Self::end_call) puts it back: a call whose future is dropped half way
+    /// leaves the transaction aborted, never silently without its database transaction.
+    fn begin_call(&mut self, rt: &Handle) -> Result<Box<PgTx>> {
+        let marker = Box::new(PgTx::aborted(rt.clone(), Aborted::Cancelled));
+        match self.0.replace(marker) {
+            None => Ok(Box::new(PgTx::new(rt.clone()))),
+            Some(tx) => match tx.aborted {
+                None => Ok(tx),
+                Some(why) => {
+                    self.0 = Some(tx);
+                    Err(why.error())
+                }
+            },
+        }
+    }
+
+    fn end_call(&mut self, mut tx: Box<PgTx>) {
+        if tx.failed {
+            // Out of the slot, it rolls back as it drops.
+            let rt = tx.rt.clone();
+            tx.aborted = Some(Aborted::Failed);
+            drop(tx);
+            self.0 = Some(Box::new(PgTx::aborted(rt, Aborted::Failed)));
+        } else {
+            self.0 = Some(tx);
+        }
+    }
+
+    /// The transaction's `PgTx` for its commit or abort: `None` if it has none,
+    /// [`Error::TransactionAborted`] if it was rolled back already.
+    fn take(self) -> Result<Option<Box<PgTx>>> {
+        match self.0 {
+            Some(tx) => match tx.aborted {
+                Some(why) => Err(why.error()),
+                None => Ok(Some(tx)),
+            },
+            None => Ok(None),
+        }
+    }
+}
+
 /// A connection in a transaction's hands, with or without an open database transaction.
 /// Dropped with one open, it rolls back in a task of the store's runtime and only then goes
 /// back to the pool; a connection that cannot roll back is dropped from the pool.
@@ -184,6 +265,10 @@ pub(crate) struct PgTx {
     open: bool,
     /// Rows dequeued (deleted) in the open database transaction.
     held: usize,
+    /// A statement failed inside the open database transaction: it can only roll back.
+    failed: bool,
+    /// Set on a marker that stands for a transaction rolled back before its commit.
+    aborted: Option<Aborted>,
     rt: Handle,
 }
 
@@ -199,13 +284,16 @@ impl PgTx {
             client: None,
             open: false,
             held: 0,
+            failed: false,
+            aborted: None,
             rt,
         }
     }
 
-    /// Rows dequeued in the open database transaction.
-    pub(crate) fn held(&self) -> usize {
-        self.held
+    fn aborted(rt: Handle, why: Aborted) -> PgTx {
+        let mut tx = PgTx::new(rt);
+        tx.aborted = Some(why);
+        tx
     }
 
     fn client(&self) -> Result<&Object> {
@@ -384,12 +472,10 @@ impl Postgres {
     pub(crate) async fn try_dequeue(
         &self,
         core: &QueueCore,
-        tx: &mut Option<Box<PgTx>>,
+        slot: &mut PgSlot,
     ) -> Result<Option<Entry>> {
         let queue = self.db_id(core)?;
-        let mut held = tx
-            .take()
-            .unwrap_or_else(|| Box::new(PgTx::new(self.rt.clone())));
+        let mut held = slot.begin_call(&self.rt)?;
         let pool = self.pool.clone();
         let sql = Arc::clone(&self.sql);
         let (held, taken) = self
@@ -398,7 +484,7 @@ impl Postgres {
                 Ok((held, taken))
             })
             .await?;
-        *tx = Some(held);
+        slot.end_call(held);
         taken
     }
 
@@ -406,9 +492,10 @@ impl Postgres {
     /// transaction is open (else the `INSERT` alone, atomic as one statement).
     pub(crate) async fn commit(
         &self,
-        tx: Option<Box<PgTx>>,
+        slot: PgSlot,
         enqueues: Vec<(Arc<QueueCore>, Box<[u8]>)>,
     ) -> Result<()> {
+        let tx = slot.take()?;
         let mut queues = Vec::with_capacity(enqueues.len());
         let mut payloads = Vec::with_capacity(enqueues.len());
         for (core, bytes) in enqueues {
@@ -426,8 +513,9 @@ impl Postgres {
     }
 
     /// Rolls back `tx`'s database transaction, if one is open, and waits for the server.
-    pub(crate) async fn rollback(&self, tx: Option<Box<PgTx>>) -> Result<()> {
-        let Some(mut held) = tx else {
+    pub(crate) async fn rollback(&self, slot: PgSlot) -> Result<()> {
+        let Ok(Some(mut held)) = slot.take() else {
+            // Nothing open, or rolled back already.
             return Ok(());
         };
         if !held.open {
@@ -537,11 +625,13 @@ async fn take(pool: &Pool, sql: &Sql, held: &mut PgTx, queue: i32) -> Result<Opt
         held.client = Some(pool.get().await.map_err(|e| pg("dequeue", e))?);
     }
     held.begin().await?;
-    let row = held
-        .client()?
-        .query_opt(&sql.take, &[&queue])
-        .await
-        .map_err(|e| pg("dequeue", e))?;
+    let row = match held.client()?.query_opt(&sql.take, &[&queue]).await {
+        Ok(row) => row,
+        Err(e) => {
+            held.failed = true;
+            return Err(pg("dequeue", e));
+        }
+    };
     Ok(row.map(|row| {
         held.held += 1;
         let id: i64 = row.get(0);
