@@ -26,12 +26,34 @@ use crate::transaction::Transaction;
 /// Resolves to the next item handed to this transaction. Dropping it before it resolves is
 /// safe: see the method's `# Cancel safety`.
 #[must_use = "futures do nothing unless polled"]
-#[derive(Debug)]
 pub struct Dequeue<'a, T> {
+    inner: Inner<'a, T>,
+}
+
+enum Inner<'a, T> {
+    /// The embedded engines: a request in the queue core's line of waiters.
+    Embedded(Embedded<'a, T>),
+    /// A remote engine: the engine's own waiting loop.
+    #[cfg(feature = "postgres")]
+    Remote(Pin<Box<dyn Future<Output = Result<T>> + Send + 'a>>),
+}
+
+#[derive(Debug)]
+struct Embedded<'a, T> {
     queue: &'a ReliableConcurrentQueue<T>,
     tx: &'a mut Transaction,
     waiting: Waiting<'a>,
     checked: bool,
+}
+
+impl<T: std::fmt::Debug> std::fmt::Debug for Dequeue<'_, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.inner {
+            Inner::Embedded(e) => f.debug_tuple("Dequeue").field(e).finish(),
+            #[cfg(feature = "postgres")]
+            Inner::Remote(_) => f.write_str("Dequeue(remote)"),
+        }
+    }
 }
 
 impl<T> Future for Dequeue<'_, T>
@@ -41,7 +63,20 @@ where
     type Output = Result<T>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<T>> {
-        let this = self.get_mut();
+        match &mut self.get_mut().inner {
+            Inner::Embedded(this) => this.poll_embedded(cx),
+            #[cfg(feature = "postgres")]
+            Inner::Remote(waiting) => waiting.as_mut().poll(cx),
+        }
+    }
+}
+
+impl<T> Embedded<'_, T>
+where
+    T: Serialize + DeserializeOwned + Send + 'static,
+{
+    fn poll_embedded(&mut self, cx: &mut Context<'_>) -> Poll<Result<T>> {
+        let this = self;
         if !this.checked {
             this.queue.check(this.tx)?;
             // A dequeue of this transaction leaked before this one started: withdrawn now.
@@ -160,12 +195,40 @@ where
     /// # Ok(()) }
     /// ```
     pub fn dequeue<'a>(&'a self, tx: &'a mut Transaction) -> Dequeue<'a, T> {
-        Dequeue {
-            queue: self,
-            tx,
-            waiting: self.engine().waiting(self.queue_ref()),
-            checked: false,
+        #[cfg(feature = "postgres")]
+        if self.engine().is_remote() {
+            return Dequeue {
+                inner: Inner::Remote(Box::pin(async move {
+                    let waited = self.wait_remote(tx, None).await?;
+                    waited.ok_or(crate::Error::Bug {
+                        invariant: "a wait without a deadline ends with an item",
+                    })
+                })),
+            };
         }
+        Dequeue {
+            inner: Inner::Embedded(Embedded {
+                queue: self,
+                tx,
+                waiting: self.engine().waiting(self.queue_ref()),
+                checked: false,
+            }),
+        }
+    }
+
+    /// The waiting dequeue of a remote engine, until `deadline` if there is one.
+    #[cfg(feature = "postgres")]
+    async fn wait_remote(
+        &self,
+        tx: &mut Transaction,
+        deadline: Option<Instant>,
+    ) -> Result<Option<T>> {
+        self.check(tx)?;
+        let taken = self
+            .engine()
+            .dequeue_remote(self.queue_ref(), tx.work_mut(), deadline)
+            .await?;
+        taken.map(|entry| self.decode(&entry)).transpose()
     }
 
     /// Like [`dequeue`](Self::dequeue), for threads outside an async runtime: blocks the
@@ -230,6 +293,10 @@ where
     }
 
     fn blocking_wait(&self, tx: &mut Transaction, deadline: Option<Instant>) -> Result<Option<T>> {
+        #[cfg(feature = "postgres")]
+        if self.engine().is_remote() {
+            return crate::engine::block_on(self.wait_remote(tx, deadline));
+        }
         self.check(tx)?;
         tx.work_mut().withdraw_leaked();
         let engine = self.engine();

@@ -438,6 +438,7 @@ where
     ///
     /// See [`Lease`].
     pub async fn lease(&self, ttl: Duration) -> Result<Lease<T>> {
+        self.engine().check_embedded("leases")?;
         if let Some(lease) = self.lease_front_at_once(ttl) {
             return lease;
         }
@@ -452,6 +453,7 @@ where
     ///
     /// As [`lease`](Self::lease).
     pub fn blocking_lease(&self, ttl: Duration) -> Result<Lease<T>> {
+        self.engine().check_embedded("leases")?;
         if let Some(lease) = self.lease_front_at_once(ttl) {
             return lease;
         }
@@ -507,6 +509,7 @@ where
     /// # Ok(()) }
     /// ```
     pub async fn lease_many(&self, n: usize, ttl: Duration) -> Result<Vec<Lease<T>>> {
+        self.engine().check_embedded("leases")?;
         let ttl_ms = check_ttl(ttl)?;
         let mut tx = Transaction::new(Arc::clone(self.engine_arc()));
         let mut items = vec![self.dequeue(&mut tx).await?];
@@ -529,6 +532,7 @@ where
     ///
     /// As [`lease`](Self::lease).
     pub fn blocking_lease_many(&self, n: usize, ttl: Duration) -> Result<Vec<Lease<T>>> {
+        self.engine().check_embedded("leases")?;
         let ttl_ms = check_ttl(ttl)?;
         let mut tx = Transaction::new(Arc::clone(self.engine_arc()));
         let mut items = vec![self.blocking_take(&mut tx)?];
@@ -591,6 +595,7 @@ where
         n: usize,
         ttl: Duration,
     ) -> Result<Vec<Lease<T>>> {
+        self.engine().check_embedded("leases")?;
         let ttl = check_ttl(ttl)?;
         let (from, items) = self.take_visible(&mut tx, n)?;
         let granted = self
@@ -611,6 +616,7 @@ where
         n: usize,
         ttl: Duration,
     ) -> Result<Vec<Lease<T>>> {
+        self.engine().check_embedded("leases")?;
         let ttl = check_ttl(ttl)?;
         let (from, items) = self.take_visible(&mut tx, n)?;
         let granted = self
@@ -663,6 +669,7 @@ where
     /// # Ok(()) }
     /// ```
     pub async fn try_lease(&self, ttl: Duration) -> Result<Option<Lease<T>>> {
+        self.engine().check_embedded("leases")?;
         check_ttl(ttl)?;
         let mut tx = Transaction::new(Arc::clone(self.engine_arc()));
         let Some(item) = self.try_dequeue(&mut tx).await? else {
@@ -677,6 +684,7 @@ where
     ///
     /// As [`lease`](Self::lease).
     pub fn blocking_try_lease(&self, ttl: Duration) -> Result<Option<Lease<T>>> {
+        self.engine().check_embedded("leases")?;
         check_ttl(ttl)?;
         let mut tx = Transaction::new(Arc::clone(self.engine_arc()));
         let Some(item) = self.blocking_try_dequeue(&mut tx)? else {

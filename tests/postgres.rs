@@ -202,6 +202,114 @@ mod cases {
         );
     }
 
+    /// The watch locks of `schema`'s listeners (see `LockKeys` in the engine: FNV-1a of the
+    /// schema's name, the top bits cleared, then bit 30 set): one per queue some store has
+    /// consumers waiting on.
+    fn watched_queues(url: &str, schema: &str) -> i64 {
+        let mut hash: u32 = 0x811c_9dc5;
+        for b in schema.bytes() {
+            hash = (hash ^ u32::from(b)).wrapping_mul(0x0100_0193);
+        }
+        let key = i64::from((hash & 0x3fff_ffff) | 0x4000_0000);
+        let url = url.to_owned();
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(async move {
+                let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+                    .await
+                    .unwrap();
+                let driver = tokio::spawn(connection);
+                let row = client
+                    .query_one(
+                        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' \
+                         AND classid::int8 = $1 AND objsubid = 2 AND granted",
+                        &[&key],
+                    )
+                    .await
+                    .unwrap();
+                drop(client);
+                driver.await.unwrap().unwrap();
+                row.get(0)
+            })
+    }
+
+    /// A waiting dequeue: the consumer registers (its store's listener takes the queue's
+    /// advisory lock, which makes committers notify), and a commit by another store wakes it
+    /// with the item. A timeout with nothing committed ends the wait with `None`.
+    pub(crate) fn a_waiting_consumer_is_woken_by_a_commit(server: &PgServer) {
+        let consumer_store = store(server, "waiting");
+        let producer_store = store(server, "waiting");
+        let q = consumer_store.blocking_queue::<u64>("q").unwrap();
+        let mut tx = consumer_store.begin();
+        assert_eq!(
+            q.blocking_dequeue_timeout(&mut tx, std::time::Duration::from_millis(50))
+                .unwrap(),
+            None
+        );
+        drop(tx);
+        let consumer = {
+            let (store, q) = (consumer_store.clone(), q.clone());
+            std::thread::spawn(move || {
+                let mut tx = store.begin();
+                let item = q.blocking_dequeue(&mut tx).unwrap();
+                tx.blocking_commit().unwrap();
+                item
+            })
+        };
+        // Wait (bounded) until the consumer is registered, so the commit below is the one
+        // that wakes it.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while watched_queues(server.url(), "waiting") == 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the consumer registers"
+            );
+            std::thread::yield_now();
+        }
+        let p = producer_store.blocking_queue::<u64>("q").unwrap();
+        fill(&producer_store, &p, [42]);
+        assert_eq!(consumer.join().unwrap(), 42);
+        assert_eq!(q.blocking_count().unwrap(), 0);
+    }
+
+    /// Many consumers waiting in one store, fed by commits of several items from another:
+    /// every item is taken exactly once, and every consumer ends.
+    pub(crate) fn waiting_consumers_share_the_commits_exactly_once(server: &PgServer) {
+        let consumer_store = store(server, "waitmany");
+        let producer_store = store(server, "waitmany");
+        let q = consumer_store.blocking_queue::<u64>("q").unwrap();
+        let consumers = 6;
+        let per_consumer = 40;
+        let threads: Vec<_> = (0..consumers)
+            .map(|_| {
+                let (store, q) = (consumer_store.clone(), q.clone());
+                std::thread::spawn(move || {
+                    (0..per_consumer)
+                        .map(|_| {
+                            let mut tx = store.begin();
+                            let item = q.blocking_dequeue(&mut tx).unwrap();
+                            tx.blocking_commit().unwrap();
+                            item
+                        })
+                        .collect::<Vec<u64>>()
+                })
+            })
+            .collect();
+        let p = producer_store.blocking_queue::<u64>("q").unwrap();
+        let total = (consumers * per_consumer) as u64;
+        for start in (0..total).step_by(8) {
+            fill(&producer_store, &p, start..start + 8);
+        }
+        let mut all: Vec<u64> = threads
+            .into_iter()
+            .flat_map(|t| t.join().unwrap())
+            .collect();
+        all.sort_unstable();
+        assert_eq!(all, (0..total).collect::<Vec<_>>());
+    }
+
     /// Committed items are in the database: a second store (as another process would) sees
     /// them, in commit order.
     pub(crate) fn committed_items_are_seen_by_another_connection_in_order(server: &PgServer) {
@@ -503,7 +611,7 @@ mod cases {
         ));
         let mut tx = store.begin();
         assert!(matches!(
-            q.blocking_dequeue(&mut tx),
+            q.enqueue_after(&mut tx, 2, std::time::Duration::from_secs(1)),
             Err(Error::Unsupported { .. })
         ));
         drop(tx);
@@ -542,6 +650,14 @@ fn main() -> std::process::ExitCode {
         (
             "a_dequeue_cancelled_mid_flight_aborts_its_transaction",
             a_dequeue_cancelled_mid_flight_aborts_its_transaction,
+        ),
+        (
+            "a_waiting_consumer_is_woken_by_a_commit",
+            a_waiting_consumer_is_woken_by_a_commit,
+        ),
+        (
+            "waiting_consumers_share_the_commits_exactly_once",
+            waiting_consumers_share_the_commits_exactly_once,
         ),
         (
             "committed_items_are_seen_by_another_connection_in_order",

@@ -691,6 +691,41 @@ impl Engine {
         pg.try_dequeue(&queue.core, &mut work.pg).await
     }
 
+    /// On PostgreSQL: the waiting dequeue. Looks for an item; if there is none, waits for a
+    /// notification of a commit to `queue` (woken one at a time with this store's other
+    /// consumers), or the fallback poll, or `deadline`, and looks again.
+    #[cfg(feature = "postgres")]
+    pub(crate) async fn dequeue_remote(
+        &self,
+        queue: &QueueRef,
+        work: &mut Work,
+        deadline: Option<std::time::Instant>,
+    ) -> Result<Option<Entry>> {
+        let pg = self.postgres().ok_or(Error::Bug {
+            invariant: "a remote dequeue is on a remote engine",
+        })?;
+        let (watch, ack) = pg.watch(&queue.core)?;
+        if let Some(ack) = ack {
+            pg.watched(ack, postgres::FALLBACK_POLL).await;
+        }
+        loop {
+            if let Some(entry) = self.try_dequeue_remote(queue, work).await? {
+                watch.pass_on();
+                return Ok(Some(entry));
+            }
+            let wait = match deadline {
+                None => postgres::FALLBACK_POLL,
+                Some(deadline) => {
+                    match deadline.checked_duration_since(std::time::Instant::now()) {
+                        Some(left) if !left.is_zero() => left.min(postgres::FALLBACK_POLL),
+                        _ => return Ok(None),
+                    }
+                }
+            };
+            pg.wait(&watch, wait).await;
+        }
+    }
+
     /// On PostgreSQL: rolls `work`'s database transaction back and waits for it, so that its
     /// rows are visible again when this returns.
     #[cfg(feature = "postgres")]

@@ -18,16 +18,17 @@
 //!
 //! ARCHITECTURE.md ("The PostgreSQL engine") has the schema and the statements.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod};
 use tokio::runtime::Handle;
-use tokio::sync::oneshot;
-use tokio_postgres::NoTls;
+use tokio::sync::{mpsc, oneshot, Notify};
+use tokio_postgres::{AsyncMessage, NoTls};
 
 use super::catalog::Catalog;
 use super::Entry;
@@ -43,6 +44,38 @@ pub(crate) const DEFAULT_SCHEMA: &str = "reliable_queue";
 
 /// Default number of pooled connections.
 pub(crate) const DEFAULT_POOL_SIZE: usize = 16;
+
+/// How often a waiting consumer looks for an item when no notification came: a lost
+/// notification (the listening connection was down when it was sent) delays a consumer by at
+/// most this.
+pub(crate) const FALLBACK_POLL: Duration = Duration::from_secs(1);
+
+/// The first keys of the schema's advisory locks (two-key form, objsubid 2 in `pg_locks`):
+/// `item` marks a row held by an open transaction (second key: the low 32 bits of its id),
+/// `watch` says "a store has consumers waiting on queue `objid`". Both come from the schema's
+/// name, so that stores in other schemas of the same database (whose ids and queue ids
+/// overlap with this one's) do not see each other's locks.
+#[derive(Debug, Clone, Copy)]
+struct LockKeys {
+    item: i32,
+    watch: i32,
+}
+
+impl LockKeys {
+    fn of(schema: &str) -> LockKeys {
+        // FNV-1a: stable across builds and platforms.
+        let mut hash: u32 = 0x811c_9dc5;
+        for b in schema.bytes() {
+            hash = (hash ^ u32::from(b)).wrapping_mul(0x0100_0193);
+        }
+        // Non-negative, so that the keys compare equal to `pg_locks`' unsigned `classid`.
+        let item = i32::try_from(hash & 0x3fff_ffff).unwrap_or(0);
+        LockKeys {
+            item,
+            watch: item | 0x4000_0000,
+        }
+    }
+}
 
 /// Where a PostgreSQL store lives.
 #[derive(Clone, PartialEq, Eq)]
@@ -104,6 +137,7 @@ impl PgConfig {
 #[derive(Debug)]
 struct Sql {
     schema: String,
+    keys: LockKeys,
     /// `$1` the queue's id: deletes the head row no other transaction holds, takes the
     /// advisory lock that marks it held, returns `(id, payload)`.
     take: String,
@@ -113,19 +147,28 @@ struct Sql {
     count: String,
     /// `$1` the queue's name: its id, the row created if need be.
     queue: String,
+    /// `$1` the channel, `$2` queue ids a commit enqueued to: notifies those that some store
+    /// has consumers waiting on. Sent after the commit, never inside it.
+    notify: String,
+    /// The channel every store of the schema listens on; the payload is a queue id.
+    channel: String,
 }
 
 impl Sql {
     fn new(schema: &str) -> Sql {
         let s = format!("\"{schema}\"");
+        let keys = LockKeys::of(schema);
+        let (item_key, watch_key) = (keys.item, keys.watch);
         Sql {
             schema: schema.to_owned(),
+            keys,
             take: format!(
                 "DELETE FROM {s}.items WHERE id = (\
                    SELECT id FROM {s}.items \
                    WHERE queue = $1 AND not_before IS NULL AND leased_until IS NULL \
                    ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED) \
-                 RETURNING id, payload, pg_try_advisory_xact_lock(id) AS marked"
+                 RETURNING id, payload, \
+                   pg_try_advisory_xact_lock({item_key}, id::bit(32)::int4) AS marked"
             ),
             insert: format!(
                 "INSERT INTO {s}.items (queue, payload) \
@@ -135,11 +178,20 @@ impl Sql {
             count: format!(
                 "SELECT count(*) FROM {s}.items i \
                  WHERE i.queue = $1 AND i.not_before IS NULL AND i.leased_until IS NULL \
-                 AND i.id NOT IN (\
-                   SELECT (l.classid::int8 << 32) | l.objid::int8 FROM pg_locks l \
-                   WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted \
+                 AND (i.id & 4294967295) NOT IN (\
+                   SELECT l.objid::int8 FROM pg_locks l \
+                   WHERE l.locktype = 'advisory' AND l.classid = {item_key}::oid \
+                   AND l.objsubid = 2 AND l.granted \
                    AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()))"
             ),
+            notify: format!(
+                "SELECT pg_notify($1, t.q::text) FROM (SELECT DISTINCT unnest($2::int4[]) AS q) t \
+                 WHERE EXISTS (SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory' \
+                   AND l.classid = {watch_key}::oid AND l.objid = t.q::oid AND l.objsubid = 2 \
+                   AND l.granted \
+                   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()))"
+            ),
+            channel: format!("rq_{schema}"),
             queue: format!(
                 "WITH made AS (\
                    INSERT INTO {s}.queues (name) VALUES ($1) ON CONFLICT (name) DO NOTHING \
@@ -354,6 +406,8 @@ pub(crate) struct Postgres {
     /// the line of local waiters) and their ids in the database.
     catalog: Catalog,
     ids: Mutex<HashMap<QueueId, i32>>,
+    /// This store's waiting consumers, woken by the listener.
+    waiters: Arc<Waiters>,
 }
 
 impl fmt::Debug for Postgres {
@@ -391,8 +445,13 @@ impl Postgres {
                 let _ = runtime.block_on(stopped);
             })
             .map_err(Error::storage)?;
+        let (commands, listened) = mpsc::unbounded_channel();
+        let waiters = Arc::new(Waiters {
+            queues: Mutex::new(HashMap::new()),
+            commands,
+        });
         let manager = Manager::from_config(
-            pg_config,
+            pg_config.clone(),
             NoTls,
             ManagerConfig {
                 recycling_method: RecyclingMethod::Fast,
@@ -413,11 +472,77 @@ impl Postgres {
             sql: Arc::new(Sql::new(&config.schema)),
             catalog: Catalog::default(),
             ids: Mutex::new(HashMap::new()),
+            waiters: Arc::clone(&waiters),
         };
         let pool = store.pool.clone();
         let sql = Arc::clone(&store.sql);
         store.run(async move { migrate(&pool, &sql).await }).await?;
+        let channel = store.sql.channel.clone();
+        store.rt.spawn(listen(
+            pg_config,
+            channel,
+            store.sql.keys.watch,
+            waiters,
+            listened,
+        ));
         Ok(store)
+    }
+
+    /// Puts a consumer of `core`'s queue among this store's waiters. Before it first looks
+    /// for an item, the consumer waits for the returned receiver (when there is one): then
+    /// the listener holds the advisory lock that makes committers notify this queue, so a
+    /// commit after that look is never missed.
+    pub(crate) fn watch(&self, core: &QueueCore) -> Result<(Watch, Option<oneshot::Receiver<()>>)> {
+        let queue = self.db_id(core)?;
+        let (notify, first) = {
+            let mut queues = self.waiters.queues.lock();
+            let waited = queues.entry(queue).or_insert_with(|| Waited {
+                count: 0,
+                notify: Arc::new(Notify::new()),
+            });
+            waited.count += 1;
+            (Arc::clone(&waited.notify), waited.count == 1)
+        };
+        let ack = first.then(|| {
+            let (ack, acked) = oneshot::channel();
+            // A listener gone (store closing) leaves the receiver closed: no wait.
+            let _ = self.waiters.commands.send(Command::Watch(queue, ack));
+            acked
+        });
+        let watch = Watch {
+            waiters: Arc::clone(&self.waiters),
+            queue,
+            notify,
+        };
+        Ok((watch, ack))
+    }
+
+    /// Waits for a notification for `watch`'s queue, or `timeout`, whichever comes first.
+    pub(crate) async fn wait(&self, watch: &Watch, timeout: Duration) {
+        let timer = self
+            .rt
+            .spawn(async move { tokio::time::sleep(timeout).await });
+        let notified = watch.notify.notified();
+        tokio::pin!(timer, notified);
+        tokio::select! {
+            () = &mut notified => {}
+            _ = &mut timer => {}
+        }
+        timer.abort();
+    }
+
+    /// Waits for `ack` (the listener's lock), at most `timeout`: a listener that is
+    /// reconnecting must not hold the consumer up longer than its fallback poll would.
+    pub(crate) async fn watched(&self, ack: oneshot::Receiver<()>, timeout: Duration) {
+        let timer = self
+            .rt
+            .spawn(async move { tokio::time::sleep(timeout).await });
+        tokio::pin!(timer, ack);
+        tokio::select! {
+            _ = &mut ack => {}
+            _ = &mut timer => {}
+        }
+        timer.abort();
     }
 
     /// Runs `task` on the store's runtime.
@@ -557,6 +682,7 @@ impl Postgres {
     /// by the server when their connections close.
     pub(crate) fn close(&self) {
         self.pool.close();
+        self.waiters.wake_all();
         drop(self.stop.lock().take());
         let thread = self.thread.lock().take();
         if let Some(thread) = thread {
@@ -571,6 +697,207 @@ impl Drop for Postgres {
     fn drop(&mut self) {
         self.close();
     }
+}
+
+/// This store's consumers waiting on each queue (by database id), and the line to the
+/// listener task.
+#[derive(Debug)]
+struct Waiters {
+    queues: Mutex<HashMap<i32, Waited>>,
+    commands: mpsc::UnboundedSender<Command>,
+}
+
+#[derive(Debug)]
+struct Waited {
+    count: usize,
+    /// One notification wakes one consumer (a stored permit if none waits right now); a
+    /// consumer that then takes an item wakes the next (see [`Watch::pass_on`]).
+    notify: Arc<Notify>,
+}
+
+/// What the listener is asked to do: bring its advisory lock on a queue in line with the
+/// number of consumers waiting on it (and answer once it holds it).
+#[derive(Debug)]
+enum Command {
+    Watch(i32, oneshot::Sender<()>),
+    Unwatch(i32),
+}
+
+impl Waiters {
+    fn wake_one(&self, queue: i32) {
+        if let Some(waited) = self.queues.lock().get(&queue) {
+            waited.notify.notify_one();
+        }
+    }
+
+    /// Wakes every consumer (the listener reconnected, or the store is closing): each looks
+    /// for an item once more.
+    fn wake_all(&self) {
+        for waited in self.queues.lock().values() {
+            waited.notify.notify_waiters();
+        }
+    }
+
+    fn waiting(&self, queue: i32) -> bool {
+        self.queues.lock().get(&queue).is_some_and(|w| w.count > 0)
+    }
+
+    fn waited_queues(&self) -> Vec<i32> {
+        self.queues
+            .lock()
+            .iter()
+            .filter(|(_, w)| w.count > 0)
+            .map(|(q, _)| *q)
+            .collect()
+    }
+}
+
+/// A consumer among its store's waiters on one queue; leaves them when dropped.
+#[derive(Debug)]
+pub(crate) struct Watch {
+    waiters: Arc<Waiters>,
+    queue: i32,
+    notify: Arc<Notify>,
+}
+
+impl Watch {
+    /// This consumer took an item: the next waiter looks too, as the commit that woke this
+    /// one may have brought more (FoundationDB's staging: waiters are woken one at a time,
+    /// each by the one before, never all at once).
+    pub(crate) fn pass_on(&self) {
+        let others = self
+            .waiters
+            .queues
+            .lock()
+            .get(&self.queue)
+            .is_some_and(|w| w.count > 1);
+        if others {
+            self.notify.notify_one();
+        }
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        let last = {
+            let mut queues = self.waiters.queues.lock();
+            match queues.get_mut(&self.queue) {
+                Some(waited) => {
+                    waited.count = waited.count.saturating_sub(1);
+                    waited.count == 0
+                }
+                None => false,
+            }
+        };
+        if last {
+            let _ = self.waiters.commands.send(Command::Unwatch(self.queue));
+        }
+    }
+}
+
+/// The listener: one connection of its own (not pooled) that `LISTEN`s on the schema's channel
+/// and holds a shared advisory lock per queue this store has consumers waiting on, so that a
+/// committer notifies only queues someone waits on. A notification wakes one local waiter of
+/// its queue. Lost connection: every waiter is woken (notifications may have been missed),
+/// and the listener reconnects with a backoff, taking its locks again. Ends when the store
+/// closes (its command line closes).
+async fn listen(
+    config: tokio_postgres::Config,
+    channel: String,
+    watch_key: i32,
+    waiters: Arc<Waiters>,
+    mut commands: mpsc::UnboundedReceiver<Command>,
+) {
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        if let Ok((client, mut connection)) = config.connect(NoTls).await {
+            backoff = Duration::from_millis(50);
+            let (noted, mut notes) = mpsc::unbounded_channel::<Option<i32>>();
+            let driver = tokio::spawn(async move {
+                while let Some(message) =
+                    std::future::poll_fn(|cx| connection.poll_message(cx)).await
+                {
+                    match message {
+                        Ok(AsyncMessage::Notification(n)) => {
+                            if noted.send(n.payload().parse().ok()).is_err() {
+                                return;
+                            }
+                        }
+                        Ok(_) => {}
+                        Err(_) => return,
+                    }
+                }
+            });
+            let mut locked = HashSet::new();
+            let listening = client
+                .batch_execute(&format!("LISTEN \"{channel}\""))
+                .await
+                .is_ok();
+            if listening {
+                let mut up = true;
+                for queue in waiters.waited_queues() {
+                    up = up && reconcile(&client, watch_key, &waiters, &mut locked, queue).await;
+                }
+                // Whatever was committed while nobody listened.
+                waiters.wake_all();
+                while up {
+                    tokio::select! {
+                        note = notes.recv() => match note {
+                            Some(Some(queue)) => waiters.wake_one(queue),
+                            Some(None) => {}
+                            None => up = false,
+                        },
+                        command = commands.recv() => match command {
+                            Some(Command::Watch(queue, ack)) => {
+                                up = reconcile(&client, watch_key, &waiters, &mut locked, queue).await;
+                                let _ = ack.send(());
+                            }
+                            Some(Command::Unwatch(queue)) => {
+                                up = reconcile(&client, watch_key, &waiters, &mut locked, queue).await;
+                            }
+                            None => {
+                                driver.abort();
+                                return;
+                            }
+                        },
+                    }
+                }
+            }
+            driver.abort();
+        }
+        waiters.wake_all();
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(5));
+    }
+}
+
+/// Takes or releases the listener's lock on `queue` so that it is held exactly while this
+/// store has consumers waiting on it. False if the connection failed.
+async fn reconcile(
+    client: &tokio_postgres::Client,
+    key: i32,
+    waiters: &Waiters,
+    locked: &mut HashSet<i32>,
+    queue: i32,
+) -> bool {
+    let waiting = waiters.waiting(queue);
+    if waiting == locked.contains(&queue) {
+        return true;
+    }
+    let statement = if waiting {
+        "SELECT pg_advisory_lock_shared($1, $2)"
+    } else {
+        "SELECT pg_advisory_unlock_shared($1, $2)"
+    };
+    if client.execute(statement, &[&key, &queue]).await.is_err() {
+        return false;
+    }
+    if waiting {
+        locked.insert(queue);
+    } else {
+        locked.remove(&queue);
+    }
+    true
 }
 
 /// Creates the schema's tables, or checks their version, under an advisory lock.
@@ -663,10 +990,22 @@ async fn finish(
             .await
             .map_err(|e| pg("commit", e))?;
     }
+    let client = held.client()?;
+    // The notification goes after the commit, pipelined with it (one round trip): inside
+    // the transaction it would hold the server's notification lock through the commit's
+    // WAL flush, serialising committers. It checks for waiters after the commit, so a
+    // consumer that took its lock before looking cannot miss this commit.
+    let notify = async {
+        if !queues.is_empty() {
+            // A failed notification only delays a waiter until its fallback poll.
+            let _ = client.execute(&sql.notify, &[&sql.channel, &queues]).await;
+        }
+    };
     if !held.open {
+        notify.await;
         return Ok(());
     }
-    let committed = held.client()?.batch_execute("COMMIT").await;
+    let (committed, ()) = tokio::join!(client.batch_execute("COMMIT"), notify);
     held.open = false;
     match committed {
         Ok(()) => Ok(()),
