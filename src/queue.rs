@@ -275,9 +275,9 @@ where
             self.check(tx)?;
             let taken = self
                 .engine
-                .try_dequeue_remote(&self.queue, tx.work_mut())
+                .try_dequeue_remote(&self.queue, tx.work_mut(), 1)
                 .await?;
-            return taken.map(|entry| self.decode(&entry)).transpose();
+            return taken.first().map(|entry| self.decode(entry)).transpose();
         }
         self.blocking_try_dequeue(tx)
     }
@@ -309,6 +309,66 @@ where
             Some(entry) => self.decode(entry).map(Some),
             None => Ok(None),
         }
+    }
+
+    /// Takes up to `n` items from the front of the queue into the transaction, as many calls
+    /// of [`try_dequeue`](Self::try_dequeue) would, without waiting: fewer (or none) when
+    /// fewer are visible. On PostgreSQL it is one round trip, where `n` calls of
+    /// `try_dequeue` are `n`.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`try_dequeue`](Self::try_dequeue).
+    ///
+    /// # Errors
+    ///
+    /// As [`try_dequeue`](Self::try_dequeue). On [`Error::Deserialize`] every item taken by
+    /// the call stays held by `tx` (abort to put them back).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), reliable_queue::Error> {
+    /// let store = reliable_queue::Store::in_memory()?;
+    /// let q = store.queue::<u32>("q").await?;
+    /// # let mut tx = store.begin(); for i in 0..3 { q.enqueue(&mut tx, i)?; } tx.commit().await?;
+    /// let mut tx = store.begin();
+    /// assert_eq!(q.try_dequeue_many(&mut tx, 64).await?, [0, 1, 2]);
+    /// tx.commit().await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn try_dequeue_many(&self, tx: &mut Transaction, n: usize) -> Result<Vec<T>> {
+        crate::engine::consume_budget().await;
+        #[cfg(feature = "postgres")]
+        if self.engine.is_remote() {
+            self.check(tx)?;
+            let taken = self
+                .engine
+                .try_dequeue_remote(&self.queue, tx.work_mut(), n)
+                .await?;
+            return taken.iter().map(|entry| self.decode(entry)).collect();
+        }
+        self.blocking_try_dequeue_many(tx, n)
+    }
+
+    /// [`try_dequeue_many`](Self::try_dequeue_many) for threads.
+    ///
+    /// # Errors
+    ///
+    /// As [`try_dequeue_many`](Self::try_dequeue_many).
+    pub fn blocking_try_dequeue_many(&self, tx: &mut Transaction, n: usize) -> Result<Vec<T>> {
+        if self.engine.is_remote() {
+            return crate::engine::block_on(self.try_dequeue_many(tx, n));
+        }
+        let mut items = Vec::with_capacity(n.min(1024));
+        while items.len() < n {
+            match self.blocking_try_dequeue(tx)? {
+                Some(item) => items.push(item),
+                None => break,
+            }
+        }
+        Ok(items)
     }
 
     /// Decodes an entry the transaction now holds.

@@ -310,6 +310,30 @@ mod cases {
         assert_eq!(all, (0..total).collect::<Vec<_>>());
     }
 
+    /// A batch dequeue takes up to n items at the head, in order, in one call; what is held
+    /// stays out of the next batch and of `count`.
+    pub(crate) fn a_batch_dequeue_takes_the_head_in_order(server: &PgServer) {
+        let store = store(server, "batch");
+        let q = store.blocking_queue::<u64>("q").unwrap();
+        fill(&store, &q, 0..100);
+        let mut a = store.begin();
+        assert_eq!(
+            q.blocking_try_dequeue_many(&mut a, 64).unwrap(),
+            (0..64).collect::<Vec<_>>()
+        );
+        assert_eq!(a.dequeued(), 64);
+        assert_eq!(q.blocking_count().unwrap(), 36);
+        let mut b = store.begin();
+        assert_eq!(
+            q.blocking_try_dequeue_many(&mut b, 64).unwrap(),
+            (64..100).collect::<Vec<_>>()
+        );
+        assert!(q.blocking_try_dequeue_many(&mut b, 64).unwrap().is_empty());
+        a.blocking_abort().unwrap();
+        b.blocking_commit().unwrap();
+        assert_eq!(drain(&store, &q), (0..64).collect::<Vec<_>>());
+    }
+
     /// Committed items are in the database: a second store (as another process would) sees
     /// them, in commit order.
     pub(crate) fn committed_items_are_seen_by_another_connection_in_order(server: &PgServer) {
@@ -658,6 +682,10 @@ fn main() -> std::process::ExitCode {
         (
             "waiting_consumers_share_the_commits_exactly_once",
             waiting_consumers_share_the_commits_exactly_once,
+        ),
+        (
+            "a_batch_dequeue_takes_the_head_in_order",
+            a_batch_dequeue_takes_the_head_in_order,
         ),
         (
             "committed_items_are_seen_by_another_connection_in_order",

@@ -415,3 +415,32 @@ fn waiting_consumer_gets_an_item_another_transaction_aborts() {
         assert_eq!(queue.blocking_count().unwrap(), 0);
     });
 }
+
+/// `try_dequeue_many` takes up to n items at the front, in order, held like single dequeues:
+/// out of `count`, out of the next batch, back at the front on abort.
+#[test]
+fn a_batch_dequeue_takes_up_to_n_at_the_front() {
+    on_both_stores(|store| {
+        let q = store.blocking_queue::<u32>("batch").unwrap();
+        let mut tx = store.begin();
+        for i in 0..10 {
+            q.enqueue(&mut tx, i).unwrap();
+        }
+        tx.blocking_commit().unwrap();
+        let mut a = store.begin();
+        assert_eq!(
+            q.blocking_try_dequeue_many(&mut a, 4).unwrap(),
+            [0, 1, 2, 3]
+        );
+        assert_eq!((a.dequeued(), q.blocking_count().unwrap()), (4, 6));
+        let mut b = store.begin();
+        assert_eq!(
+            q.blocking_try_dequeue_many(&mut b, 64).unwrap(),
+            [4, 5, 6, 7, 8, 9]
+        );
+        assert!(q.blocking_try_dequeue_many(&mut b, 64).unwrap().is_empty());
+        a.blocking_abort().unwrap();
+        b.blocking_commit().unwrap();
+        assert_eq!(drain(store, &q), [0, 1, 2, 3]);
+    });
+}

@@ -677,18 +677,20 @@ impl Engine {
         pg.commit(std::mem::take(&mut work.pg), enqueues).await
     }
 
-    /// On PostgreSQL: takes the head item of `queue` into `work`'s database transaction.
+    /// On PostgreSQL: takes up to `n` items at the head of `queue` into `work`'s database
+    /// transaction, in queue order.
     #[cfg(feature = "postgres")]
     pub(crate) async fn try_dequeue_remote(
         &self,
         queue: &QueueRef,
         work: &mut Work,
-    ) -> Result<Option<Entry>> {
+        n: usize,
+    ) -> Result<Vec<Entry>> {
         self.check_open()?;
         let pg = self.postgres().ok_or(Error::Bug {
             invariant: "a remote dequeue is on a remote engine",
         })?;
-        pg.try_dequeue(&queue.core, &mut work.pg).await
+        pg.try_dequeue(&queue.core, &mut work.pg, n).await
     }
 
     /// On PostgreSQL: the waiting dequeue. Looks for an item; if there is none, waits for a
@@ -709,7 +711,7 @@ impl Engine {
             pg.watched(ack, postgres::FALLBACK_POLL).await;
         }
         loop {
-            if let Some(entry) = self.try_dequeue_remote(queue, work).await? {
+            if let Some(entry) = self.try_dequeue_remote(queue, work, 1).await?.pop() {
                 watch.pass_on();
                 return Ok(Some(entry));
             }

@@ -138,8 +138,9 @@ impl PgConfig {
 struct Sql {
     schema: String,
     keys: LockKeys,
-    /// `$1` the queue's id: deletes the head row no other transaction holds, takes the
-    /// advisory lock that marks it held, returns `(id, payload)`.
+    /// `$1` the queue's id, `$2` how many: deletes up to that many rows at the head that no
+    /// other transaction holds, takes the advisory locks that mark them held, returns
+    /// `(id, payload)` of each (in no particular order).
     take: String,
     /// `$1` queue ids, `$2` payloads, in commit order.
     insert: String,
@@ -163,10 +164,10 @@ impl Sql {
             schema: schema.to_owned(),
             keys,
             take: format!(
-                "DELETE FROM {s}.items WHERE id = (\
+                "DELETE FROM {s}.items WHERE id IN (\
                    SELECT id FROM {s}.items \
                    WHERE queue = $1 AND not_before IS NULL AND leased_until IS NULL \
-                   ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED) \
+                   ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED) \
                  RETURNING id, payload, \
                    pg_try_advisory_xact_lock({item_key}, id::bit(32)::int4) AS marked"
             ),
@@ -592,20 +593,23 @@ impl Postgres {
         })
     }
 
-    /// Takes the head item of `core`'s queue into the transaction `tx` (begun now if need
-    /// be): `None` if every row is held by another transaction or the queue is empty.
+    /// Takes up to `n` items at the head of `core`'s queue into the transaction of `slot`
+    /// (begun now if need be), in queue order: none if every row is held by another
+    /// transaction or the queue is empty. One round trip (two for a transaction's first).
     pub(crate) async fn try_dequeue(
         &self,
         core: &QueueCore,
         slot: &mut PgSlot,
-    ) -> Result<Option<Entry>> {
+        n: usize,
+    ) -> Result<Vec<Entry>> {
         let queue = self.db_id(core)?;
+        let n = i64::try_from(n).unwrap_or(i64::MAX);
         let mut held = slot.begin_call(&self.rt)?;
         let pool = self.pool.clone();
         let sql = Arc::clone(&self.sql);
         let (held, taken) = self
             .run(async move {
-                let taken = take(&pool, &sql, &mut held, queue).await;
+                let taken = take(&pool, &sql, &mut held, queue, n).await;
                 Ok((held, taken))
             })
             .await?;
@@ -947,28 +951,33 @@ async fn migrate(pool: &Pool, sql: &Sql) -> Result<()> {
 
 /// The dequeue statement in `held`'s transaction (a connection taken and `BEGIN` sent first
 /// if need be).
-async fn take(pool: &Pool, sql: &Sql, held: &mut PgTx, queue: i32) -> Result<Option<Entry>> {
+async fn take(pool: &Pool, sql: &Sql, held: &mut PgTx, queue: i32, n: i64) -> Result<Vec<Entry>> {
     if held.client.is_none() {
         held.client = Some(pool.get().await.map_err(|e| pg("dequeue", e))?);
     }
     held.begin().await?;
-    let row = match held.client()?.query_opt(&sql.take, &[&queue]).await {
-        Ok(row) => row,
+    let rows = match held.client()?.query(&sql.take, &[&queue, &n]).await {
+        Ok(rows) => rows,
         Err(e) => {
             held.failed = true;
             return Err(pg("dequeue", e));
         }
     };
-    Ok(row.map(|row| {
-        held.held += 1;
-        let id: i64 = row.get(0);
-        let payload: Vec<u8> = row.get(1);
-        Entry::new(
-            u64::try_from(id).unwrap_or(0),
-            payload.into_boxed_slice(),
-            0,
-        )
-    }))
+    held.held += rows.len();
+    let mut taken: Vec<Entry> = rows
+        .iter()
+        .map(|row| {
+            let id: i64 = row.get(0);
+            let payload: Vec<u8> = row.get(1);
+            Entry::new(
+                u64::try_from(id).unwrap_or(0),
+                payload.into_boxed_slice(),
+                0,
+            )
+        })
+        .collect();
+    taken.sort_unstable_by_key(|e| e.id);
+    Ok(taken)
 }
 
 /// The end of a commit: the `INSERT` and the `COMMIT`. A failure before `COMMIT` rolls back
