@@ -156,6 +156,14 @@ struct Sql {
 }
 
 impl Sql {
+    /// The take statement with its parameters spelled out (integers only), for the simple
+    /// query that begins a transaction with it.
+    fn take_literal(&self, queue: i32, n: i64) -> String {
+        self.take
+            .replace("$1", &queue.to_string())
+            .replace("$2", &n.to_string())
+    }
+
     fn new(schema: &str) -> Sql {
         let s = format!("\"{schema}\"");
         let keys = LockKeys::of(schema);
@@ -353,18 +361,6 @@ impl PgTx {
         self.client.as_ref().ok_or(Error::Bug {
             invariant: "a PgTx holds its connection until dropped",
         })
-    }
-
-    /// Sends `BEGIN` unless a transaction is open already.
-    async fn begin(&mut self) -> Result<()> {
-        if !self.open {
-            self.client()?
-                .batch_execute("BEGIN")
-                .await
-                .map_err(|e| pg("begin", e))?;
-            self.open = true;
-        }
-        Ok(())
     }
 }
 
@@ -955,29 +951,76 @@ async fn take(pool: &Pool, sql: &Sql, held: &mut PgTx, queue: i32, n: i64) -> Re
     if held.client.is_none() {
         held.client = Some(pool.get().await.map_err(|e| pg("dequeue", e))?);
     }
-    held.begin().await?;
-    let rows = match held.client()?.query(&sql.take, &[&queue, &n]).await {
-        Ok(rows) => rows,
-        Err(e) => {
-            held.failed = true;
-            return Err(pg("dequeue", e));
+    let client = held.client()?;
+    // Prepared once per connection (deadpool's statement cache).
+    let statement = client
+        .prepare_cached(&sql.take)
+        .await
+        .map_err(|e| pg("dequeue", e))?;
+    let mut taken = if held.open {
+        let rows = match client.query(&statement, &[&queue, &n]).await {
+            Ok(rows) => rows,
+            Err(e) => {
+                held.failed = true;
+                return Err(pg("dequeue", e));
+            }
+        };
+        rows.iter()
+            .map(|row| entry(row.get(0), row.get(1)))
+            .collect::<Vec<Entry>>()
+    } else {
+        // `BEGIN` and the first dequeue in one message (one round trip), which the server
+        // runs as a unit: the dequeue never runs outside the transaction.
+        let text = format!("BEGIN; {}", sql.take_literal(queue, n));
+        let messages = client
+            .simple_query(&text)
+            .await
+            .map_err(|e| pg("dequeue", e))?;
+        held.open = true;
+        let mut taken = Vec::new();
+        for message in &messages {
+            if let tokio_postgres::SimpleQueryMessage::Row(row) = message {
+                match (
+                    row.get(0).and_then(|id| id.parse().ok()),
+                    row.get(1).and_then(unhex),
+                ) {
+                    (Some(id), Some(payload)) => taken.push(entry(id, payload)),
+                    _ => {
+                        held.failed = true;
+                        return Err(Error::Bug {
+                            invariant: "the dequeue statement returns an id and a bytea",
+                        });
+                    }
+                }
+            }
         }
+        taken
     };
-    held.held += rows.len();
-    let mut taken: Vec<Entry> = rows
-        .iter()
-        .map(|row| {
-            let id: i64 = row.get(0);
-            let payload: Vec<u8> = row.get(1);
-            Entry::new(
-                u64::try_from(id).unwrap_or(0),
-                payload.into_boxed_slice(),
-                0,
-            )
-        })
-        .collect();
+    held.held += taken.len();
     taken.sort_unstable_by_key(|e| e.id);
     Ok(taken)
+}
+
+/// An item as the dequeue statement returns it.
+fn entry(id: i64, payload: Vec<u8>) -> Entry {
+    Entry::new(
+        u64::try_from(id).unwrap_or(0),
+        payload.into_boxed_slice(),
+        0,
+    )
+}
+
+/// A `bytea` in PostgreSQL's text form (`\x` and hex digits, the default `bytea_output`).
+fn unhex(text: &str) -> Option<Vec<u8>> {
+    let digits = text.strip_prefix("\\x")?.as_bytes();
+    if digits.len() % 2 != 0 {
+        return None;
+    }
+    let value = |d: u8| char::from(d).to_digit(16);
+    digits
+        .chunks_exact(2)
+        .map(|pair| u8::try_from(value(pair[0])? * 16 + value(pair[1])?).ok())
+        .collect()
 }
 
 /// The end of a commit: the `INSERT` and the `COMMIT`. A failure before `COMMIT` rolls back
@@ -993,26 +1036,49 @@ async fn finish(
     if held.client.is_none() {
         held.client = Some(pool.get().await.map_err(|e| pg("commit", e))?);
     }
-    if !queues.is_empty() {
-        held.client()?
-            .execute(&sql.insert, &[&queues, &payloads])
-            .await
-            .map_err(|e| pg("commit", e))?;
-    }
     let client = held.client()?;
+    let (insert, notify) = if queues.is_empty() {
+        (None, None)
+    } else {
+        let insert = client.prepare_cached(&sql.insert).await;
+        let notify = client.prepare_cached(&sql.notify).await;
+        (
+            Some(insert.map_err(|e| pg("commit", e))?),
+            Some(notify.map_err(|e| pg("commit", e))?),
+        )
+    };
     // The notification goes after the commit, pipelined with it (one round trip): inside
     // the transaction it would hold the server's notification lock through the commit's
     // WAL flush, serialising committers. It checks for waiters after the commit, so a
     // consumer that took its lock before looking cannot miss this commit.
     let notify = async {
-        if !queues.is_empty() {
+        if let Some(notify) = &notify {
             // A failed notification only delays a waiter until its fallback poll.
-            let _ = client.execute(&sql.notify, &[&sql.channel, &queues]).await;
+            let _ = client.execute(notify, &[&sql.channel, &queues]).await;
         }
     };
     if !held.open {
-        notify.await;
-        return Ok(());
+        // One statement, atomic on its own; the notification pipelined after it.
+        let (inserted, ()) = tokio::join!(
+            async {
+                match &insert {
+                    Some(insert) => client
+                        .execute(insert, &[&queues, &payloads])
+                        .await
+                        .map(drop),
+                    None => Ok(()),
+                }
+            },
+            notify
+        );
+        return inserted.map_err(|e| pg("commit", e));
+    }
+    if let Some(insert) = &insert {
+        // On failure `held` is dropped with the error, which rolls back.
+        client
+            .execute(insert, &[&queues, &payloads])
+            .await
+            .map_err(|e| pg("commit", e))?;
     }
     let (committed, ()) = tokio::join!(client.batch_execute("COMMIT"), notify);
     held.open = false;
@@ -1022,5 +1088,30 @@ async fn finish(
             source: Arc::new(e),
         }),
         Err(e) => Err(pg("commit", e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bytea_text_decodes_and_bad_text_is_refused() {
+        assert_eq!(unhex("\\x"), Some(vec![]));
+        assert_eq!(unhex("\\x00ff7A"), Some(vec![0x00, 0xff, 0x7a]));
+        assert_eq!(unhex("\\x0"), None);
+        assert_eq!(unhex("\\xzz"), None);
+        assert_eq!(unhex("00ff"), None);
+    }
+
+    #[test]
+    fn the_take_statement_spells_out_its_parameters() {
+        let sql = Sql::new("s");
+        let text = sql.take_literal(7, 64);
+        assert!(
+            text.contains("queue = 7") && text.contains("LIMIT 64"),
+            "{text}"
+        );
+        assert!(!text.contains('$'), "{text}");
     }
 }

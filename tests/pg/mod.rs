@@ -1,0 +1,572 @@
+//! A private PostgreSQL server for the tests that need a real one.
+//!
+//! A test binary (`harness = false` in `Cargo.toml`) includes this module with `mod pg;` and
+//! hands its tests to [`run_suite`], which parses the usual test arguments, starts one server,
+//! runs every test against it (each may take its own database with
+//! [`PgServer::create_database`]) and stops the server at the end.
+//!
+//! Where the server comes from:
+//!
+//! - `RQ_TEST_POSTGRES_URL` set (a tokio-postgres connection string, key-value or URL form, for a
+//!   superuser): that server is used as it is; nothing is started or stopped.
+//! - Otherwise the harness `initdb`s a cluster in a fresh temporary directory and starts it with
+//!   `pg_ctl`, listening on a Unix socket only, superuser `rq`, `trust` authentication. The
+//!   binaries are looked for in `RQ_TEST_POSTGRES_BIN_DIR` when that is set (a testing override:
+//!   point it at a directory without them to see the skip), else in the highest version of
+//!   `/usr/lib/postgresql/*/bin` (where Debian installs them), else on `PATH`. PostgreSQL refuses
+//!   to run as root: when the tests run as root, the server runs as `nobody`.
+//! - No binaries found: every test is reported as ignored and a banner on stderr says why, so
+//!   `cargo test` stays green on a machine without PostgreSQL but says so. With
+//!   `RQ_TEST_REQUIRE_POSTGRES=1` (CI sets it) a missing server is a failure instead.
+//!
+//! Everything else that goes wrong (initdb or pg_ctl failing, a query failing) is a panic carrying
+//! the command's output and the tail of the server log.
+#![allow(dead_code, unreachable_pub)]
+
+use std::fmt;
+use std::fs;
+use std::future::Future;
+use std::os::unix::fs::{chown, MetadataExt, PermissionsExt};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, Output};
+use std::sync::{Arc, OnceLock};
+
+use libtest_mimic::{Arguments, Failed, Trial};
+
+/// The connection string of an existing server to use instead of starting one.
+pub const URL_VAR: &str = "RQ_TEST_POSTGRES_URL";
+/// `1`: a missing PostgreSQL is a failure, not a skip.
+pub const REQUIRE_VAR: &str = "RQ_TEST_REQUIRE_POSTGRES";
+/// The directory holding `initdb` and `pg_ctl`, instead of looking for them.
+pub const BIN_DIR_VAR: &str = "RQ_TEST_POSTGRES_BIN_DIR";
+
+/// The superuser the harness's cluster is created with.
+pub const SUPERUSER: &str = "rq";
+/// The port of the harness's server: only the name of its socket file, in a private directory.
+const PORT: u16 = 5432;
+/// The longest Unix socket path the kernel takes (`sun_path` is 108 bytes with its NUL).
+const MAX_SOCKET_PATH: usize = 107;
+
+const MISSING_ADVICE: &str = "install them with `apt-get install postgresql`, \
+                              or point RQ_TEST_POSTGRES_URL at a server";
+
+/// Why the PostgreSQL tests cannot run here: no server to run them against.
+#[derive(Debug, Clone)]
+pub struct Skip {
+    /// What is missing and how to provide it, for a person to read.
+    pub reason: String,
+}
+
+impl fmt::Display for Skip {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.reason)
+    }
+}
+
+/// A PostgreSQL server for the tests: one this harness started (and stops on drop), or the one
+/// `RQ_TEST_POSTGRES_URL` names.
+#[derive(Debug)]
+pub struct PgServer {
+    url: String,
+    /// `None` when the server is an existing one from `RQ_TEST_POSTGRES_URL`.
+    cluster: Option<Cluster>,
+}
+
+/// A cluster this harness created and started.
+#[derive(Debug)]
+struct Cluster {
+    pg_ctl: PathBuf,
+    data_dir: PathBuf,
+    log_file: PathBuf,
+    /// The unprivileged `(uid, gid)` the server runs as, when the tests run as root.
+    run_as: Option<(u32, u32)>,
+    /// Removed (with the data) after the server has stopped: the last field, dropped last.
+    dir: tempfile::TempDir,
+}
+
+impl PgServer {
+    /// Starts a private server, or uses the one `RQ_TEST_POSTGRES_URL` names.
+    ///
+    /// Returns [`Skip`] when there are no server binaries, unless `RQ_TEST_REQUIRE_POSTGRES=1`,
+    /// which makes that a panic. Panics when the server binaries are there but fail.
+    pub fn start() -> Result<PgServer, Skip> {
+        match Self::try_start() {
+            Err(skip) if postgres_required() => {
+                panic!("{skip} ({REQUIRE_VAR}=1 makes a missing PostgreSQL a failure)")
+            }
+            result => result,
+        }
+    }
+
+    fn try_start() -> Result<PgServer, Skip> {
+        if let Some(url) = std::env::var(URL_VAR)
+            .ok()
+            .filter(|url| !url.trim().is_empty())
+        {
+            return Ok(PgServer { url, cluster: None });
+        }
+        let bin_dir = find_bin_dir()?;
+        Ok(Cluster::start(&bin_dir))
+    }
+
+    /// The connection string of the server's `postgres` database, as superuser, in
+    /// tokio-postgres's key-value form when this harness started the server (for example
+    /// `host='/tmp/rq-pg-x/sock' port=5432 user='rq' dbname='postgres'`).
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// Whether this harness started the server (rather than using `RQ_TEST_POSTGRES_URL`).
+    pub fn started_here(&self) -> bool {
+        self.cluster.is_some()
+    }
+
+    /// The data directory of the server this harness started.
+    pub fn data_dir(&self) -> Option<&Path> {
+        self.cluster.as_ref().map(|c| c.data_dir.as_path())
+    }
+
+    /// The unprivileged uid the server runs as when this harness started it as root
+    /// (`None`: it runs as the tests' own user, or was not started here).
+    pub fn run_as_uid(&self) -> Option<u32> {
+        self.cluster
+            .as_ref()
+            .and_then(|c| c.run_as)
+            .map(|(uid, _)| uid)
+    }
+
+    /// Creates the database `name` and returns the connection string for it.
+    ///
+    /// `name` is ASCII letters, digits and `_` (it is used as given, case included). On a server
+    /// from `RQ_TEST_POSTGRES_URL`, a database of that name left by an earlier run is dropped
+    /// first; on the harness's own server it must not exist yet. Panics on failure.
+    pub fn create_database(&self, name: &str) -> String {
+        assert!(
+            !name.is_empty()
+                && name.len() <= 63
+                && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+                && !matches!(name, "postgres" | "template0" | "template1"),
+            "create_database({name:?}): want 1 to 63 ASCII letters, digits or `_`, \
+             and not a database PostgreSQL relies on"
+        );
+        let drop_first = !self.started_here();
+        block_on(async {
+            let client = connect(&self.url).await;
+            if drop_first {
+                client
+                    .batch_execute(&format!("DROP DATABASE IF EXISTS \"{name}\""))
+                    .await
+                    .unwrap_or_else(|e| panic!("dropping the leftover database {name:?}: {e:?}"));
+            }
+            client
+                .batch_execute(&format!("CREATE DATABASE \"{name}\""))
+                .await
+                .unwrap_or_else(|e| panic!("creating the database {name:?}: {e:?}"));
+        });
+        with_dbname(&self.url, name)
+    }
+}
+
+impl Drop for PgServer {
+    fn drop(&mut self) {
+        if let Some(cluster) = &self.cluster {
+            cluster.stop();
+        }
+    }
+}
+
+impl Cluster {
+    /// `initdb` a cluster in a fresh temporary directory and start it; panics on failure.
+    fn start(bin_dir: &Path) -> PgServer {
+        let run_as = if running_as_root() {
+            Some(unprivileged_user())
+        } else {
+            None
+        };
+        let dir = tempfile::Builder::new()
+            .prefix("rq-pg-")
+            .tempdir_in(temp_base(run_as.is_some()))
+            .unwrap_or_else(|e| panic!("creating a temporary directory for PostgreSQL: {e}"));
+        let data_dir = dir.path().join("data");
+        let socket_dir = dir.path().join("sock");
+        let log_file = dir.path().join("server.log");
+        fs::create_dir(&data_dir).expect("create the data directory");
+        fs::create_dir(&socket_dir).expect("create the socket directory");
+        fs::write(&log_file, "").expect("create the server log");
+        if let Some((uid, gid)) = run_as {
+            // The unprivileged server must get through the directory tempfile made 0700, and
+            // own what it writes.
+            fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755))
+                .expect("make the temporary directory traversable");
+            for path in [&data_dir, &socket_dir, &log_file] {
+                chown(path, Some(uid), Some(gid))
+                    .unwrap_or_else(|e| panic!("chown {} to {uid}:{gid}: {e}", path.display()));
+            }
+        }
+        let cluster = Cluster {
+            pg_ctl: bin_dir.join("pg_ctl"),
+            data_dir,
+            log_file,
+            run_as,
+            dir,
+        };
+
+        let initdb = cluster
+            .command(&bin_dir.join("initdb"))
+            .arg("-D")
+            .arg(&cluster.data_dir)
+            .args(["-U", SUPERUSER, "--auth=trust", "-E", "UTF8"])
+            // Independent of the locales this machine has.
+            .args(["--locale=C", "--no-sync"])
+            .output();
+        cluster.check("initdb", initdb, false);
+
+        // Settings in the configuration file rather than on pg_ctl's command line, which goes
+        // through a shell. The socket directory is private, so the port cannot collide.
+        let settings = format!(
+            "\n# Added by the reliable-queue test harness.\n\
+             listen_addresses = ''\n\
+             unix_socket_directories = '{}'\n\
+             port = {PORT}\n\
+             fsync = off\n\
+             full_page_writes = off\n",
+            conf_quote(&socket_dir)
+        );
+        let conf = cluster.data_dir.join("postgresql.conf");
+        let mut text =
+            fs::read_to_string(&conf).unwrap_or_else(|e| panic!("reading {}: {e}", conf.display()));
+        text.push_str(&settings);
+        fs::write(&conf, text).unwrap_or_else(|e| panic!("writing {}: {e}", conf.display()));
+
+        let socket_file = socket_dir.join(format!(".s.PGSQL.{PORT}"));
+        assert!(
+            socket_file.as_os_str().len() <= MAX_SOCKET_PATH,
+            "the server's socket path {} is longer than the {MAX_SOCKET_PATH} bytes Unix allows: \
+             set TMPDIR to a shorter directory",
+            socket_file.display()
+        );
+
+        // `-w`: pg_ctl returns once the server accepts connections (or has failed).
+        let start = cluster
+            .command(&cluster.pg_ctl)
+            .arg("-D")
+            .arg(&cluster.data_dir)
+            .arg("-l")
+            .arg(&cluster.log_file)
+            .args(["-w", "-t", "120", "start"])
+            .output();
+        cluster.check("pg_ctl start", start, true);
+
+        let url = format!(
+            "host='{}' port={PORT} user='{SUPERUSER}' dbname='postgres'",
+            kv_quote(&socket_dir.to_string_lossy())
+        );
+        PgServer {
+            url,
+            cluster: Some(cluster),
+        }
+    }
+
+    /// A command run as the user the server runs as, from the temporary directory (the
+    /// unprivileged user may not be able to read the current one).
+    fn command(&self, program: &Path) -> Command {
+        let mut command = Command::new(program);
+        command.current_dir(self.dir.path());
+        if let Some((uid, gid)) = self.run_as {
+            // std drops the supplementary groups when it switches from root.
+            command.uid(uid).gid(gid);
+        }
+        command
+    }
+
+    /// Panics with the command's output and the server log's tail unless it succeeded. A failed
+    /// start may leave a server running (pg_ctl timed out): `stop_on_failure` stops it first.
+    fn check(&self, what: &str, output: std::io::Result<Output>, stop_on_failure: bool) {
+        let failure = match output {
+            Ok(output) if output.status.success() => return,
+            Ok(output) => format!(
+                "{what} failed ({}):\n--- stderr\n{}\n--- stdout\n{}",
+                output.status,
+                String::from_utf8_lossy(&output.stderr).trim_end(),
+                String::from_utf8_lossy(&output.stdout).trim_end()
+            ),
+            Err(e) => format!("{what} could not be run: {e}"),
+        };
+        if stop_on_failure {
+            let _ = self
+                .command(&self.pg_ctl)
+                .arg("-D")
+                .arg(&self.data_dir)
+                .args(["-m", "immediate", "-w", "stop"])
+                .output();
+        }
+        panic!(
+            "starting the test PostgreSQL server: {failure}\n--- server log ({}), last lines\n{}",
+            self.log_file.display(),
+            self.log_tail()
+        );
+    }
+
+    /// Stops the server, waiting until it has exited. Reports a failure without panicking: this
+    /// runs in `drop`.
+    fn stop(&self) {
+        let stop = self
+            .command(&self.pg_ctl)
+            .arg("-D")
+            .arg(&self.data_dir)
+            .args(["-m", "fast", "-w", "-t", "120", "stop"])
+            .output();
+        let failure = match stop {
+            Ok(output) if output.status.success() => return,
+            Ok(output) => format!(
+                "{}: {}",
+                output.status,
+                String::from_utf8_lossy(&output.stderr).trim_end()
+            ),
+            Err(e) => e.to_string(),
+        };
+        eprintln!(
+            "==> stopping the test PostgreSQL server ({}) failed: {failure}\n\
+             --- server log, last lines\n{}",
+            self.data_dir.display(),
+            self.log_tail()
+        );
+    }
+
+    fn log_tail(&self) -> String {
+        match fs::read_to_string(&self.log_file) {
+            Ok(log) => {
+                let lines: Vec<&str> = log.lines().collect();
+                lines[lines.len().saturating_sub(40)..].join("\n")
+            }
+            Err(e) => format!("(cannot read it: {e})"),
+        }
+    }
+}
+
+/// A test of the suite: it gets the shared server.
+pub type TestFn = fn(&PgServer);
+
+/// Runs `tests` as a libtest-style suite against one [`PgServer`] and returns the exit code for
+/// `main`.
+///
+/// Takes the usual test arguments (a name filter, `--exact`, `--skip`, `--list`, `--ignored`,
+/// `--test-threads`, ...). The server is started once, only when some test is going to run, and
+/// shared by the tests, which run on several threads; a panicking test fails. When there is no
+/// server ([`Skip`]), every test is reported as ignored and a banner on stderr says why.
+pub fn run_suite(tests: Vec<(&'static str, TestFn)>) -> ExitCode {
+    let mut args = Arguments::from_args();
+    // Filled in before the trials run; the trials only read it.
+    let server: Arc<OnceLock<PgServer>> = Arc::new(OnceLock::new());
+    let mut trials: Vec<Trial> = tests
+        .into_iter()
+        .map(|(name, test)| {
+            let server = Arc::clone(&server);
+            Trial::test(name, move || {
+                let server = server
+                    .get()
+                    .ok_or_else(|| Failed::from("no PostgreSQL server was started"))?;
+                test(server);
+                Ok(())
+            })
+        })
+        .collect();
+
+    let will_run = trials
+        .iter()
+        .any(|t| !args.is_filtered_out(t) && !args.is_ignored(t));
+    let mut skipped = None;
+    if !args.list && will_run {
+        match PgServer::start() {
+            Ok(started) => {
+                if server.set(started).is_err() {
+                    unreachable!("the server is set once");
+                }
+            }
+            Err(skip) => {
+                eprintln!("\n==> PostgreSQL tests SKIPPED: {skip}\n");
+                trials = trials
+                    .into_iter()
+                    .map(|t| t.with_ignored_flag(true))
+                    .collect();
+                // Without a server even `--ignored`/`--include-ignored` cannot run them.
+                args.ignored = false;
+                args.include_ignored = false;
+                skipped = Some(skip);
+            }
+        }
+    }
+
+    let conclusion = libtest_mimic::run(&args, trials);
+
+    if let Some(skip) = skipped {
+        // Again after the summary, where it is seen.
+        eprintln!("==> PostgreSQL tests SKIPPED: {skip}\n");
+    }
+    // The trials, and their references to the server, are gone: this stops it.
+    match Arc::into_inner(server) {
+        Some(server) => drop(server),
+        None => eprintln!("==> the test PostgreSQL server is still referenced: not stopped"),
+    }
+    conclusion.exit_code()
+}
+
+/// Runs `future` to completion on a current-thread tokio runtime (with IO and timers), the way a
+/// test drives tokio-postgres.
+pub fn block_on<F: Future>(future: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("build a tokio runtime")
+        .block_on(future)
+}
+
+/// Connects to `url` and spawns the connection's task on the current tokio runtime; panics
+/// when the connection fails.
+pub async fn connect(url: &str) -> tokio_postgres::Client {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .unwrap_or_else(|e| panic!("connecting to PostgreSQL at {url:?}: {e:?}"));
+    tokio::spawn(async move {
+        if let Err(e) = connection.await {
+            eprintln!("PostgreSQL connection error: {e}");
+        }
+    });
+    client
+}
+
+fn postgres_required() -> bool {
+    std::env::var(REQUIRE_VAR).is_ok_and(|v| !v.is_empty() && v != "0")
+}
+
+/// The directory holding `initdb` and `pg_ctl`: `RQ_TEST_POSTGRES_BIN_DIR`, else the highest
+/// version under `/usr/lib/postgresql/*/bin`, else `PATH`.
+fn find_bin_dir() -> Result<PathBuf, Skip> {
+    if let Some(dir) = std::env::var_os(BIN_DIR_VAR) {
+        let dir = PathBuf::from(dir);
+        return if has_server_binaries(&dir) {
+            Ok(dir)
+        } else {
+            Err(Skip {
+                reason: format!(
+                    "PostgreSQL server binaries not found (looked in {BIN_DIR_VAR}={}): \
+                     {MISSING_ADVICE}",
+                    dir.display()
+                ),
+            })
+        };
+    }
+    let mut best: Option<(Vec<u32>, PathBuf)> = None;
+    for entry in fs::read_dir("/usr/lib/postgresql").into_iter().flatten() {
+        let Ok(entry) = entry else { continue };
+        // "15", or "9.6" for the old ones.
+        let Some(version) = entry.file_name().to_str().and_then(|name| {
+            name.split('.')
+                .map(|n| n.parse().ok())
+                .collect::<Option<Vec<u32>>>()
+        }) else {
+            continue;
+        };
+        let bin = entry.path().join("bin");
+        if has_server_binaries(&bin) && best.as_ref().is_none_or(|(v, _)| version > *v) {
+            best = Some((version, bin));
+        }
+    }
+    if let Some((_, bin)) = best {
+        return Ok(bin);
+    }
+    if let Some(path) = std::env::var_os("PATH") {
+        if let Some(dir) = std::env::split_paths(&path).find(|dir| has_server_binaries(dir)) {
+            return Ok(dir);
+        }
+    }
+    Err(Skip {
+        reason: format!(
+            "PostgreSQL server binaries not found (looked in /usr/lib/postgresql/*/bin and PATH): \
+             {MISSING_ADVICE}"
+        ),
+    })
+}
+
+fn has_server_binaries(dir: &Path) -> bool {
+    ["initdb", "pg_ctl"].iter().all(|name| {
+        fs::metadata(dir.join(name))
+            .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    })
+}
+
+fn running_as_root() -> bool {
+    // /proc/self belongs to the process's effective uid.
+    if let Ok(meta) = fs::metadata("/proc/self") {
+        return meta.uid() == 0;
+    }
+    let out = Command::new("id")
+        .arg("-u")
+        .output()
+        .unwrap_or_else(|e| panic!("cannot tell whether the tests run as root: `id -u`: {e}"));
+    String::from_utf8_lossy(&out.stdout).trim() == "0"
+}
+
+/// `nobody`'s uid and gid, from /etc/passwd.
+fn unprivileged_user() -> (u32, u32) {
+    let passwd = fs::read_to_string("/etc/passwd")
+        .unwrap_or_else(|e| panic!("reading /etc/passwd to find the user `nobody`: {e}"));
+    passwd
+        .lines()
+        .find_map(|line| {
+            let fields: Vec<&str> = line.split(':').collect();
+            match fields[..] {
+                ["nobody", _, uid, gid, ..] => Some((uid.parse().ok()?, gid.parse().ok()?)),
+                _ => None,
+            }
+        })
+        .expect(
+            "the tests run as root, which PostgreSQL refuses, and there is no user `nobody` \
+             in /etc/passwd to run it as",
+        )
+}
+
+/// Where to make the temporary directory: the usual one, unless the server's unprivileged user
+/// could not get to it (as root) or its socket path would be too long; then `/tmp`.
+fn temp_base(for_other_user: bool) -> PathBuf {
+    let base = std::env::temp_dir();
+    let traversable = !for_other_user
+        || base
+            .ancestors()
+            .all(|dir| fs::metadata(dir).is_ok_and(|m| m.permissions().mode() & 0o001 != 0));
+    // "/rq-pg-XXXXXX/sock/.s.PGSQL.5432" is 32 bytes.
+    if traversable && base.as_os_str().len() + 32 <= MAX_SOCKET_PATH {
+        base
+    } else {
+        PathBuf::from("/tmp")
+    }
+}
+
+/// `path` as a single-quoted postgresql.conf value's contents.
+fn conf_quote(path: &Path) -> String {
+    path.to_string_lossy().replace('\'', "''")
+}
+
+/// `value` as a single-quoted key-value connection string value's contents.
+fn kv_quote(value: &str) -> String {
+    value.replace('\\', "\\\\").replace('\'', "\\'")
+}
+
+/// `url` pointed at the database `dbname` (a name [`PgServer::create_database`] accepts).
+fn with_dbname(url: &str, dbname: &str) -> String {
+    let url = url.trim();
+    for scheme in ["postgres://", "postgresql://"] {
+        if let Some(rest) = url.strip_prefix(scheme) {
+            // scheme, authority (up to the first '/' or '?'), then the path, then a query.
+            let (before_query, query) = match rest.find('?') {
+                Some(i) => rest.split_at(i),
+                None => (rest, ""),
+            };
+            let authority = before_query.split('/').next().unwrap_or_default();
+            return format!("{scheme}{authority}/{dbname}{query}");
+        }
+    }
+    // Key-value form: the last of repeated keys wins.
+    format!("{url} dbname='{dbname}'")
+}
