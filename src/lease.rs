@@ -612,17 +612,13 @@ where
     /// As [`commit_and_lease`](Self::commit_and_lease).
     pub fn blocking_commit_and_lease(
         &self,
-        mut tx: Transaction,
+        tx: Transaction,
         n: usize,
         ttl: Duration,
     ) -> Result<Vec<Lease<T>>> {
-        self.engine().check_embedded("leases")?;
-        let ttl = check_ttl(ttl)?;
-        let (from, items) = self.take_visible(&mut tx, n)?;
-        let granted = self
-            .engine()
-            .blocking_grant(self.queue_ref(), tx.work_mut(), from, ttl)?;
-        Ok(self.leases(granted, items))
+        // Nothing in it waits but the commit, which `block_on` waits for as
+        // `blocking_commit` does.
+        crate::engine::block_on(self.commit_and_lease(tx, n, ttl))
     }
 
     /// Takes up to `n` visible items into `tx`, stopping before one that cannot be decoded

@@ -272,12 +272,7 @@ where
         crate::engine::consume_budget().await;
         #[cfg(feature = "postgres")]
         if self.engine.is_remote() {
-            self.check(tx)?;
-            let taken = self
-                .engine
-                .try_dequeue_remote(&self.queue, tx.work_mut(), 1)
-                .await?;
-            return taken.first().map(|entry| self.decode(entry)).transpose();
+            return Ok(self.take_remote(tx, 1).await?.pop());
         }
         self.blocking_try_dequeue(tx)
     }
@@ -342,14 +337,20 @@ where
         crate::engine::consume_budget().await;
         #[cfg(feature = "postgres")]
         if self.engine.is_remote() {
-            self.check(tx)?;
-            let taken = self
-                .engine
-                .try_dequeue_remote(&self.queue, tx.work_mut(), n)
-                .await?;
-            return taken.iter().map(|entry| self.decode(entry)).collect();
+            return self.take_remote(tx, n).await;
         }
         self.blocking_try_dequeue_many(tx, n)
+    }
+
+    /// Up to `n` items into `tx` on a remote engine, decoded (one round trip).
+    #[cfg(feature = "postgres")]
+    async fn take_remote(&self, tx: &mut Transaction, n: usize) -> Result<Vec<T>> {
+        self.check(tx)?;
+        let taken = self
+            .engine
+            .try_dequeue_remote(&self.queue, tx.work_mut(), n)
+            .await?;
+        taken.iter().map(|entry| self.decode(entry)).collect()
     }
 
     /// [`try_dequeue_many`](Self::try_dequeue_many) for threads.

@@ -15,6 +15,7 @@ mod cases {
     use std::sync::{Arc, Barrier};
 
     use reliable_queue::{Error, ReliableConcurrentQueue, Store};
+    use tokio_postgres::types::ToSql;
 
     use super::pg::PgServer;
 
@@ -27,23 +28,27 @@ mod cases {
             .expect("connect to the test server")
     }
 
-    /// Runs `sql` on its own connection.
-    fn execute(url: &str, sql: &str) {
-        let sql = sql.to_owned();
-        let url = url.to_owned();
+    /// Runs `sql` with `params` on a connection of its own: the first column of its first
+    /// row, when it returns a count.
+    fn run_sql(url: &str, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Option<i64> {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .unwrap()
-            .block_on(async move {
-                let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+            .block_on(async {
+                let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
                     .await
                     .unwrap();
                 let driver = tokio::spawn(connection);
-                client.batch_execute(&sql).await.unwrap();
+                let rows = client.query(sql, params).await.unwrap();
                 drop(client);
                 driver.await.unwrap().unwrap();
-            });
+                rows.first().and_then(|row| row.try_get(0).ok())
+            })
+    }
+
+    fn execute(url: &str, sql: &str) {
+        run_sql(url, sql, &[]);
     }
 
     fn fill(store: &Store, q: &ReliableConcurrentQueue<u64>, items: impl IntoIterator<Item = u64>) {
@@ -211,28 +216,13 @@ mod cases {
             hash = (hash ^ u32::from(b)).wrapping_mul(0x0100_0193);
         }
         let key = i64::from((hash & 0x3fff_ffff) | 0x4000_0000);
-        let url = url.to_owned();
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap()
-            .block_on(async move {
-                let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-                    .await
-                    .unwrap();
-                let driver = tokio::spawn(connection);
-                let row = client
-                    .query_one(
-                        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' \
-                         AND classid::int8 = $1 AND objsubid = 2 AND granted",
-                        &[&key],
-                    )
-                    .await
-                    .unwrap();
-                drop(client);
-                driver.await.unwrap().unwrap();
-                row.get(0)
-            })
+        run_sql(
+            url,
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' \
+             AND classid::int8 = $1 AND objsubid = 2 AND granted",
+            &[&key],
+        )
+        .unwrap_or(0)
     }
 
     /// A waiting dequeue: the consumer registers (its store's listener takes the queue's
@@ -600,28 +590,12 @@ mod cases {
 
     /// Sessions of `application` on the server.
     fn sessions(url: &str, application: &str) -> i64 {
-        let url = url.to_owned();
-        let application = application.to_owned();
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap()
-            .block_on(async move {
-                let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-                    .await
-                    .unwrap();
-                let driver = tokio::spawn(connection);
-                let row = client
-                    .query_one(
-                        "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1",
-                        &[&application],
-                    )
-                    .await
-                    .unwrap();
-                drop(client);
-                driver.await.unwrap().unwrap();
-                row.get(0)
-            })
+        run_sql(
+            url,
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1",
+            &[&application],
+        )
+        .unwrap_or(0)
     }
 
     /// What is not built on this engine yet says so with a typed error, and loses nothing.
