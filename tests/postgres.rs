@@ -324,6 +324,44 @@ mod cases {
         assert_eq!(drain(&store, &q), (0..64).collect::<Vec<_>>());
     }
 
+    /// A connection killed in the middle of a transaction (the server's
+    /// `pg_terminate_backend`, as a network cut or a server restart would) is a typed error:
+    /// the commit fails, nothing of the transaction applies, the items it held are back, and
+    /// the store goes on with new connections.
+    pub(crate) fn a_connection_lost_mid_transaction_fails_the_commit_and_the_store_recovers(
+        server: &PgServer,
+    ) {
+        let url = format!("{} application_name=rq-lost", server.url());
+        let store = Store::builder()
+            .postgres(&url)
+            .postgres_schema("lost")
+            .open()
+            .unwrap();
+        let q = store.blocking_queue::<u64>("q").unwrap();
+        fill(&store, &q, [1, 2]);
+        let mut tx = store.begin();
+        assert_eq!(q.blocking_try_dequeue(&mut tx).unwrap(), Some(1));
+        q.enqueue(&mut tx, 3).unwrap();
+        let killed = run_sql(
+            server.url(),
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+             WHERE application_name = 'rq-lost' AND state = 'idle in transaction'",
+            &[],
+        );
+        assert_eq!(killed, Some(1), "the transaction's backend");
+        match tx.blocking_commit() {
+            Err(Error::Postgres { .. } | Error::CommitOutcomeUnknown { .. }) => {}
+            other => panic!("expected a PostgreSQL error, got {other:?}"),
+        }
+        assert_eq!(
+            drain(&store, &q),
+            [1, 2],
+            "rolled back: 1 is back, 3 never came"
+        );
+        fill(&store, &q, [4]);
+        assert_eq!(drain(&store, &q), [4], "the store goes on");
+    }
+
     /// Committed items are in the database: a second store (as another process would) sees
     /// them, in commit order.
     pub(crate) fn committed_items_are_seen_by_another_connection_in_order(server: &PgServer) {
@@ -660,6 +698,10 @@ fn main() -> std::process::ExitCode {
         (
             "a_batch_dequeue_takes_the_head_in_order",
             a_batch_dequeue_takes_the_head_in_order,
+        ),
+        (
+            "a_connection_lost_mid_transaction_fails_the_commit_and_the_store_recovers",
+            a_connection_lost_mid_transaction_fails_the_commit_and_the_store_recovers,
         ),
         (
             "committed_items_are_seen_by_another_connection_in_order",
