@@ -98,3 +98,11 @@ pub use crate::queue_set::{QueueSet, SetOrder};
 pub use crate::store::Builder;
 pub use crate::store::Store;
 pub use crate::transaction::Transaction;
+
+/// The PostgreSQL client types that [`Transaction::execute`] and [`Transaction::query`] take
+/// and return (re-exported from `tokio-postgres`, so that a service uses the same version).
+#[cfg(feature = "postgres")]
+pub mod postgres {
+    pub use tokio_postgres::types::ToSql;
+    pub use tokio_postgres::Row;
+}

@@ -261,6 +261,120 @@ impl Transaction {
     }
 }
 
+#[cfg(feature = "postgres")]
+impl Transaction {
+    /// Runs the service's own SQL statement in this transaction's database transaction (the
+    /// PostgreSQL engine), so that it commits or rolls back with the queue operations: enqueue
+    /// a job and write its business rows atomically, or complete a job and record its result.
+    /// Returns the number of rows the statement affected. A statement that fails aborts the
+    /// transaction (as PostgreSQL does): its commit then fails with
+    /// [`Error::TransactionAborted`](crate::Error::TransactionAborted) and nothing of it
+    /// applies.
+    ///
+    /// # Cancel safety
+    ///
+    /// A future dropped before it completes aborts the transaction, as for
+    /// [`try_dequeue`](crate::ReliableConcurrentQueue::try_dequeue).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Postgres`](crate::Error::Postgres) for a failed statement or connection,
+    /// [`Error::TransactionAborted`](crate::Error::TransactionAborted) if the transaction was
+    /// aborted before, [`Error::Unsupported`](crate::Error::Unsupported) on the embedded
+    /// engines, [`Error::Closed`](crate::Error::Closed) after close.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), reliable_queue::Error> {
+    /// let store = reliable_queue::Store::connect("postgresql://app@localhost/app").await?;
+    /// let jobs = store.queue::<u64>("invoices").await?;
+    /// let mut tx = store.begin();
+    /// let order: i64 = 42;
+    /// tx.execute("INSERT INTO orders (id, state) VALUES ($1, 'new')", &[&order])
+    ///     .await?;
+    /// jobs.enqueue(&mut tx, 42)?;
+    /// tx.commit().await?; // the row and the job, or neither
+    /// # Ok(()) }
+    /// ```
+    pub async fn execute(
+        &mut self,
+        sql: &str,
+        params: &[&(dyn crate::postgres::ToSql + Sync)],
+    ) -> Result<u64> {
+        match self.run_sql(sql, params, false).await? {
+            crate::engine::postgres::SqlOutcome::Affected(n) => Ok(n),
+            crate::engine::postgres::SqlOutcome::Rows(rows) => {
+                Ok(u64::try_from(rows.len()).unwrap_or(u64::MAX))
+            }
+        }
+    }
+
+    /// Runs the service's own SQL query in this transaction's database transaction and
+    /// returns its rows; as [`execute`](Self::execute) otherwise.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`execute`](Self::execute).
+    ///
+    /// # Errors
+    ///
+    /// As [`execute`](Self::execute).
+    pub async fn query(
+        &mut self,
+        sql: &str,
+        params: &[&(dyn crate::postgres::ToSql + Sync)],
+    ) -> Result<Vec<crate::postgres::Row>> {
+        match self.run_sql(sql, params, true).await? {
+            crate::engine::postgres::SqlOutcome::Rows(rows) => Ok(rows),
+            crate::engine::postgres::SqlOutcome::Affected(_) => Ok(Vec::new()),
+        }
+    }
+
+    /// [`execute`](Self::execute) for threads.
+    ///
+    /// # Errors
+    ///
+    /// As [`execute`](Self::execute).
+    pub fn blocking_execute(
+        &mut self,
+        sql: &str,
+        params: &[&(dyn crate::postgres::ToSql + Sync)],
+    ) -> Result<u64> {
+        crate::engine::block_on(self.execute(sql, params))
+    }
+
+    /// [`query`](Self::query) for threads.
+    ///
+    /// # Errors
+    ///
+    /// As [`execute`](Self::execute).
+    pub fn blocking_query(
+        &mut self,
+        sql: &str,
+        params: &[&(dyn crate::postgres::ToSql + Sync)],
+    ) -> Result<Vec<crate::postgres::Row>> {
+        crate::engine::block_on(self.query(sql, params))
+    }
+
+    async fn run_sql(
+        &mut self,
+        sql: &str,
+        params: &[&(dyn crate::postgres::ToSql + Sync)],
+        rows: bool,
+    ) -> Result<crate::engine::postgres::SqlOutcome> {
+        self.engine.check_open()?;
+        let Some(pg) = self.engine.postgres() else {
+            return Err(crate::Error::Unsupported {
+                operation: "SQL in a transaction",
+                engine: "embedded (memory or sled)",
+            });
+        };
+        pg.sql(&mut self.work.pg, sql, params, rows).await
+    }
+}
+
 impl Drop for Transaction {
     fn drop(&mut self) {
         self.work.withdraw_leaked();

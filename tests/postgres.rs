@@ -362,6 +362,67 @@ mod cases {
         assert_eq!(drain(&store, &q), [4], "the store goes on");
     }
 
+    /// The service's own SQL in the transaction commits and rolls back with its queue
+    /// operations; a failing statement aborts the transaction and nothing of it applies; the
+    /// embedded engines refuse it.
+    pub(crate) fn the_services_own_sql_commits_with_the_queue_operations(server: &PgServer) {
+        let store = store(server, "business");
+        execute(
+            server.url(),
+            "CREATE TABLE business.orders (id int8 PRIMARY KEY)",
+        );
+        let jobs = store.blocking_queue::<u64>("jobs").unwrap();
+        let orders = |store: &Store| -> i64 {
+            let mut tx = store.begin();
+            let rows = tx
+                .blocking_query("SELECT count(*) FROM business.orders", &[])
+                .unwrap();
+            rows[0].get(0)
+        };
+
+        let mut tx = store.begin();
+        assert_eq!(
+            tx.blocking_execute("INSERT INTO business.orders VALUES ($1)", &[&1i64])
+                .unwrap(),
+            1
+        );
+        jobs.enqueue(&mut tx, 1).unwrap();
+        tx.blocking_commit().unwrap();
+        assert_eq!((orders(&store), jobs.blocking_count().unwrap()), (1, 1));
+
+        // Completing the job and recording its result, then changing one's mind: neither.
+        let mut tx = store.begin();
+        assert_eq!(jobs.blocking_try_dequeue(&mut tx).unwrap(), Some(1));
+        tx.blocking_execute("INSERT INTO business.orders VALUES ($1)", &[&2i64])
+            .unwrap();
+        tx.blocking_abort().unwrap();
+        assert_eq!((orders(&store), jobs.blocking_count().unwrap()), (1, 1));
+
+        // A failing statement (a duplicate key) aborts the whole transaction.
+        let mut tx = store.begin();
+        assert_eq!(jobs.blocking_try_dequeue(&mut tx).unwrap(), Some(1));
+        jobs.enqueue(&mut tx, 2).unwrap();
+        assert!(matches!(
+            tx.blocking_execute("INSERT INTO business.orders VALUES ($1)", &[&1i64]),
+            Err(Error::Postgres { .. })
+        ));
+        assert!(matches!(
+            tx.blocking_commit(),
+            Err(Error::TransactionAborted { .. })
+        ));
+        assert_eq!(
+            drain(&store, &jobs),
+            [1],
+            "the job is back, the enqueue never applied"
+        );
+
+        let memory = Store::in_memory().unwrap();
+        assert!(matches!(
+            memory.begin().blocking_execute("SELECT 1", &[]),
+            Err(Error::Unsupported { .. })
+        ));
+    }
+
     /// Committed items are in the database: a second store (as another process would) sees
     /// them, in commit order.
     pub(crate) fn committed_items_are_seen_by_another_connection_in_order(server: &PgServer) {
@@ -702,6 +763,10 @@ fn main() -> std::process::ExitCode {
         (
             "a_connection_lost_mid_transaction_fails_the_commit_and_the_store_recovers",
             a_connection_lost_mid_transaction_fails_the_commit_and_the_store_recovers,
+        ),
+        (
+            "the_services_own_sql_commits_with_the_queue_operations",
+            the_services_own_sql_commits_with_the_queue_operations,
         ),
         (
             "committed_items_are_seen_by_another_connection_in_order",

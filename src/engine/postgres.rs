@@ -236,6 +236,15 @@ impl Sql {
     }
 }
 
+/// What the caller's own SQL gave.
+#[derive(Debug)]
+pub(crate) enum SqlOutcome {
+    /// Rows a statement affected.
+    Affected(u64),
+    /// A query's rows.
+    Rows(Vec<tokio_postgres::Row>),
+}
+
 /// A transaction's hold on PostgreSQL, as its `Work` keeps it: nothing yet (no dequeue: an
 /// enqueue-only transaction needs no connection before its commit), or its [`PgTx`]. One
 /// pointer wide, so the embedded engines' `Work` grows by no more than that.
@@ -635,6 +644,57 @@ impl Postgres {
         let sql = Arc::clone(&self.sql);
         self.run(async move { finish(&pool, &sql, held, queues, payloads).await })
             .await
+    }
+
+    /// Runs the caller's `sql` in the transaction of `slot` (begun now if need be). A failing
+    /// statement aborts the transaction, as PostgreSQL does.
+    pub(crate) async fn sql(
+        &self,
+        slot: &mut PgSlot,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+        rows: bool,
+    ) -> Result<SqlOutcome> {
+        let mut held = slot.begin_call(&self.rt)?;
+        let ran = self.sql_in(&mut held, sql, params, rows).await;
+        if ran.is_err() {
+            held.failed = true;
+        }
+        slot.end_call(held);
+        ran
+    }
+
+    /// [`sql`](Self::sql) once the connection is out of the slot. The statement runs in the
+    /// caller's future (the client's requests go to the connection's task on the store's
+    /// runtime): a future dropped half way drops `held`, which rolls back.
+    async fn sql_in(
+        &self,
+        held: &mut PgTx,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+        rows: bool,
+    ) -> Result<SqlOutcome> {
+        if held.client.is_none() {
+            let pool = self.pool.clone();
+            let client = self
+                .run(async move { pool.get().await.map_err(|e| pg("sql", e)) })
+                .await?;
+            held.client = Some(client);
+        }
+        if !held.open {
+            held.client()?
+                .batch_execute("BEGIN")
+                .await
+                .map_err(|e| pg("begin", e))?;
+            held.open = true;
+        }
+        let client = held.client()?;
+        let outcome = if rows {
+            client.query(sql, params).await.map(SqlOutcome::Rows)
+        } else {
+            client.execute(sql, params).await.map(SqlOutcome::Affected)
+        };
+        outcome.map_err(|e| pg("sql", e))
     }
 
     /// Rolls back `tx`'s database transaction, if one is open, and waits for the server.
