@@ -423,6 +423,42 @@ mod cases {
         ));
     }
 
+    /// A transaction left idle past the store's idle-transaction timeout is ended by the
+    /// server: its items are visible again at once, and its commit fails with a typed
+    /// error. (The wait is for the server's timer, bounded, not a sleep for synchronisation:
+    /// the test watches the session end.)
+    pub(crate) fn an_idle_transaction_past_its_timeout_is_ended_by_the_server(server: &PgServer) {
+        let url = format!("{} application_name=rq-idle", server.url());
+        let store = Store::builder()
+            .postgres_idle_transaction_timeout(std::time::Duration::from_millis(200))
+            .postgres(&url)
+            .postgres_schema("idle")
+            .open()
+            .unwrap();
+        let q = store.blocking_queue::<u64>("q").unwrap();
+        fill(&store, &q, [1]);
+        let mut tx = store.begin();
+        assert_eq!(q.blocking_try_dequeue(&mut tx).unwrap(), Some(1));
+        assert_eq!(q.blocking_count().unwrap(), 0);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while run_sql(
+            server.url(),
+            "SELECT count(*) FROM pg_stat_activity \
+             WHERE application_name = 'rq-idle' AND state = 'idle in transaction'",
+            &[],
+        ) != Some(0)
+        {
+            assert!(std::time::Instant::now() < deadline, "the server ends it");
+            std::thread::yield_now();
+        }
+        assert_eq!(q.blocking_count().unwrap(), 1, "visible again");
+        assert!(matches!(
+            tx.blocking_commit(),
+            Err(Error::Postgres { .. } | Error::CommitOutcomeUnknown { .. })
+        ));
+        assert_eq!(drain(&store, &q), [1]);
+    }
+
     /// Committed items are in the database: a second store (as another process would) sees
     /// them, in commit order.
     pub(crate) fn committed_items_are_seen_by_another_connection_in_order(server: &PgServer) {
@@ -767,6 +803,10 @@ fn main() -> std::process::ExitCode {
         (
             "the_services_own_sql_commits_with_the_queue_operations",
             the_services_own_sql_commits_with_the_queue_operations,
+        ),
+        (
+            "an_idle_transaction_past_its_timeout_is_ended_by_the_server",
+            an_idle_transaction_past_its_timeout_is_ended_by_the_server,
         ),
         (
             "committed_items_are_seen_by_another_connection_in_order",

@@ -85,6 +85,9 @@ pub(crate) struct PgConfig {
     /// The schema (namespace) of the store's tables: lower-case letters, digits and `_`.
     pub(crate) schema: String,
     pub(crate) pool_size: usize,
+    /// The server ends a transaction left idle longer than this
+    /// (`idle_in_transaction_session_timeout` on every connection of the store).
+    pub(crate) idle_transaction_timeout: Option<Duration>,
 }
 
 impl fmt::Debug for PgConfig {
@@ -103,6 +106,7 @@ impl PgConfig {
             url: url.to_owned(),
             schema: DEFAULT_SCHEMA.to_owned(),
             pool_size: DEFAULT_POOL_SIZE,
+            idle_transaction_timeout: None,
         }
     }
 
@@ -429,15 +433,24 @@ impl Postgres {
     /// schema (under an advisory lock, so that processes starting together migrate once).
     pub(crate) async fn connect(config: &PgConfig) -> Result<Postgres> {
         config.validate()?;
-        let pg_config =
-            tokio_postgres::Config::from_str(&config.url).map_err(|e| Error::InvalidConfig {
+        let mut pg_config =
+            tokio_postgres::Config::from_str(&config.url).map_err(|_| Error::InvalidConfig {
                 setting: "postgres_url",
-                expected: if e.to_string().is_empty() {
-                    "a PostgreSQL connection URL or key-value string"
-                } else {
-                    "a PostgreSQL connection URL or key-value string (libpq syntax)"
-                },
+                expected: "a PostgreSQL connection URL or key-value string (libpq syntax)",
             })?;
+        // A peer that vanished (a partitioned or powered-off machine) is noticed by TCP
+        // keepalives instead of after the kernel's two hours (ignored on Unix sockets).
+        pg_config
+            .keepalives(true)
+            .keepalives_idle(Duration::from_secs(30));
+        if let Some(timeout) = config.idle_transaction_timeout {
+            let ms = timeout.as_millis().max(1);
+            let options = format!(
+                "{} -c idle_in_transaction_session_timeout={ms}",
+                pg_config.get_options().unwrap_or("")
+            );
+            pg_config.options(options.trim());
+        }
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()

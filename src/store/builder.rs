@@ -320,12 +320,12 @@ impl Builder {
     /// ```
     #[cfg(feature = "postgres")]
     pub fn postgres(mut self, url: &str) -> Self {
-        let schema = self.config.postgres.take().map(|pg| pg.schema);
-        let mut pg = crate::engine::postgres::PgConfig::new(url);
-        if let Some(schema) = schema {
-            pg.schema = schema;
-        }
-        self.config.postgres = Some(pg);
+        // The other PostgreSQL settings may have come first.
+        let pg = self
+            .config
+            .postgres
+            .get_or_insert_with(|| crate::engine::postgres::PgConfig::new(url));
+        url.clone_into(&mut pg.url);
         self
     }
 
@@ -352,6 +352,26 @@ impl Builder {
             .postgres
             .get_or_insert_with(|| crate::engine::postgres::PgConfig::new(""));
         pg.pool_size = connections;
+        self
+    }
+
+    /// Has the server end a transaction of this store that stays idle (no statement) longer
+    /// than `timeout` (`idle_in_transaction_session_timeout` on each of its connections), so
+    /// that a worker that hangs, or is cut off from the database with its connection half
+    /// open, cannot hold items for longer: the server rolls back and the items are visible
+    /// again; the transaction's later calls and its commit fail with
+    /// [`Error::Postgres`](crate::Error::Postgres) (or
+    /// [`Error::TransactionAborted`](crate::Error::TransactionAborted)). Off by default: a
+    /// transaction may legitimately stay open while its items are processed; set it above the
+    /// longest such processing. The store's connections also use TCP keepalives (30 s idle),
+    /// so a vanished peer is noticed within minutes. Whole milliseconds.
+    #[cfg(feature = "postgres")]
+    pub fn postgres_idle_transaction_timeout(mut self, timeout: std::time::Duration) -> Self {
+        let pg = self
+            .config
+            .postgres
+            .get_or_insert_with(|| crate::engine::postgres::PgConfig::new(""));
+        pg.idle_transaction_timeout = Some(timeout);
         self
     }
 
