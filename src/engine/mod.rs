@@ -529,7 +529,8 @@ impl Engine {
         work.withdraw_leaked();
         self.check_open()?;
         work.check_live()?;
-        self.check_embedded("try_dequeue through this path")?;
+        // The queue handles take the remote way before this; a queue set does not (yet).
+        self.check_embedded("queue sets")?;
         Ok(queue.core.try_take().map(|entry| hold(work, queue, entry)))
     }
 
