@@ -17,7 +17,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use common::{drain, peek_all, temp_dir, TotalQueue};
-use reliable_queue::{Durability, Error, ReliableConcurrentQueue, Result, Store};
+use reliable_queue::{Durability, Error, ReliableConcurrentQueue, Result, Store, Transaction};
 
 /// How long a consumer may take to register, or a woken one to return.
 const LIMIT: Duration = Duration::from_secs(10);
@@ -430,6 +430,22 @@ fn commits_racing_a_close(kind: Kind, durability: Durability) {
     }
     tx.blocking_commit().unwrap();
 
+    // Transactions ready to commit (one enqueue, one dequeue of a prefilled item), made
+    // before the consumers start, so that the consumers cannot have drained the prefilled
+    // items first.
+    let prepared: Vec<(Transaction, u64, u64)> = (0..PREPARED)
+        .map(|c| {
+            let id = 9_000_000 + c as u64;
+            let mut tx = store.begin();
+            q.enqueue(&mut tx, id).expect("enqueue before the close");
+            let taken = q
+                .blocking_try_dequeue(&mut tx)
+                .expect("dequeue before the close")
+                .expect("a prefilled item");
+            (tx, id, taken)
+        })
+        .collect();
+
     let outcomes = Arc::new(Mutex::new(Outcomes::default()));
     // Acknowledged commits of the producers and of the consumers.
     let commits = Arc::new([AtomicUsize::new(0), AtomicUsize::new(0)]);
@@ -489,17 +505,9 @@ fn commits_racing_a_close(kind: Kind, durability: Durability) {
     // Committers with a transaction ready (one enqueue, one dequeue) commit at the moment
     // the close starts, so that some commits are submitted just before it and some just after.
     let start = Arc::new(Barrier::new(PREPARED + 1));
-    for c in 0..PREPARED {
-        let (store, q, outcomes, start) =
-            (store.clone(), q.clone(), outcomes.clone(), start.clone());
+    for (tx, id, taken) in prepared {
+        let (outcomes, start) = (outcomes.clone(), start.clone());
         threads.push(thread::spawn(move || {
-            let id = 9_000_000 + c as u64;
-            let mut tx = store.begin();
-            q.enqueue(&mut tx, id).expect("enqueue before the close");
-            let taken = q
-                .blocking_try_dequeue(&mut tx)
-                .expect("dequeue before the close")
-                .expect("a prefilled item");
             start.wait();
             let committed = tx.blocking_commit();
             expect_closed_or_ok(&committed, "commit of a prepared transaction");
