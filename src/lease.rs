@@ -11,6 +11,8 @@ use serde::Serialize;
 
 use crate::clock::{system_time, wall_ms};
 use crate::core::Entry;
+#[cfg(feature = "postgres")]
+use crate::engine::postgres::{FailOutcome, Granted as PgGranted, Postgres as PgEngine};
 use crate::engine::processing::{DeadSlot, Granted, Move, MoveKind, Proc};
 use crate::engine::{Engine, Work};
 use crate::error::{Error, Result};
@@ -150,10 +152,12 @@ impl<T> Lease<T> {
                 queue: self.proc.core.name().to_owned(),
             });
         }
-        if self
-            .proc
-            .lease_state(self.token, self.engine.now())
-            .is_none()
+        // On PostgreSQL the commit checks the lease (the database's clock decides).
+        if !self.engine.is_remote()
+            && self
+                .proc
+                .lease_state(self.token, self.engine.now())
+                .is_none()
         {
             return Err(self.expired());
         }
@@ -243,6 +247,14 @@ impl<T> Lease<T> {
     /// ```
     pub async fn fail(mut self, reason: &str) -> Result<Failed> {
         self.settled = true;
+        #[cfg(feature = "postgres")]
+        if let Some(pg) = self.engine.postgres() {
+            return match pg.fail(&self.proc.core, self.token, reason).await? {
+                FailOutcome::Ended => Err(self.expired()),
+                FailOutcome::Retry(at) => Ok(failed(Some(at))),
+                FailOutcome::Dead => Ok(failed(None)),
+            };
+        }
         let (mut work, due) = self.engine.fail_work(&self.proc, self.token, reason)?;
         self.engine.commit(&mut work).await?;
         Ok(failed(due))
@@ -254,6 +266,10 @@ impl<T> Lease<T> {
     ///
     /// As [`fail`](Lease::fail).
     pub fn blocking_fail(mut self, reason: &str) -> Result<Failed> {
+        #[cfg(feature = "postgres")]
+        if self.engine.is_remote() {
+            return crate::engine::block_on(self.fail(reason));
+        }
         self.settled = true;
         let (mut work, due) = self.engine.fail_work(&self.proc, self.token, reason)?;
         self.engine.blocking_commit(&mut work)?;
@@ -273,6 +289,20 @@ impl<T> Lease<T> {
     /// over [`MAX_DELAY`](crate::MAX_DELAY) (the lease is then given back at once).
     pub async fn release(mut self, delay: Duration) -> Result<()> {
         self.settled = true;
+        #[cfg(feature = "postgres")]
+        if let Some(pg) = self.engine.postgres() {
+            let delay = match check_delay(delay) {
+                Ok(d) => d,
+                Err(e) => {
+                    pg.drop_lease(self.token);
+                    return Err(e);
+                }
+            };
+            return match pg.release(self.token, delay).await? {
+                true => Ok(()),
+                false => Err(self.expired()),
+            };
+        }
         let work = self.release_work(delay)?;
         match work {
             Some(mut work) => self.engine.commit(&mut work).await,
@@ -286,6 +316,10 @@ impl<T> Lease<T> {
     ///
     /// As [`release`](Lease::release).
     pub fn blocking_release(mut self, delay: Duration) -> Result<()> {
+        #[cfg(feature = "postgres")]
+        if self.engine.is_remote() {
+            return crate::engine::block_on(self.release(delay));
+        }
         self.settled = true;
         match self.release_work(delay)? {
             Some(mut work) => self.engine.blocking_commit(&mut work),
@@ -316,6 +350,17 @@ impl<T> Lease<T> {
     /// [`Error::LeaseExpired`] if the lease has ended, [`Error::InvalidArgument`] for a zero
     /// or over-long `ttl`.
     pub async fn extend(&mut self, ttl: Duration) -> Result<()> {
+        #[cfg(feature = "postgres")]
+        if let Some(pg) = self.engine.postgres() {
+            let ttl = check_ttl(ttl)?;
+            return match pg.extend(self.token, ttl).await? {
+                Some(deadline) => {
+                    self.deadline = deadline;
+                    Ok(())
+                }
+                None => Err(self.expired()),
+            };
+        }
         self.blocking_extend(ttl)
     }
 
@@ -325,6 +370,10 @@ impl<T> Lease<T> {
     ///
     /// As [`extend`](Lease::extend).
     pub fn blocking_extend(&mut self, ttl: Duration) -> Result<()> {
+        #[cfg(feature = "postgres")]
+        if self.engine.is_remote() {
+            return crate::engine::block_on(self.extend(ttl));
+        }
         let ttl = check_ttl(ttl)?;
         self.deadline = self.engine.extend(&self.proc, self.token, ttl)?;
         Ok(())
@@ -343,6 +392,11 @@ fn failed(due: Option<u64>) -> Failed {
 impl<T> Drop for Lease<T> {
     fn drop(&mut self) {
         if !self.settled {
+            #[cfg(feature = "postgres")]
+            if let Some(pg) = self.engine.postgres() {
+                pg.drop_lease(self.token);
+                return;
+            }
             self.engine.drop_lease(&self.proc, self.token);
         }
     }
@@ -438,7 +492,14 @@ where
     ///
     /// See [`Lease`].
     pub async fn lease(&self, ttl: Duration) -> Result<Lease<T>> {
-        self.engine().check_embedded("leases")?;
+        #[cfg(feature = "postgres")]
+        if self.engine().is_remote() {
+            return self
+                .remote_lease(1, ttl, true)
+                .await?
+                .pop()
+                .ok_or(Error::Closed);
+        }
         if let Some(lease) = self.lease_front_at_once(ttl) {
             return lease;
         }
@@ -453,7 +514,10 @@ where
     ///
     /// As [`lease`](Self::lease).
     pub fn blocking_lease(&self, ttl: Duration) -> Result<Lease<T>> {
-        self.engine().check_embedded("leases")?;
+        #[cfg(feature = "postgres")]
+        if self.engine().is_remote() {
+            return crate::engine::block_on(self.lease(ttl));
+        }
         if let Some(lease) = self.lease_front_at_once(ttl) {
             return lease;
         }
@@ -509,7 +573,10 @@ where
     /// # Ok(()) }
     /// ```
     pub async fn lease_many(&self, n: usize, ttl: Duration) -> Result<Vec<Lease<T>>> {
-        self.engine().check_embedded("leases")?;
+        #[cfg(feature = "postgres")]
+        if self.engine().is_remote() {
+            return self.remote_lease(n.max(1), ttl, true).await;
+        }
         let ttl_ms = check_ttl(ttl)?;
         let mut tx = Transaction::new(Arc::clone(self.engine_arc()));
         let mut items = vec![self.dequeue(&mut tx).await?];
@@ -532,7 +599,10 @@ where
     ///
     /// As [`lease`](Self::lease).
     pub fn blocking_lease_many(&self, n: usize, ttl: Duration) -> Result<Vec<Lease<T>>> {
-        self.engine().check_embedded("leases")?;
+        #[cfg(feature = "postgres")]
+        if self.engine().is_remote() {
+            return crate::engine::block_on(self.lease_many(n, ttl));
+        }
         let ttl_ms = check_ttl(ttl)?;
         let mut tx = Transaction::new(Arc::clone(self.engine_arc()));
         let mut items = vec![self.blocking_take(&mut tx)?];
@@ -595,8 +665,17 @@ where
         n: usize,
         ttl: Duration,
     ) -> Result<Vec<Lease<T>>> {
-        self.engine().check_embedded("leases")?;
         let ttl = check_ttl(ttl)?;
+        #[cfg(feature = "postgres")]
+        if let Some(pg) = self.engine().postgres() {
+            self.check(&tx)?;
+            let work = std::mem::take(tx.work_mut());
+            let granted = self
+                .engine()
+                .commit_remote_and_lease(pg, work, Some((self.queue_ref(), n, ttl)))
+                .await?;
+            return self.remote_leases(pg, granted, true).await;
+        }
         let (from, items) = self.take_visible(&mut tx, n)?;
         let granted = self
             .engine()
@@ -665,8 +744,11 @@ where
     /// # Ok(()) }
     /// ```
     pub async fn try_lease(&self, ttl: Duration) -> Result<Option<Lease<T>>> {
-        self.engine().check_embedded("leases")?;
         check_ttl(ttl)?;
+        #[cfg(feature = "postgres")]
+        if self.engine().is_remote() {
+            return Ok(self.remote_lease(1, ttl, false).await?.pop());
+        }
         let mut tx = Transaction::new(Arc::clone(self.engine_arc()));
         let Some(item) = self.try_dequeue(&mut tx).await? else {
             return Ok(None);
@@ -680,8 +762,11 @@ where
     ///
     /// As [`lease`](Self::lease).
     pub fn blocking_try_lease(&self, ttl: Duration) -> Result<Option<Lease<T>>> {
-        self.engine().check_embedded("leases")?;
         check_ttl(ttl)?;
+        #[cfg(feature = "postgres")]
+        if self.engine().is_remote() {
+            return crate::engine::block_on(self.try_lease(ttl));
+        }
         let mut tx = Transaction::new(Arc::clone(self.engine_arc()));
         let Some(item) = self.blocking_try_dequeue(&mut tx)? else {
             return Ok(None);
@@ -708,7 +793,6 @@ where
         item: impl Borrow<T>,
         delay: Duration,
     ) -> Result<()> {
-        self.engine().check_embedded("enqueue_after")?;
         let delay = check_delay(delay)?;
         if delay == 0 {
             return self.enqueue(tx, item);
@@ -729,7 +813,6 @@ where
         item: impl Borrow<T>,
         at: SystemTime,
     ) -> Result<()> {
-        self.engine().check_embedded("enqueue_at")?;
         let due = wall_ms(at)?;
         if due <= self.engine().now() {
             return self.enqueue(tx, item);
@@ -773,7 +856,6 @@ where
         key: &[u8],
         delay: Duration,
     ) -> Result<Enqueued> {
-        self.engine().check_embedded("enqueue_unique")?;
         if key.is_empty() || key.len() > MAX_KEY {
             return Err(Error::InvalidArgument {
                 argument: "key",
@@ -829,7 +911,13 @@ where
     ///
     /// [`Error::Closed`] after close.
     pub async fn stats(&self) -> Result<QueueStats> {
-        self.engine().check_embedded("stats")?;
+        #[cfg(feature = "postgres")]
+        if let Some(pg) = self.engine().postgres() {
+            self.engine().check_open()?;
+            let (stats, policy) = pg.stats(&self.proc().core).await?;
+            self.proc().set_policy(policy);
+            return Ok(stats);
+        }
         self.blocking_stats()
     }
 
@@ -839,7 +927,10 @@ where
     ///
     /// As [`stats`](Self::stats).
     pub fn blocking_stats(&self) -> Result<QueueStats> {
-        self.engine().check_embedded("stats")?;
+        #[cfg(feature = "postgres")]
+        if self.engine().is_remote() {
+            return crate::engine::block_on(self.stats());
+        }
         self.engine().check_open()?;
         let proc = self.proc();
         Ok(QueueStats {
@@ -868,7 +959,13 @@ where
     ///
     /// Storage errors; [`Error::Closed`] after close.
     pub async fn set_retry_policy(&self, policy: RetryPolicy) -> Result<()> {
-        self.engine().check_embedded("set_retry_policy")?;
+        #[cfg(feature = "postgres")]
+        if let Some(pg) = self.engine().postgres() {
+            self.engine().check_open()?;
+            pg.set_policy(&self.proc().core, policy).await?;
+            self.proc().set_policy(policy);
+            return Ok(());
+        }
         self.engine().set_policy(self.proc(), policy).await
     }
 
@@ -878,7 +975,6 @@ where
     ///
     /// As [`set_retry_policy`](Self::set_retry_policy).
     pub fn blocking_set_retry_policy(&self, policy: RetryPolicy) -> Result<()> {
-        self.engine().check_embedded("set_retry_policy")?;
         crate::engine::block_on(self.set_retry_policy(policy))
     }
 
@@ -914,7 +1010,12 @@ where
     /// # Ok(()) }
     /// ```
     pub async fn browse(&self, after: Option<u64>, limit: usize) -> Result<Vec<BrowsedItem<T>>> {
-        self.engine().check_embedded("browse")?;
+        #[cfg(feature = "postgres")]
+        if let Some(pg) = self.engine().postgres() {
+            self.engine().check_open()?;
+            let found = pg.browse(&self.proc().core, after, limit).await?;
+            return self.browsed(found);
+        }
         self.blocking_browse(after, limit)
     }
 
@@ -924,7 +1025,10 @@ where
     ///
     /// As [`browse`](Self::browse).
     pub fn blocking_browse(&self, after: Option<u64>, limit: usize) -> Result<Vec<BrowsedItem<T>>> {
-        self.engine().check_embedded("browse")?;
+        #[cfg(feature = "postgres")]
+        if self.engine().is_remote() {
+            return crate::engine::block_on(self.browse(after, limit));
+        }
         self.engine().check_open()?;
         let proc = self.proc();
         let above = |id: u64| after.is_none_or(|a| id > a);
@@ -951,6 +1055,10 @@ where
         }
         found.sort_by_key(|(e, _)| e.id);
         found.truncate(limit);
+        self.browsed(found)
+    }
+
+    fn browsed(&self, found: Vec<(Entry, ItemState)>) -> Result<Vec<BrowsedItem<T>>> {
         found
             .into_iter()
             .map(|(e, state)| {
@@ -984,8 +1092,12 @@ where
         after: Option<u64>,
         limit: usize,
     ) -> Result<Vec<DeadLetter<T>>> {
-        self.engine().check_embedded("dead_letters")?;
         self.engine().check_open()?;
+        #[cfg(feature = "postgres")]
+        if let Some(pg) = self.engine().postgres() {
+            let slots = pg.dead_letters(&self.proc().core, after, limit).await?;
+            return slots.into_iter().map(|s| self.dead_letter(s)).collect();
+        }
         let mut slots = self.proc().dead_page(after, limit);
         self.engine().dead_bytes(&mut slots).await?;
         slots.into_iter().map(|s| self.dead_letter(s)).collect()
@@ -1001,7 +1113,6 @@ where
         after: Option<u64>,
         limit: usize,
     ) -> Result<Vec<DeadLetter<T>>> {
-        self.engine().check_embedded("dead_letters")?;
         crate::engine::block_on(self.dead_letters(after, limit))
     }
 
@@ -1056,7 +1167,13 @@ where
     /// # Ok(()) }
     /// ```
     pub async fn replay(&self, which: Replay, reset_attempts: bool) -> Result<usize> {
-        self.engine().check_embedded("replay")?;
+        #[cfg(feature = "postgres")]
+        if let Some(pg) = self.engine().postgres() {
+            self.engine().check_open()?;
+            return pg
+                .dead_work(&self.proc().core, which, reset_attempts, false)
+                .await;
+        }
         let ids = self.chosen(&which);
         let mut work = self
             .engine()
@@ -1071,7 +1188,6 @@ where
     ///
     /// As [`replay`](Self::replay).
     pub fn blocking_replay(&self, which: Replay, reset_attempts: bool) -> Result<usize> {
-        self.engine().check_embedded("replay")?;
         crate::engine::block_on(self.replay(which, reset_attempts))
     }
 
@@ -1085,7 +1201,11 @@ where
     ///
     /// As [`replay`](Self::replay).
     pub async fn purge(&self, which: Replay) -> Result<usize> {
-        self.engine().check_embedded("purge")?;
+        #[cfg(feature = "postgres")]
+        if let Some(pg) = self.engine().postgres() {
+            self.engine().check_open()?;
+            return pg.dead_work(&self.proc().core, which, false, true).await;
+        }
         let ids = self.chosen(&which);
         let mut work = self.engine().dead_work(self.proc(), &ids, false, true)?;
         self.engine().commit(&mut work).await?;
@@ -1098,8 +1218,64 @@ where
     ///
     /// As [`purge`](Self::purge).
     pub fn blocking_purge(&self, which: Replay) -> Result<usize> {
-        self.engine().check_embedded("purge")?;
         crate::engine::block_on(self.purge(which))
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl<T> ReliableConcurrentQueue<T>
+where
+    T: Serialize + DeserializeOwned + Send + 'static,
+{
+    /// On PostgreSQL: leases up to `n` items, waiting for the first with `wait`.
+    async fn remote_lease(&self, n: usize, ttl: Duration, wait: bool) -> Result<Vec<Lease<T>>> {
+        let ttl = check_ttl(ttl)?;
+        let pg = self.engine().postgres().ok_or(Error::Bug {
+            invariant: "a remote lease is on a remote engine",
+        })?;
+        let granted = self
+            .engine()
+            .lease_remote(self.queue_ref(), n, ttl, wait, None)
+            .await?;
+        self.remote_leases(pg, granted, false).await
+    }
+
+    /// Turns leases granted on PostgreSQL into `Lease`s. An item that does not decode is
+    /// given back with its lease (its attempt not counted): with `partial`, it and the ones
+    /// after it, keeping those before; otherwise all of them, and the call fails.
+    async fn remote_leases(
+        &self,
+        pg: &PgEngine,
+        granted: Vec<PgGranted>,
+        partial: bool,
+    ) -> Result<Vec<Lease<T>>> {
+        let mut leases: Vec<Lease<T>> = Vec::with_capacity(granted.len());
+        let mut rest = granted.into_iter();
+        while let Some(g) = rest.next() {
+            match self.decode(&g.entry) {
+                Ok(item) => leases.push(self.lease_of(
+                    Granted {
+                        token: g.token,
+                        deadline: g.deadline,
+                        attempt: g.entry.attempts,
+                    },
+                    item,
+                )),
+                Err(e) => {
+                    let mut back = vec![g.token];
+                    back.extend(rest.map(|g| g.token));
+                    if !partial {
+                        for lease in &mut leases {
+                            lease.settled = true;
+                            back.push(lease.token);
+                        }
+                    }
+                    pg.unlease(&self.proc().core, back).await?;
+                    return if partial { Ok(leases) } else { Err(e) };
+                }
+            }
+        }
+        Ok(leases)
     }
 }
 

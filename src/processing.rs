@@ -115,6 +115,29 @@ impl RetryPolicy {
         base.saturating_sub(spread).saturating_add(offset)
     }
 
+    /// The policy as the PostgreSQL engine stores it: maximum attempts, initial and maximum
+    /// backoff in ms, jitter per mille.
+    #[cfg(feature = "postgres")]
+    pub(crate) fn to_columns(self) -> (i32, i64, i64, i32) {
+        (
+            i32::try_from(self.max_attempts).unwrap_or(i32::MAX),
+            i64::try_from(self.initial_backoff_ms).unwrap_or(i64::MAX),
+            i64::try_from(self.max_backoff_ms).unwrap_or(i64::MAX),
+            i32::from(self.jitter),
+        )
+    }
+
+    /// [`to_columns`](Self::to_columns) read back; values out of range are clamped.
+    #[cfg(feature = "postgres")]
+    pub(crate) fn from_columns(max_attempts: i32, initial: i64, max: i64, jitter: i32) -> Self {
+        RetryPolicy {
+            max_attempts: u32::try_from(max_attempts).unwrap_or(1).max(1),
+            initial_backoff_ms: u64::try_from(initial).unwrap_or(0),
+            max_backoff_ms: u64::try_from(max).unwrap_or(0),
+            jitter: u16::try_from(jitter.clamp(0, 1000)).unwrap_or(0),
+        }
+    }
+
     pub(crate) fn to_bytes(self) -> Vec<u8> {
         postcard::to_allocvec(&self).unwrap_or_default()
     }

@@ -35,6 +35,8 @@ use smallvec::SmallVec;
 use std::collections::HashMap;
 
 use self::catalog::Catalog;
+#[cfg(feature = "postgres")]
+use self::processing::MoveKind;
 use self::processing::{Move, Proc, Timers, TxExpiry};
 use crate::config::Config;
 use crate::core::{restore_all, QueueCore, QueueId, Request, Ticket};
@@ -283,7 +285,7 @@ impl Engine {
                 invariant: "connect is called with a PostgreSQL configuration",
             });
         };
-        let flavor = Flavor::Postgres(postgres::Postgres::connect(pg).await?);
+        let flavor = Flavor::Postgres(postgres::Postgres::connect(pg, config.clock.clone()).await?);
         let timers = Timers::new(config.clock.clone());
         Engine::assemble(config, flavor, timers, HashMap::new())
     }
@@ -419,9 +421,19 @@ impl Engine {
             Flavor::Memory(m) => m.queue(name),
             Flavor::Sled(s) => s.queue(name).await,
             #[cfg(feature = "postgres")]
-            Flavor::Postgres(p) => p.queue(name).await,
+            Flavor::Postgres(p) => return p.queue(name).await.map(|q| self.remote_queue_ref(q)),
         }
         .map(|core| self.queue_ref(core))
+    }
+
+    /// A PostgreSQL queue's handle, with its retry policy as the database has it.
+    #[cfg(feature = "postgres")]
+    fn remote_queue_ref(&self, (core, policy): (Arc<QueueCore>, Option<RetryPolicy>)) -> QueueRef {
+        let queue = self.queue_ref(core);
+        if let Some(policy) = policy {
+            queue.proc.set_policy(policy);
+        }
+        queue
     }
 
     /// [`queue`](Self::queue) for threads.
@@ -431,7 +443,9 @@ impl Engine {
             Flavor::Memory(m) => m.queue(name),
             Flavor::Sled(s) => block_on(s.queue(name)),
             #[cfg(feature = "postgres")]
-            Flavor::Postgres(p) => block_on(p.queue(name)),
+            Flavor::Postgres(p) => {
+                return block_on(p.queue(name)).map(|q| self.remote_queue_ref(q))
+            }
         }
         .map(|core| self.queue_ref(core))
     }
@@ -664,18 +678,76 @@ impl Engine {
 
     /// A commit on PostgreSQL: the buffered enqueues and the open database transaction.
     #[cfg(feature = "postgres")]
-    async fn commit_remote(&self, pg: &postgres::Postgres, mut work: Work) -> Result<()> {
+    async fn commit_remote(&self, pg: &postgres::Postgres, work: Work) -> Result<()> {
+        self.commit_remote_and_lease(pg, work, None).await.map(drop)
+    }
+
+    /// A commit on PostgreSQL, and with `lease = (queue, n, ttl)` the leases of up to `n`
+    /// visible items of `queue` in the same database transaction.
+    #[cfg(feature = "postgres")]
+    pub(crate) async fn commit_remote_and_lease(
+        &self,
+        pg: &postgres::Postgres,
+        mut work: Work,
+        lease: Option<(&QueueRef, usize, u64)>,
+    ) -> Result<Vec<postgres::Granted>> {
         work.withdraw_leaked();
-        self.check_open()?;
-        if !work.moves.is_empty() || work.expiry.is_some() {
+        if let Err(e) = self.check_open() {
+            abort(work);
+            return Err(e);
+        }
+        if work.expiry.is_some() {
             abort(work);
             return Err(Error::Unsupported {
-                operation: "the processing layer",
+                operation: "transaction deadlines",
                 engine: "postgres",
             });
         }
+        let mut extra = postgres::Extra::default();
+        let mut keys = Vec::new();
+        for mv in std::mem::take(&mut work.moves) {
+            match mv.kind {
+                MoveKind::Enqueue { entry, delay } => {
+                    let queue = pg.db_id(&mv.proc.core)?;
+                    if let Some(key) = &entry.key {
+                        keys.push((Arc::clone(&mv.proc.core), key.clone()));
+                    }
+                    extra.fresh.push(postgres::Fresh {
+                        queue,
+                        payload: entry.bytes.into_vec(),
+                        delay: i64::try_from(delay).unwrap_or(i64::MAX),
+                        at: i64::try_from(entry.not_before).unwrap_or(i64::MAX),
+                        key: entry.key.map(|k| k.into_vec()),
+                    });
+                }
+                MoveKind::Ack { token, .. } => extra.acks.push((
+                    i64::try_from(token).unwrap_or(i64::MAX),
+                    mv.proc.core.name().to_owned(),
+                )),
+                _ => {
+                    return Err(Error::Bug {
+                        invariant: "a PostgreSQL transaction holds only enqueues and acks",
+                    })
+                }
+            }
+        }
+        if let Some((queue, n, ttl)) = lease {
+            extra.lease = Some((
+                pg.db_id(&queue.core)?,
+                i64::try_from(n).unwrap_or(i64::MAX),
+                i64::try_from(ttl).unwrap_or(i64::MAX),
+            ));
+        }
         let enqueues = std::mem::take(&mut work.enqueues).into_vec();
-        pg.commit(std::mem::take(&mut work.pg), enqueues).await
+        let done = pg
+            .commit(std::mem::take(&mut work.pg), enqueues, extra)
+            .await;
+        // The keys were reserved in this process only while the transaction was open; from
+        // now on the database's unique index keeps them.
+        for (core, key) in keys {
+            core.release_key(&key);
+        }
+        done
     }
 
     /// On PostgreSQL: takes up to `n` items at the head of `queue` into `work`'s database
@@ -716,17 +788,74 @@ impl Engine {
                 watch.pass_on();
                 return Ok(Some(entry));
             }
-            let wait = match deadline {
-                None => postgres::FALLBACK_POLL,
-                Some(deadline) => {
-                    match deadline.checked_duration_since(std::time::Instant::now()) {
-                        Some(left) if !left.is_zero() => left.min(postgres::FALLBACK_POLL),
-                        _ => return Ok(None),
-                    }
-                }
+            let Some(wait) = self.remote_wait(pg, queue, deadline).await? else {
+                return Ok(None);
             };
             pg.wait(&watch, wait).await;
         }
+    }
+
+    /// On PostgreSQL: leases up to `n` items of `queue` for `ttl` ms; with `wait`, waits
+    /// for the first (woken like a waiting dequeue) until `deadline`, if any. Empty only
+    /// without `wait` or past the deadline.
+    #[cfg(feature = "postgres")]
+    pub(crate) async fn lease_remote(
+        &self,
+        queue: &QueueRef,
+        n: usize,
+        ttl: u64,
+        wait: bool,
+        deadline: Option<std::time::Instant>,
+    ) -> Result<Vec<postgres::Granted>> {
+        self.check_open()?;
+        let pg = self.postgres().ok_or(Error::Bug {
+            invariant: "a remote lease is on a remote engine",
+        })?;
+        if !wait {
+            return pg.lease(&queue.core, n, ttl).await;
+        }
+        let (watch, ack) = pg.watch(&queue.core)?;
+        if let Some(ack) = ack {
+            pg.watched(ack, postgres::FALLBACK_POLL).await;
+        }
+        loop {
+            self.check_open()?;
+            let granted = pg.lease(&queue.core, n, ttl).await?;
+            if !granted.is_empty() {
+                watch.pass_on();
+                return Ok(granted);
+            }
+            let Some(wait) = self.remote_wait(pg, queue, deadline).await? else {
+                return Ok(Vec::new());
+            };
+            pg.wait(&watch, wait).await;
+        }
+    }
+
+    /// How long a waiting consumer on PostgreSQL that found nothing waits for a
+    /// notification before it looks again: until the next delayed item or lease of the
+    /// queue falls due, at most the fallback poll, never past `deadline` (`None`: the
+    /// deadline has passed).
+    #[cfg(feature = "postgres")]
+    async fn remote_wait(
+        &self,
+        pg: &postgres::Postgres,
+        queue: &QueueRef,
+        deadline: Option<std::time::Instant>,
+    ) -> Result<Option<std::time::Duration>> {
+        let mut wait = postgres::FALLBACK_POLL;
+        if !self.config.clock.is_manual() {
+            if let Some(due) = pg.next_due(&queue.core).await? {
+                wait = wait.min(std::time::Duration::from_millis(due.max(1)));
+            }
+        }
+        Ok(match deadline {
+            None => Some(wait),
+            Some(deadline) => match deadline.checked_duration_since(std::time::Instant::now()) {
+                Some(left) if !left.is_zero() => Some(left.min(wait)),
+                _ => None,
+            },
+        })
     }
 
     /// On PostgreSQL: rolls `work`'s database transaction back and waits for it, so that its

@@ -30,14 +30,24 @@ use tokio::runtime::Handle;
 use tokio::sync::{mpsc, oneshot, Notify};
 use tokio_postgres::{AsyncMessage, NoTls};
 
+mod processing;
+
+pub(crate) use self::processing::{Extra, FailOutcome, Fresh, Granted};
+
 use super::catalog::Catalog;
 use super::Entry;
+use crate::clock::Clock;
 use crate::core::{QueueCore, QueueId};
 use crate::error::{Error, Result};
+use crate::processing::RetryPolicy;
 use crate::sync::process::Mutex;
 
 /// The schema version this build reads and writes.
-pub(crate) const SCHEMA_VERSION: i64 = 1;
+pub(crate) const SCHEMA_VERSION: i64 = 2;
+
+/// The database's clock in milliseconds since the epoch: the time of every statement unless
+/// the store runs on an injected clock (tests), whose time is then passed instead.
+const DB_NOW: &str = "(extract(epoch FROM clock_timestamp()) * 1000)::int8";
 
 /// The default PostgreSQL schema (namespace) of a store.
 pub(crate) const DEFAULT_SCHEMA: &str = "reliable_queue";
@@ -157,15 +167,19 @@ struct Sql {
     notify: String,
     /// The channel every store of the schema listens on; the payload is a queue id.
     channel: String,
+    /// The processing layer's statements.
+    proc: processing::ProcSql,
 }
 
 impl Sql {
     /// The take statement with its parameters spelled out (integers only), for the simple
     /// query that begins a transaction with it.
-    fn take_literal(&self, queue: i32, n: i64) -> String {
+    fn take_literal(&self, queue: i32, n: i64, now: Option<i64>) -> String {
+        let now = now.map_or_else(|| "NULL".to_owned(), |ms| ms.to_string());
         self.take
             .replace("$1", &queue.to_string())
             .replace("$2", &n.to_string())
+            .replace("$3", &now)
     }
 
     fn new(schema: &str) -> Sql {
@@ -176,26 +190,26 @@ impl Sql {
             schema: schema.to_owned(),
             keys,
             take: format!(
-                "DELETE FROM {s}.items WHERE id IN (\
-                   SELECT id FROM {s}.items \
-                   WHERE queue = $1 AND not_before IS NULL AND leased_until IS NULL \
-                   ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED) \
+                "WITH t AS (SELECT coalesce($3::int8, {DB_NOW}) AS now) \
+                 DELETE FROM {s}.items WHERE id IN ({visible}) \
                  RETURNING id, payload, \
-                   pg_try_advisory_xact_lock({item_key}, id::bit(32)::int4) AS marked"
+                   pg_try_advisory_xact_lock({item_key}, id::bit(32)::int4) AS marked",
+                visible = visible_rows(&s, "$1", "$2")
             ),
             insert: format!(
-                "INSERT INTO {s}.items (queue, payload) \
-                 SELECT q, p FROM unnest($1::int4[], $2::bytea[]) WITH ORDINALITY AS t(q, p, n) \
+                "INSERT INTO {s}.items (queue, payload, enqueued_ms, ready_ms) \
+                 SELECT q, p, c.now, c.now \
+                 FROM unnest($1::int4[], $2::bytea[]) WITH ORDINALITY AS t(q, p, n), \
+                   (SELECT coalesce($3::int8, {DB_NOW}) AS now) c \
                  ORDER BY n"
             ),
             count: format!(
-                "SELECT count(*) FROM {s}.items i \
-                 WHERE i.queue = $1 AND i.not_before IS NULL AND i.leased_until IS NULL \
-                 AND (i.id & 4294967295) NOT IN (\
-                   SELECT l.objid::int8 FROM pg_locks l \
-                   WHERE l.locktype = 'advisory' AND l.classid = {item_key}::oid \
-                   AND l.objsubid = 2 AND l.granted \
-                   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()))"
+                "WITH t AS (SELECT coalesce($2::int8, {DB_NOW}) AS now) \
+                 SELECT count(*) FROM {s}.items i \
+                 WHERE i.queue = $1 AND {is_visible} \
+                 AND (i.id & 4294967295) NOT IN ({held})",
+                is_visible = is_visible(&s, "$1"),
+                held = held_ids(item_key)
             ),
             notify: format!(
                 "SELECT pg_notify($1, t.q::text) FROM (SELECT DISTINCT unnest($2::int4[]) AS q) t \
@@ -205,39 +219,133 @@ impl Sql {
                    AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()))"
             ),
             channel: format!("rq_{schema}"),
+            proc: processing::ProcSql::new(schema, item_key),
             queue: format!(
                 "WITH made AS (\
                    INSERT INTO {s}.queues (name) VALUES ($1) ON CONFLICT (name) DO NOTHING \
-                   RETURNING id) \
-                 SELECT id FROM made UNION ALL SELECT id FROM {s}.queues WHERE name = $1 LIMIT 1"
+                   RETURNING id, max_attempts, initial_backoff_ms, max_backoff_ms, jitter_per_mille) \
+                 SELECT * FROM made UNION ALL \
+                 SELECT id, max_attempts, initial_backoff_ms, max_backoff_ms, jitter_per_mille \
+                 FROM {s}.queues WHERE name = $1 LIMIT 1"
             ),
         }
     }
 
-    /// The schema's tables, version 1.
+    /// The schema's tables, version 2 (see ARCHITECTURE.md, "The PostgreSQL engine").
     fn create(&self) -> String {
         let s = format!("\"{}\"", self.schema);
         format!(
             "CREATE TABLE {s}.queues (\
                id serial PRIMARY KEY, \
-               name text NOT NULL UNIQUE, \
-               retry_policy jsonb); \
+               name text NOT NULL UNIQUE); \
              CREATE TABLE {s}.items (\
                id bigserial PRIMARY KEY, \
                queue int4 NOT NULL REFERENCES {s}.queues (id), \
                payload bytea NOT NULL, \
-               enqueued_at timestamptz NOT NULL DEFAULT now(), \
                attempts int4 NOT NULL DEFAULT 0, \
-               not_before timestamptz, \
-               leased_until timestamptz, \
                lease_token int8, \
-               first_attempt timestamptz, \
-               last_attempt timestamptz, \
                dedup_key bytea); \
-             CREATE INDEX items_queue_id ON {s}.items (queue, id); \
-             INSERT INTO {s}.meta (key, value) VALUES ('schema_version', '{SCHEMA_VERSION}');"
+             {v2}",
+            v2 = self.to_v2(false)
         )
     }
+
+    /// From version 1 (no processing layer: its time columns were never used but for
+    /// `enqueued_at`) to version 2; `from_v1` converts existing rows, else the tables were
+    /// just created in version 1's shape.
+    fn to_v2(&self, from_v1: bool) -> String {
+        let s = format!("\"{}\"", self.schema);
+        let convert = if from_v1 {
+            format!(
+                "UPDATE {s}.items SET \
+                   enqueued_ms = (extract(epoch FROM enqueued_at) * 1000)::int8, \
+                   ready_ms = (extract(epoch FROM coalesce(not_before, enqueued_at)) * 1000)::int8; \
+                 ALTER TABLE {s}.items DROP COLUMN enqueued_at, DROP COLUMN not_before, \
+                   DROP COLUMN leased_until, DROP COLUMN first_attempt, DROP COLUMN last_attempt; \
+                 ALTER TABLE {s}.queues DROP COLUMN retry_policy; \
+                 DROP INDEX {s}.items_queue_id; "
+            )
+        } else {
+            String::new()
+        };
+        format!(
+            "ALTER TABLE {s}.items ADD COLUMN enqueued_ms int8, ADD COLUMN ready_ms int8; \
+             {convert}\
+             ALTER TABLE {s}.items ALTER COLUMN enqueued_ms SET NOT NULL, \
+               ALTER COLUMN ready_ms SET NOT NULL, \
+               ADD COLUMN leased_until int8, \
+               ADD COLUMN first_attempt_ms int8, \
+               ADD COLUMN last_attempt_ms int8; \
+             ALTER TABLE {s}.queues \
+               ADD COLUMN max_attempts int4 NOT NULL DEFAULT 5, \
+               ADD COLUMN initial_backoff_ms int8 NOT NULL DEFAULT 1000, \
+               ADD COLUMN max_backoff_ms int8 NOT NULL DEFAULT 600000, \
+               ADD COLUMN jitter_per_mille int4 NOT NULL DEFAULT 200; \
+             CREATE INDEX items_ready ON {s}.items (queue, ready_ms, id) \
+               WHERE leased_until IS NULL; \
+             CREATE INDEX items_leased ON {s}.items (queue, leased_until) \
+               WHERE leased_until IS NOT NULL; \
+             CREATE UNIQUE INDEX items_token ON {s}.items (lease_token) \
+               WHERE lease_token IS NOT NULL; \
+             CREATE UNIQUE INDEX items_key ON {s}.items (queue, dedup_key) \
+               WHERE dedup_key IS NOT NULL; \
+             CREATE SEQUENCE {s}.lease_tokens; \
+             CREATE TABLE {s}.dead_letters (\
+               id bigserial PRIMARY KEY, \
+               queue int4 NOT NULL REFERENCES {s}.queues (id), \
+               payload bytea NOT NULL, \
+               reason text NOT NULL, \
+               attempts int4 NOT NULL, \
+               enqueued_ms int8 NOT NULL, \
+               first_attempt_ms int8, \
+               last_attempt_ms int8, \
+               dedup_key bytea, \
+               died_ms int8 NOT NULL); \
+             CREATE INDEX dead_letters_queue ON {s}.dead_letters (queue, id); \
+             INSERT INTO {s}.meta (key, value) VALUES ('schema_version', '2') \
+               ON CONFLICT (key) DO UPDATE SET value = '2';"
+        )
+    }
+}
+
+/// The ids of up to `n` visible rows at the head of queue `queue` (SQL expressions), locked
+/// `FOR UPDATE SKIP LOCKED`: first rows whose lease expired below the queue's maximum
+/// attempts (back at the head, by deadline), then ready rows in `(ready_ms, id)` order. Each
+/// part is an index range scan that stops at its first `n` rows. Needs the CTE `t(now)`.
+fn visible_rows(s: &str, queue: &str, n: &str) -> String {
+    format!(
+        "SELECT id FROM (\
+           SELECT id FROM (SELECT i.id FROM {s}.items i \
+             WHERE i.queue = {queue} AND i.leased_until <= (SELECT now FROM t) \
+             AND i.attempts < (SELECT max_attempts FROM {s}.queues WHERE id = {queue}) \
+             ORDER BY i.leased_until LIMIT {n} FOR UPDATE OF i SKIP LOCKED) a \
+           UNION ALL \
+           SELECT id FROM (SELECT i.id FROM {s}.items i \
+             WHERE i.queue = {queue} AND i.leased_until IS NULL \
+             AND i.ready_ms <= (SELECT now FROM t) \
+             ORDER BY i.ready_ms, i.id LIMIT {n} FOR UPDATE OF i SKIP LOCKED) b \
+         ) u LIMIT {n}"
+    )
+}
+
+/// Is row `i` visible (due, not leased or its lease expired below the maximum attempts)?
+/// Does not look at whether a transaction holds it. Needs the CTE `t(now)`.
+fn is_visible(s: &str, queue: &str) -> String {
+    format!(
+        "((i.leased_until IS NULL AND i.ready_ms <= (SELECT now FROM t)) \
+          OR (i.leased_until <= (SELECT now FROM t) \
+              AND i.attempts < (SELECT max_attempts FROM {s}.queues WHERE id = {queue})))"
+    )
+}
+
+/// The low 32 bits of the ids of rows held by open transactions (their advisory locks).
+fn held_ids(item_key: i32) -> String {
+    format!(
+        "SELECT l.objid::int8 FROM pg_locks l \
+         WHERE l.locktype = 'advisory' AND l.classid = {item_key}::oid \
+         AND l.objsubid = 2 AND l.granted \
+         AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+    )
 }
 
 /// What the caller's own SQL gave.
@@ -418,6 +526,9 @@ pub(crate) struct Postgres {
     ids: Mutex<HashMap<QueueId, i32>>,
     /// This store's waiting consumers, woken by the listener.
     waiters: Arc<Waiters>,
+    /// The store's clock: only an injected one is used (its time passed to the
+    /// statements); otherwise every time is the database's.
+    clock: Clock,
 }
 
 impl fmt::Debug for Postgres {
@@ -431,7 +542,7 @@ impl fmt::Debug for Postgres {
 impl Postgres {
     /// Starts the store's runtime, checks that the server answers, and creates or checks the
     /// schema (under an advisory lock, so that processes starting together migrate once).
-    pub(crate) async fn connect(config: &PgConfig) -> Result<Postgres> {
+    pub(crate) async fn connect(config: &PgConfig, clock: Clock) -> Result<Postgres> {
         config.validate()?;
         let mut pg_config =
             tokio_postgres::Config::from_str(&config.url).map_err(|_| Error::InvalidConfig {
@@ -492,6 +603,7 @@ impl Postgres {
             catalog: Catalog::default(),
             ids: Mutex::new(HashMap::new()),
             waiters: Arc::clone(&waiters),
+            clock,
         };
         let pool = store.pool.clone();
         let sql = Arc::clone(&store.sql);
@@ -579,33 +691,48 @@ impl Postgres {
         &self.catalog
     }
 
-    /// Opens queue `name`, creating its row if need be.
-    pub(crate) async fn queue(&self, name: &str) -> Result<Arc<QueueCore>> {
+    /// Opens queue `name`, creating its row if need be; with its retry policy as stored
+    /// (`None` when this process had opened it already).
+    pub(crate) async fn queue(&self, name: &str) -> Result<(Arc<QueueCore>, Option<RetryPolicy>)> {
         crate::engine::catalog::check_name(name)?;
         if let Some(id) = self.catalog.id_of(name) {
             if self.ids.lock().contains_key(&id) {
-                return self.catalog.open_queue(name, |_| Ok(())).map(|(c, _)| c);
+                return self
+                    .catalog
+                    .open_queue(name, |_| Ok(()))
+                    .map(|(c, _)| (c, None));
             }
         }
         let pool = self.pool.clone();
         let sql = Arc::clone(&self.sql);
         let owned = name.to_owned();
-        let db_id: i32 = self
+        let (db_id, policy) = self
             .run(async move {
                 let client = pool.get().await.map_err(|e| pg("queue", e))?;
                 let row = client
                     .query_one(&sql.queue, &[&owned])
                     .await
                     .map_err(|e| pg("queue", e))?;
-                Ok(row.get(0))
+                let read = || -> std::result::Result<(i32, RetryPolicy), tokio_postgres::Error> {
+                    Ok((
+                        row.try_get(0)?,
+                        RetryPolicy::from_columns(
+                            row.try_get(1)?,
+                            row.try_get(2)?,
+                            row.try_get(3)?,
+                            row.try_get(4)?,
+                        ),
+                    ))
+                };
+                read().map_err(|e| pg("queue", e))
             })
             .await?;
         let (core, _) = self.catalog.open_queue(name, |_| Ok(()))?;
         self.ids.lock().insert(core.id(), db_id);
-        Ok(core)
+        Ok((core, Some(policy)))
     }
 
-    fn db_id(&self, core: &QueueCore) -> Result<i32> {
+    pub(crate) fn db_id(&self, core: &QueueCore) -> Result<i32> {
         self.ids.lock().get(&core.id()).copied().ok_or(Error::Bug {
             invariant: "a queue handle's queue has its database id",
         })
@@ -625,9 +752,10 @@ impl Postgres {
         let mut held = slot.begin_call(&self.rt)?;
         let pool = self.pool.clone();
         let sql = Arc::clone(&self.sql);
+        let now = self.now_param();
         let (held, taken) = self
             .run(async move {
-                let taken = take(&pool, &sql, &mut held, queue, n).await;
+                let taken = take(&pool, &sql, &mut held, queue, n, now).await;
                 Ok((held, taken))
             })
             .await?;
@@ -641,7 +769,8 @@ impl Postgres {
         &self,
         slot: PgSlot,
         enqueues: Vec<(Arc<QueueCore>, Box<[u8]>)>,
-    ) -> Result<()> {
+        extra: Extra,
+    ) -> Result<Vec<Granted>> {
         let tx = slot.take()?;
         let mut queues = Vec::with_capacity(enqueues.len());
         let mut payloads = Vec::with_capacity(enqueues.len());
@@ -649,13 +778,14 @@ impl Postgres {
             queues.push(self.db_id(&core)?);
             payloads.push(bytes.into_vec());
         }
-        if tx.as_ref().is_none_or(|t| !t.open) && queues.is_empty() {
-            return Ok(());
+        if tx.as_ref().is_none_or(|t| !t.open) && queues.is_empty() && extra.is_empty() {
+            return Ok(Vec::new());
         }
         let held = tx.unwrap_or_else(|| Box::new(PgTx::new(self.rt.clone())));
         let pool = self.pool.clone();
         let sql = Arc::clone(&self.sql);
-        self.run(async move { finish(&pool, &sql, held, queues, payloads).await })
+        let now = self.now_param();
+        self.run(async move { finish(&pool, &sql, held, queues, payloads, extra, now).await })
             .await
     }
 
@@ -737,12 +867,13 @@ impl Postgres {
     /// Items visible in `core`'s queue now: rows not held by an open transaction.
     pub(crate) async fn count(&self, core: &QueueCore) -> Result<u64> {
         let queue = self.db_id(core)?;
+        let now = self.now_param();
         let pool = self.pool.clone();
         let sql = Arc::clone(&self.sql);
         self.run(async move {
             let client = pool.get().await.map_err(|e| pg("count", e))?;
             let row = client
-                .query_one(&sql.count, &[&queue])
+                .query_one(&sql.count, &[&queue, &now])
                 .await
                 .map_err(|e| pg("count", e))?;
             let n: i64 = row.get(0);
@@ -1006,7 +1137,11 @@ async fn migrate(pool: &Pool, sql: &Sql) -> Result<()> {
         Some(row) => {
             let text: String = row.get(0);
             let version = text.trim().parse::<i64>().unwrap_or(-1);
-            if version != SCHEMA_VERSION {
+            if version == 1 {
+                tx.batch_execute(&sql.to_v2(true))
+                    .await
+                    .map_err(|e| pg("migrate", e))?;
+            } else if version != SCHEMA_VERSION {
                 return Err(Error::SchemaVersion {
                     schema: sql.schema.clone(),
                     found: version,
@@ -1020,7 +1155,14 @@ async fn migrate(pool: &Pool, sql: &Sql) -> Result<()> {
 
 /// The dequeue statement in `held`'s transaction (a connection taken and `BEGIN` sent first
 /// if need be).
-async fn take(pool: &Pool, sql: &Sql, held: &mut PgTx, queue: i32, n: i64) -> Result<Vec<Entry>> {
+async fn take(
+    pool: &Pool,
+    sql: &Sql,
+    held: &mut PgTx,
+    queue: i32,
+    n: i64,
+    now: Option<i64>,
+) -> Result<Vec<Entry>> {
     if held.client.is_none() {
         held.client = Some(pool.get().await.map_err(|e| pg("dequeue", e))?);
     }
@@ -1031,7 +1173,7 @@ async fn take(pool: &Pool, sql: &Sql, held: &mut PgTx, queue: i32, n: i64) -> Re
         .await
         .map_err(|e| pg("dequeue", e))?;
     let mut taken = if held.open {
-        let rows = match client.query(&statement, &[&queue, &n]).await {
+        let rows = match client.query(&statement, &[&queue, &n, &now]).await {
             Ok(rows) => rows,
             Err(e) => {
                 held.failed = true;
@@ -1044,7 +1186,7 @@ async fn take(pool: &Pool, sql: &Sql, held: &mut PgTx, queue: i32, n: i64) -> Re
     } else {
         // `BEGIN` and the first dequeue in one message (one round trip), which the server
         // runs as a unit: the dequeue never runs outside the transaction.
-        let text = format!("BEGIN; {}", sql.take_literal(queue, n));
+        let text = format!("BEGIN; {}", sql.take_literal(queue, n, now));
         let messages = client
             .simple_query(&text)
             .await
@@ -1105,19 +1247,43 @@ async fn finish(
     mut held: Box<PgTx>,
     queues: Vec<i32>,
     payloads: Vec<Vec<u8>>,
-) -> Result<()> {
+    extra: Extra,
+    now: Option<i64>,
+) -> Result<Vec<Granted>> {
     if held.client.is_none() {
         held.client = Some(pool.get().await.map_err(|e| pg("commit", e))?);
     }
+    if !held.open && !extra.is_empty() {
+        held.client()?
+            .batch_execute("BEGIN")
+            .await
+            .map_err(|e| pg("commit", e))?;
+        held.open = true;
+    }
+    let plain = !queues.is_empty();
+    // Who to notify: every queue that gets an item (a delayed one wakes a waiter that finds
+    // nothing yet, harmlessly).
+    let mut notified = queues.clone();
+    notified.extend(extra.fresh.iter().map(|f| f.queue));
     let client = held.client()?;
-    let (insert, notify) = if queues.is_empty() {
-        (None, None)
+    let insert = if plain {
+        Some(
+            client
+                .prepare_cached(&sql.insert)
+                .await
+                .map_err(|e| pg("commit", e))?,
+        )
     } else {
-        let insert = client.prepare_cached(&sql.insert).await;
-        let notify = client.prepare_cached(&sql.notify).await;
-        (
-            Some(insert.map_err(|e| pg("commit", e))?),
-            Some(notify.map_err(|e| pg("commit", e))?),
+        None
+    };
+    let notify = if notified.is_empty() {
+        None
+    } else {
+        Some(
+            client
+                .prepare_cached(&sql.notify)
+                .await
+                .map_err(|e| pg("commit", e))?,
         )
     };
     // The notification goes after the commit, pipelined with it (one round trip): inside
@@ -1127,16 +1293,16 @@ async fn finish(
     let notify = async {
         if let Some(notify) = &notify {
             // A failed notification only delays a waiter until its fallback poll.
-            let _ = client.execute(notify, &[&sql.channel, &queues]).await;
+            let _ = client.execute(notify, &[&sql.channel, &notified]).await;
         }
     };
-    if !held.open {
+    if !held.open && extra.is_empty() {
         // One statement, atomic on its own; the notification pipelined after it.
         let (inserted, ()) = tokio::join!(
             async {
                 match &insert {
                     Some(insert) => client
-                        .execute(insert, &[&queues, &payloads])
+                        .execute(insert, &[&queues, &payloads, &now])
                         .await
                         .map(drop),
                     None => Ok(()),
@@ -1144,19 +1310,24 @@ async fn finish(
             },
             notify
         );
-        return inserted.map_err(|e| pg("commit", e));
+        return inserted.map(|()| Vec::new()).map_err(|e| pg("commit", e));
     }
+    // On any failure below `held` is dropped with the error, which rolls back.
     if let Some(insert) = &insert {
-        // On failure `held` is dropped with the error, which rolls back.
         client
-            .execute(insert, &[&queues, &payloads])
+            .execute(insert, &[&queues, &payloads, &now])
             .await
             .map_err(|e| pg("commit", e))?;
     }
+    processing::write_extra(client, sql, &extra, now).await?;
+    let granted = match extra.lease {
+        Some((queue, n, ttl)) => processing::lease_on(client, sql, queue, n, now, ttl).await?,
+        None => Vec::new(),
+    };
     let (committed, ()) = tokio::join!(client.batch_execute("COMMIT"), notify);
     held.open = false;
     match committed {
-        Ok(()) => Ok(()),
+        Ok(()) => Ok(granted),
         Err(e) if e.is_closed() || e.code().is_none() => Err(Error::CommitOutcomeUnknown {
             source: Arc::new(e),
         }),
@@ -1180,7 +1351,7 @@ mod tests {
     #[test]
     fn the_take_statement_spells_out_its_parameters() {
         let sql = Sql::new("s");
-        let text = sql.take_literal(7, 64);
+        let text = sql.take_literal(7, 64, Some(5));
         assert!(
             text.contains("queue = 7") && text.contains("LIMIT 64"),
             "{text}"
