@@ -96,7 +96,8 @@ impl Config {
         let bad = |setting: &'static str, expected: &'static str| {
             Err(Error::InvalidConfig { setting, expected })
         };
-        let c = self;
+        #[allow(unused_mut)] // mutated with the postgres feature only
+        let mut c = self;
         if c.max_item_size == 0 || c.max_item_size > SIZE_CEILING {
             return bad("max_item_size", "between 1 byte and 1 GiB");
         }
@@ -121,16 +122,17 @@ impl Config {
             return bad("transaction_timeout", "at least 1 ms");
         }
         #[cfg(feature = "postgres")]
-        if let Some(pg) = &c.postgres {
+        if let Some(pg) = &mut c.postgres {
             pg.validate()?;
+            // The server-side guard of the deadline (P10): a transaction idle longer than
+            // the deadline is past it, so the server ends it even when this process cannot
+            // (partitioned, stopped).
+            if pg.idle_transaction_timeout.is_none() {
+                pg.idle_transaction_timeout =
+                    c.transaction_timeout.map(std::time::Duration::from_millis);
+            }
             if c.path.is_some() {
                 return bad("postgres", "either a path or a PostgreSQL URL, not both");
-            }
-            if c.transaction_timeout.is_some() {
-                return bad(
-                    "transaction_timeout",
-                    "unset on the postgres engine (not available there yet)",
-                );
             }
         }
         Ok(c)

@@ -147,6 +147,15 @@ where
     ///
     /// As [`ReliableConcurrentQueue::try_dequeue`].
     pub async fn try_dequeue(&self, tx: &mut Transaction) -> Result<Option<(usize, T)>> {
+        #[cfg(feature = "postgres")]
+        if self.is_remote() {
+            for i in self.order() {
+                if let Some(item) = self.queues[i].try_dequeue(tx).await? {
+                    return Ok(Some((i, item)));
+                }
+            }
+            return Ok(None);
+        }
         crate::engine::consume_budget().await;
         self.blocking_try_dequeue(tx)
     }
@@ -165,6 +174,10 @@ where
     pub async fn dequeue(&self, tx: &mut Transaction) -> Result<(usize, T)> {
         for q in &self.queues {
             q.check(tx)?;
+        }
+        #[cfg(feature = "postgres")]
+        if self.is_remote() {
+            return self.remote_dequeue(tx, None).await?.ok_or(Error::Closed);
         }
         tx.work_mut().withdraw_leaked();
         let order = self.order();
@@ -216,6 +229,10 @@ where
         }
         tx.work_mut().withdraw_leaked();
         let deadline = timeout.and_then(|t| std::time::Instant::now().checked_add(t));
+        #[cfg(feature = "postgres")]
+        if self.is_remote() {
+            return crate::engine::block_on(self.remote_dequeue(tx, deadline));
+        }
         let order = self.order();
         let mut waits: Vec<Waiting<'_>> = order
             .iter()
@@ -250,6 +267,10 @@ where
     /// As [`ReliableConcurrentQueue::lease`].
     pub async fn lease(&self, ttl: Duration) -> Result<(usize, Lease<T>)> {
         check_ttl(ttl)?;
+        #[cfg(feature = "postgres")]
+        if self.is_remote() {
+            return self.remote_lease(ttl, None).await?.ok_or(Error::Closed);
+        }
         let q0 = &self.queues[0];
         let mut tx = Transaction::new(Arc::clone(q0.engine_arc()));
         let (i, item) = self.dequeue(&mut tx).await?;
@@ -268,6 +289,11 @@ where
         timeout: Option<Duration>,
     ) -> Result<Option<(usize, Lease<T>)>> {
         check_ttl(ttl)?;
+        #[cfg(feature = "postgres")]
+        if self.is_remote() {
+            let deadline = timeout.and_then(|t| std::time::Instant::now().checked_add(t));
+            return crate::engine::block_on(self.remote_lease(ttl, deadline));
+        }
         let q0 = &self.queues[0];
         let mut tx = Transaction::new(Arc::clone(q0.engine_arc()));
         let Some((i, item)) = self.blocking_dequeue(&mut tx, timeout)? else {
@@ -275,6 +301,64 @@ where
         };
         let lease = self.queues[i].blocking_grant_one(&mut tx, item, ttl)?;
         Ok(Some((i, lease)))
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl<T> QueueSet<T>
+where
+    T: Serialize + DeserializeOwned + Send + 'static,
+{
+    fn is_remote(&self) -> bool {
+        self.queues[0].engine().is_remote()
+    }
+
+    /// On PostgreSQL: looks in every queue in the set's order; if none has an item, waits
+    /// for a notification on any of them (or the fallback poll) and looks again. `None`
+    /// past `deadline`.
+    async fn remote_dequeue(
+        &self,
+        tx: &mut Transaction,
+        deadline: Option<std::time::Instant>,
+    ) -> Result<Option<(usize, T)>> {
+        let engine = self.queues[0].engine();
+        let watches = engine
+            .watch_set(self.queues.iter().map(|q| q.queue_ref()).collect())
+            .await?;
+        loop {
+            for i in self.order() {
+                if let Some(item) = self.queues[i].try_dequeue(tx).await? {
+                    watches.pass_on();
+                    return Ok(Some((i, item)));
+                }
+            }
+            if !watches.wait(deadline).await? {
+                return Ok(None);
+            }
+        }
+    }
+
+    /// [`remote_dequeue`](Self::remote_dequeue) for leases.
+    async fn remote_lease(
+        &self,
+        ttl: Duration,
+        deadline: Option<std::time::Instant>,
+    ) -> Result<Option<(usize, Lease<T>)>> {
+        let engine = self.queues[0].engine();
+        let watches = engine
+            .watch_set(self.queues.iter().map(|q| q.queue_ref()).collect())
+            .await?;
+        loop {
+            for i in self.order() {
+                if let Some(lease) = self.queues[i].try_lease(ttl).await? {
+                    watches.pass_on();
+                    return Ok(Some((i, lease)));
+                }
+            }
+            if !watches.wait(deadline).await? {
+                return Ok(None);
+            }
+        }
     }
 }
 

@@ -371,7 +371,10 @@ impl Transaction {
                 engine: "embedded (memory or sled)",
             });
         };
-        pg.sql(&mut self.work.pg, sql, params, rows).await
+        self.work.check_live()?;
+        let ran = pg.sql(&mut self.work.pg, sql, params, rows).await;
+        self.engine.arm_remote(&self.work);
+        ran
     }
 }
 

@@ -328,7 +328,6 @@ impl Engine {
 
     /// Gives `work` a deadline `timeout` ms from now (replacing any it had).
     pub(crate) fn set_timeout(&self, work: &mut Work, timeout: u64) -> Result<()> {
-        self.check_embedded("set_timeout")?;
         work.check_live()?;
         if let Some(old) = &work.expiry {
             // Settled: its timer does nothing now.
@@ -337,7 +336,22 @@ impl Engine {
         }
         let deadline = self.now().saturating_add(timeout);
         work.expiry = Some(self.timers.expire_transaction(deadline, &work.dequeued));
+        #[cfg(feature = "postgres")]
+        self.arm_remote(work);
         Ok(())
+    }
+
+    /// On PostgreSQL, once `work` has a deadline and an open database transaction: arms the
+    /// deadline to end the transaction's session when it passes (its rows are then visible
+    /// again at once, P10). Called after every call that may begin the transaction.
+    #[cfg(feature = "postgres")]
+    pub(crate) fn arm_remote(&self, work: &Work) {
+        let (Some(expiry), Some(pg)) = (&work.expiry, self.postgres()) else {
+            return;
+        };
+        if let Some(pid) = work.pg.pid() {
+            expiry.arm(pg.terminator(pid));
+        }
     }
 
     /// The store's default transaction timeout, in ms.
@@ -696,12 +710,9 @@ impl Engine {
             abort(work);
             return Err(e);
         }
-        if work.expiry.is_some() {
-            abort(work);
-            return Err(Error::Unsupported {
-                operation: "transaction deadlines",
-                engine: "postgres",
-            });
+        if let Err(e) = self.settle_deadline(&mut work) {
+            drop_expired(work);
+            return Err(e);
         }
         let mut extra = postgres::Extra::default();
         let mut keys = Vec::new();
@@ -760,10 +771,13 @@ impl Engine {
         n: usize,
     ) -> Result<Vec<Entry>> {
         self.check_open()?;
+        work.check_live()?;
         let pg = self.postgres().ok_or(Error::Bug {
             invariant: "a remote dequeue is on a remote engine",
         })?;
-        pg.try_dequeue(&queue.core, &mut work.pg, n).await
+        let taken = pg.try_dequeue(&queue.core, &mut work.pg, n).await;
+        self.arm_remote(work);
+        taken
     }
 
     /// On PostgreSQL: the waiting dequeue. Looks for an item; if there is none, waits for a
@@ -832,6 +846,29 @@ impl Engine {
         }
     }
 
+    /// On PostgreSQL: puts a consumer among the waiters of every queue of `queues` (a
+    /// queue set), once the listener watches them.
+    #[cfg(feature = "postgres")]
+    pub(crate) async fn watch_set<'e>(&'e self, queues: Vec<&'e QueueRef>) -> Result<WatchSet<'e>> {
+        let pg = self.postgres().ok_or(Error::Bug {
+            invariant: "a remote wait is on a remote engine",
+        })?;
+        let mut watches = Vec::with_capacity(queues.len());
+        for queue in &queues {
+            let (watch, ack) = pg.watch(&queue.core)?;
+            if let Some(ack) = ack {
+                pg.watched(ack, postgres::FALLBACK_POLL).await;
+            }
+            watches.push(watch);
+        }
+        Ok(WatchSet {
+            engine: self,
+            pg,
+            queues,
+            watches,
+        })
+    }
+
     /// How long a waiting consumer on PostgreSQL that found nothing waits for a
     /// notification before it looks again: until the next delayed item or lease of the
     /// queue falls due, at most the fallback poll, never past `deadline` (`None`: the
@@ -865,6 +902,11 @@ impl Engine {
         let pg = self.postgres().ok_or(Error::Bug {
             invariant: "a remote abort is on a remote engine",
         })?;
+        if self.settle_deadline(&mut work).is_err() {
+            // Past its deadline: rolled back already (its session ended).
+            drop_expired(work);
+            return Ok(());
+        }
         let held = std::mem::take(&mut work.pg);
         abort(work);
         pg.rollback(held).await
@@ -961,6 +1003,43 @@ impl Drop for Engine {
     }
 }
 
+/// A consumer waiting on several PostgreSQL queues (a queue set).
+#[cfg(feature = "postgres")]
+pub(crate) struct WatchSet<'e> {
+    engine: &'e Engine,
+    pg: &'e postgres::Postgres,
+    queues: Vec<&'e QueueRef>,
+    watches: Vec<postgres::Watch>,
+}
+
+#[cfg(feature = "postgres")]
+impl WatchSet<'_> {
+    /// Waits for a notification on any of the queues, until the first of them has an item
+    /// falling due, at most the fallback poll and never past `deadline`. False once the
+    /// deadline has passed.
+    pub(crate) async fn wait(&self, deadline: Option<std::time::Instant>) -> Result<bool> {
+        self.engine.check_open()?;
+        let mut wait = None;
+        for queue in &self.queues {
+            match self.engine.remote_wait(self.pg, queue, deadline).await? {
+                None => return Ok(false),
+                Some(w) => wait = Some(wait.map_or(w, |v: std::time::Duration| v.min(w))),
+            }
+        }
+        self.pg
+            .wait_any(&self.watches, wait.unwrap_or(postgres::FALLBACK_POLL))
+            .await;
+        Ok(true)
+    }
+
+    /// An item was taken: the next waiters look too.
+    pub(crate) fn pass_on(&self) {
+        for watch in &self.watches {
+            watch.pass_on();
+        }
+    }
+}
+
 /// A commit on its way.
 #[derive(Debug)]
 enum Committing {
@@ -986,6 +1065,9 @@ fn hold<'w>(work: &'w mut Work, queue: &QueueRef, entry: Entry) -> &'w Entry {
 fn drop_expired(mut work: Work) {
     work.undo_moves();
     work.dequeued.clear();
+    // Its session is being ended: the connection must not be reused.
+    #[cfg(feature = "postgres")]
+    work.pg.discard();
 }
 
 /// Gives `work`'s dequeued items back and undoes its moves; its enqueues are dropped.

@@ -523,11 +523,26 @@ pub(crate) struct TxExpiry {
     state: Mutex<TxState>,
 }
 
-#[derive(Debug, Default)]
+#[derive(Default)]
 struct TxState {
     copies: Vec<(Arc<QueueCore>, Entry)>,
     expired: bool,
     settled: bool,
+    /// What else the deadline does (on PostgreSQL: ends the transaction's database session),
+    /// once armed.
+    on_fire: Option<Box<dyn FnOnce() + Send>>,
+    armed: bool,
+}
+
+impl std::fmt::Debug for TxState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TxState")
+            .field("held", &self.copies.len())
+            .field("expired", &self.expired)
+            .field("settled", &self.settled)
+            .field("armed", &self.armed)
+            .finish()
+    }
 }
 
 impl TxExpiry {
@@ -539,6 +554,8 @@ impl TxExpiry {
                 copies: held.to_vec(),
                 expired: false,
                 settled: false,
+                on_fire: None,
+                armed: false,
             }),
         })
     }
@@ -584,20 +601,43 @@ impl TxExpiry {
         Ok(())
     }
 
-    /// The deadline passed: the copies go back, unless the transaction settled first.
+    /// Gives the deadline something more to do when it passes, once: `hook` runs then (at
+    /// once, in this thread, if it has passed already). False if it was armed before, or the
+    /// transaction has settled.
+    #[cfg(feature = "postgres")]
+    pub(crate) fn arm(&self, hook: Box<dyn FnOnce() + Send>) -> bool {
+        let mut state = self.state.lock();
+        if state.armed || state.settled {
+            return false;
+        }
+        state.armed = true;
+        if state.expired {
+            drop(state);
+            hook();
+        } else {
+            state.on_fire = Some(hook);
+        }
+        true
+    }
+
+    /// The deadline passed: the copies go back, unless the transaction settled first, and
+    /// the armed hook runs.
     fn fire(&self) {
-        let copies = {
+        let (copies, hook) = {
             let mut state = self.state.lock();
             if state.settled || state.expired {
                 return;
             }
             state.expired = true;
-            std::mem::take(&mut state.copies)
+            (std::mem::take(&mut state.copies), state.on_fire.take())
         };
         for (core, _) in &copies {
             core.unhold(1);
         }
         crate::core::restore_all(copies);
+        if let Some(hook) = hook {
+            hook();
+        }
     }
 }
 

@@ -20,6 +20,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
+use std::future::Future;
 use std::str::FromStr;
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -396,6 +397,19 @@ impl PgSlot {
         self.0.is_none()
     }
 
+    /// The server process of the open database transaction, if one is open.
+    pub(crate) fn pid(&self) -> Option<i32> {
+        self.0.as_ref().filter(|tx| tx.open).and_then(|tx| tx.pid)
+    }
+
+    /// The transaction's deadline passed: its connection is closed when dropped, never
+    /// reused (see [`PgTx::discard`]).
+    pub(crate) fn discard(&mut self) {
+        if let Some(tx) = &mut self.0 {
+            tx.discard = true;
+        }
+    }
+
     /// Takes the connection out for a call, leaving an aborted marker until
     /// [`end_call`](Self::end_call) puts it back: a call whose future is dropped half way
     /// leaves the transaction aborted, never silently without its database transaction.
@@ -451,6 +465,12 @@ pub(crate) struct PgTx {
     failed: bool,
     /// Set on a marker that stands for a transaction rolled back before its commit.
     aborted: Option<Aborted>,
+    /// The server process of the connection, learnt with `BEGIN`: a transaction deadline
+    /// ends the transaction by ending it (P10).
+    pid: Option<i32>,
+    /// The transaction's deadline has passed (its session is being ended): the connection
+    /// must never go back to the pool.
+    discard: bool,
     rt: Handle,
 }
 
@@ -468,6 +488,8 @@ impl PgTx {
             held: 0,
             failed: false,
             aborted: None,
+            pid: None,
+            discard: false,
             rt,
         }
     }
@@ -490,6 +512,11 @@ impl Drop for PgTx {
         let Some(client) = self.client.take() else {
             return;
         };
+        if self.discard {
+            // Closed, never reused: its server process is being ended by the deadline.
+            drop(Object::take(client));
+            return;
+        }
         if !self.open {
             return;
         }
@@ -529,6 +556,8 @@ pub(crate) struct Postgres {
     /// The store's clock: only an injected one is used (its time passed to the
     /// statements); otherwise every time is the database's.
     clock: Clock,
+    /// How to connect, for the connection that ends an expired transaction's session.
+    pg_config: tokio_postgres::Config,
 }
 
 impl fmt::Debug for Postgres {
@@ -604,6 +633,7 @@ impl Postgres {
             ids: Mutex::new(HashMap::new()),
             waiters: Arc::clone(&waiters),
             clock,
+            pg_config: pg_config.clone(),
         };
         let pool = store.pool.clone();
         let sql = Arc::clone(&store.sql);
@@ -659,6 +689,64 @@ impl Postgres {
             () = &mut notified => {}
             _ = &mut timer => {}
         }
+        timer.abort();
+    }
+
+    /// What a transaction deadline does on PostgreSQL: ends the server process `pid` of the
+    /// transaction's connection (`pg_terminate_backend`, waiting up to 5 s for it to exit),
+    /// which rolls the transaction back: its rows are visible again when this returns. On a
+    /// connection of its own, so that a full pool cannot hold it up.
+    pub(crate) fn terminator(&self, pid: i32) -> Box<dyn FnOnce() + Send> {
+        let (rt, config) = (self.rt.clone(), self.pg_config.clone());
+        Box::new(move || {
+            let ended = rt.spawn(async move {
+                let work = async {
+                    let (client, connection) = config.connect(NoTls).await.ok()?;
+                    let driver = tokio::spawn(connection);
+                    let ended = client
+                        .execute("SELECT pg_terminate_backend($1, 5000)", &[&pid])
+                        .await;
+                    drop(client);
+                    let _ = driver.await;
+                    ended.ok()
+                };
+                if tokio::time::timeout(Duration::from_secs(10), work)
+                    .await
+                    .ok()
+                    .flatten()
+                    .is_none()
+                {
+                    tracing::warn!(pid, "could not end the session of an expired transaction; the server ends it at its idle timeout");
+                }
+            });
+            // The store's runtime runs it; this thread (the timer's, or the one moving a
+            // manual clock) only waits.
+            let _ = crate::engine::block_on(ended);
+        })
+    }
+
+    /// Waits for a notification for any of `watches`' queues, or `timeout`.
+    pub(crate) async fn wait_any(&self, watches: &[Watch], timeout: Duration) {
+        let timer = self
+            .rt
+            .spawn(async move { tokio::time::sleep(timeout).await });
+        let mut notified: Vec<_> = watches
+            .iter()
+            .map(|w| Box::pin(w.notify.notified()))
+            .collect();
+        tokio::pin!(timer);
+        std::future::poll_fn(|cx| {
+            if timer.as_mut().poll(cx).is_ready() {
+                return std::task::Poll::Ready(());
+            }
+            for n in &mut notified {
+                if n.as_mut().poll(cx).is_ready() {
+                    return std::task::Poll::Ready(());
+                }
+            }
+            std::task::Poll::Pending
+        })
+        .await;
         timer.abort();
     }
 
@@ -825,10 +913,12 @@ impl Postgres {
             held.client = Some(client);
         }
         if !held.open {
-            held.client()?
-                .batch_execute("BEGIN")
+            let messages = held
+                .client()?
+                .simple_query(BEGIN)
                 .await
                 .map_err(|e| pg("begin", e))?;
+            held.pid = backend_pid(&messages);
             held.open = true;
         }
         let client = held.client()?;
@@ -1186,15 +1276,20 @@ async fn take(
     } else {
         // `BEGIN` and the first dequeue in one message (one round trip), which the server
         // runs as a unit: the dequeue never runs outside the transaction.
-        let text = format!("BEGIN; {}", sql.take_literal(queue, n, now));
+        let text = format!("{BEGIN}; {}", sql.take_literal(queue, n, now));
         let messages = client
             .simple_query(&text)
             .await
             .map_err(|e| pg("dequeue", e))?;
         held.open = true;
+        held.pid = backend_pid(&messages);
         let mut taken = Vec::new();
         for message in &messages {
             if let tokio_postgres::SimpleQueryMessage::Row(row) = message {
+                if row.len() == 1 {
+                    // The backend's pid.
+                    continue;
+                }
                 match (
                     row.get(0).and_then(|id| id.parse().ok()),
                     row.get(1).and_then(unhex),
@@ -1214,6 +1309,20 @@ async fn take(
     held.held += taken.len();
     taken.sort_unstable_by_key(|e| e.id);
     Ok(taken)
+}
+
+/// What begins a transaction: `BEGIN`, and the server process's id (one row, one column)
+/// in the same message.
+const BEGIN: &str = "BEGIN; SELECT pg_backend_pid()";
+
+/// The server process's id among the replies to [`BEGIN`].
+fn backend_pid(messages: &[tokio_postgres::SimpleQueryMessage]) -> Option<i32> {
+    messages.iter().find_map(|m| match m {
+        tokio_postgres::SimpleQueryMessage::Row(row) if row.len() == 1 => {
+            row.get(0).and_then(|pid| pid.parse().ok())
+        }
+        _ => None,
+    })
 }
 
 /// An item as the dequeue statement returns it.
