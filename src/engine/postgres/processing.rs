@@ -560,17 +560,18 @@ impl Postgres {
             let read =
                 || -> std::result::Result<(QueueStats, RetryPolicy), tokio_postgres::Error> {
                     let count = |i: usize| row.try_get::<_, i64>(i).map(ms);
-                    let mut stats = QueueStats::default();
-                    stats.visible = count(0)?;
-                    stats.delayed = count(1)?;
-                    stats.leased = count(2)?;
-                    stats.held = count(3)?;
-                    stats.dead = count(4)?;
-                    stats.front_enqueued_at = row
+                    let stats = QueueStats {
+                    visible: count(0)?,
+                    delayed: count(1)?,
+                    leased: count(2)?,
+                    held: count(3)?,
+                    dead: count(4)?,
+                    front_enqueued_at: row
                         .try_get::<_, Option<i64>>(5)?
                         .filter(|&t| t > 0)
-                        .map(|t| crate::clock::system_time(ms(t)));
-                    let policy = RetryPolicy::from_columns(
+                        .map(|t| crate::clock::system_time(ms(t))),
+                };
+                let policy = RetryPolicy::from_columns(
                         row.try_get::<_, Option<i32>>(6)?.unwrap_or(5),
                         row.try_get::<_, Option<i64>>(7)?.unwrap_or(1000),
                         row.try_get::<_, Option<i64>>(8)?.unwrap_or(600_000),
