@@ -375,6 +375,22 @@ impl Builder {
         self
     }
 
+    /// Deletes dead letters older than `retention` (by the time they died), so that a queue
+    /// whose failures nobody replays does not grow its dead-letter table without bound. Off
+    /// by default (dead letters are kept until replayed or purged). Applied by the store's
+    /// maintenance pass on each queue it has opened (every 30 s, and at every stats, browse
+    /// and dead-letter call). Whole milliseconds.
+    ///
+    #[cfg(feature = "postgres")]
+    pub fn postgres_dead_letter_retention(mut self, retention: std::time::Duration) -> Self {
+        let pg = self
+            .config
+            .postgres
+            .get_or_insert_with(|| crate::engine::postgres::PgConfig::new(""));
+        pg.dead_letter_retention = Some(retention);
+        self
+    }
+
     /// Validates the settings and connects to the PostgreSQL store set by
     /// [`postgres`](Builder::postgres): checks that the server answers and creates the
     /// store's tables, or checks their version. Without a PostgreSQL URL it opens the store

@@ -99,6 +99,8 @@ pub(crate) struct PgConfig {
     /// The server ends a transaction left idle longer than this
     /// (`idle_in_transaction_session_timeout` on every connection of the store).
     pub(crate) idle_transaction_timeout: Option<Duration>,
+    /// Dead letters older than this are deleted by the maintenance pass.
+    pub(crate) dead_letter_retention: Option<Duration>,
 }
 
 impl fmt::Debug for PgConfig {
@@ -118,6 +120,7 @@ impl PgConfig {
             schema: DEFAULT_SCHEMA.to_owned(),
             pool_size: DEFAULT_POOL_SIZE,
             idle_transaction_timeout: None,
+            dead_letter_retention: None,
         }
     }
 
@@ -303,6 +306,7 @@ impl Sql {
                dedup_key bytea, \
                died_ms int8 NOT NULL); \
              CREATE INDEX dead_letters_queue ON {s}.dead_letters (queue, id); \
+             CREATE INDEX dead_letters_died ON {s}.dead_letters (queue, died_ms); \
              INSERT INTO {s}.meta (key, value) VALUES ('schema_version', '2') \
                ON CONFLICT (key) DO UPDATE SET value = '2';"
         )
@@ -558,6 +562,10 @@ pub(crate) struct Postgres {
     clock: Clock,
     /// How to connect, for the connection that ends an expired transaction's session.
     pg_config: tokio_postgres::Config,
+    /// `PgConfig::dead_letter_retention`, in ms.
+    retention: Option<i64>,
+    /// The database ids of the queues this store has opened, for the maintenance pass.
+    maintained: Arc<Mutex<Vec<i32>>>,
 }
 
 impl fmt::Debug for Postgres {
@@ -634,11 +642,22 @@ impl Postgres {
             waiters: Arc::clone(&waiters),
             clock,
             pg_config: pg_config.clone(),
+            maintained: Arc::new(Mutex::new(Vec::new())),
+            retention: config
+                .dead_letter_retention
+                .map(|r| i64::try_from(r.as_millis()).unwrap_or(i64::MAX)),
         };
         let pool = store.pool.clone();
         let sql = Arc::clone(&store.sql);
         store.run(async move { migrate(&pool, &sql).await }).await?;
         let channel = store.sql.channel.clone();
+        store.rt.spawn(processing::maintain(
+            store.pool.clone(),
+            Arc::clone(&store.sql),
+            Arc::clone(&store.maintained),
+            store.now_source(),
+            store.retention,
+        ));
         store.rt.spawn(listen(
             pg_config,
             channel,
@@ -817,6 +836,12 @@ impl Postgres {
             .await?;
         let (core, _) = self.catalog.open_queue(name, |_| Ok(()))?;
         self.ids.lock().insert(core.id(), db_id);
+        {
+            let mut maintained = self.maintained.lock();
+            if !maintained.contains(&db_id) {
+                maintained.push(db_id);
+            }
+        }
         Ok((core, Some(policy)))
     }
 

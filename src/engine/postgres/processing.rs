@@ -16,10 +16,12 @@ use deadpool_postgres::Object;
 use tokio_postgres::Row;
 
 use super::{held_ids, is_visible, pg, visible_rows, Postgres, Sql, DB_NOW};
+use crate::clock::Clock;
 use crate::core::{Entry, QueueCore};
 use crate::engine::processing::{cut_reason, DeadSlot, EXPIRED};
 use crate::error::{Error, Result};
 use crate::processing::{ItemState, QueueStats, Replay, RetryPolicy};
+use crate::sync::process::Mutex;
 
 /// The processing layer's statements, with the schema spliced in. Every one takes the time
 /// as a nullable `int8` parameter (`NULL`: the database's clock).
@@ -40,7 +42,8 @@ pub(super) struct ProcSql {
     release: String,
     /// `$1` token, `$2` now, `$3` ttl: a new deadline for a live lease.
     extend: String,
-    /// `$1` queue, `$2` now: every expired lease at the maximum attempts to dead letters.
+    /// `$1` queue, `$2` now, `$3` retention (NULL: none): every expired lease at the
+    /// maximum attempts to dead letters, and dead letters past the retention deleted.
     bury: String,
     /// `$1` queue, `$2` now: counts, and the queue's policy.
     stats: String,
@@ -150,7 +153,10 @@ impl ProcSql {
                 t = t("$2"),
             ),
             bury: format!(
-                "WITH {t}, {bury} SELECT count(*) FROM buried",
+                "WITH {t}, {bury}, \
+                 old AS (DELETE FROM {s}.dead_letters WHERE queue = $1 \
+                   AND died_ms < {NOW_T} - $3::int8 RETURNING id) \
+                 SELECT (SELECT count(*) FROM buried), (SELECT count(*) FROM old)",
                 t = t("$2"),
                 bury = bury_cte(""),
             ),
@@ -536,10 +542,22 @@ impl Postgres {
         .await
     }
 
-    /// Moves every expired lease of the queue at its maximum attempts to the dead letters.
-    async fn bury(client: &Object, sql: &Sql, queue: i32, now: Option<i64>) -> Result<()> {
+    /// The store's time source for tasks that outlive a call: the injected clock, if any.
+    pub(super) fn now_source(&self) -> Option<Clock> {
+        self.clock.is_manual().then(|| self.clock.clone())
+    }
+
+    /// Moves every expired lease of the queue at its maximum attempts to the dead letters,
+    /// and deletes dead letters past the retention.
+    async fn bury(
+        client: &Object,
+        sql: &Sql,
+        queue: i32,
+        now: Option<i64>,
+        retention: Option<i64>,
+    ) -> Result<()> {
         client
-            .query_one(&sql.proc.bury, &[&queue, &now])
+            .query_one(&sql.proc.bury, &[&queue, &now, &retention])
             .await
             .map_err(|e| pg("bury", e))?;
         Ok(())
@@ -548,11 +566,11 @@ impl Postgres {
     /// The queue's counts, and its policy as stored.
     pub(crate) async fn stats(&self, core: &QueueCore) -> Result<(QueueStats, RetryPolicy)> {
         let queue = self.db_id(core)?;
-        let now = self.now_param();
+        let (now, retention) = (self.now_param(), self.retention);
         let (pool, sql) = (self.pool.clone(), Arc::clone(&self.sql));
         self.run(async move {
             let client = pool.get().await.map_err(|e| pg("stats", e))?;
-            Self::bury(&client, &sql, queue, now).await?;
+            Self::bury(&client, &sql, queue, now, retention).await?;
             let row = client
                 .query_one(&sql.proc.stats, &[&queue, &now])
                 .await
@@ -561,17 +579,17 @@ impl Postgres {
                 || -> std::result::Result<(QueueStats, RetryPolicy), tokio_postgres::Error> {
                     let count = |i: usize| row.try_get::<_, i64>(i).map(ms);
                     let stats = QueueStats {
-                    visible: count(0)?,
-                    delayed: count(1)?,
-                    leased: count(2)?,
-                    held: count(3)?,
-                    dead: count(4)?,
-                    front_enqueued_at: row
-                        .try_get::<_, Option<i64>>(5)?
-                        .filter(|&t| t > 0)
-                        .map(|t| crate::clock::system_time(ms(t))),
-                };
-                let policy = RetryPolicy::from_columns(
+                        visible: count(0)?,
+                        delayed: count(1)?,
+                        leased: count(2)?,
+                        held: count(3)?,
+                        dead: count(4)?,
+                        front_enqueued_at: row
+                            .try_get::<_, Option<i64>>(5)?
+                            .filter(|&t| t > 0)
+                            .map(|t| crate::clock::system_time(ms(t))),
+                    };
+                    let policy = RetryPolicy::from_columns(
                         row.try_get::<_, Option<i32>>(6)?.unwrap_or(5),
                         row.try_get::<_, Option<i64>>(7)?.unwrap_or(1000),
                         row.try_get::<_, Option<i64>>(8)?.unwrap_or(600_000),
@@ -611,13 +629,13 @@ impl Postgres {
         limit: usize,
     ) -> Result<Vec<(Entry, ItemState)>> {
         let queue = self.db_id(core)?;
-        let now = self.now_param();
+        let (now, retention) = (self.now_param(), self.retention);
         let after = after.map_or(0, i64_of);
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let (pool, sql) = (self.pool.clone(), Arc::clone(&self.sql));
         self.run(async move {
             let client = pool.get().await.map_err(|e| pg("browse", e))?;
-            Self::bury(&client, &sql, queue, now).await?;
+            Self::bury(&client, &sql, queue, now, retention).await?;
             let rows = client
                 .query(&sql.proc.browse, &[&queue, &after, &limit, &now])
                 .await
@@ -662,13 +680,13 @@ impl Postgres {
         limit: usize,
     ) -> Result<Vec<DeadSlot>> {
         let queue = self.db_id(core)?;
-        let now = self.now_param();
+        let (now, retention) = (self.now_param(), self.retention);
         let after = after.map_or(0, i64_of);
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let (pool, sql) = (self.pool.clone(), Arc::clone(&self.sql));
         self.run(async move {
             let client = pool.get().await.map_err(|e| pg("dead_letters", e))?;
-            Self::bury(&client, &sql, queue, now).await?;
+            Self::bury(&client, &sql, queue, now, retention).await?;
             let rows = client
                 .query(&sql.proc.dead, &[&queue, &after, &limit])
                 .await
@@ -707,7 +725,7 @@ impl Postgres {
     ) -> Result<usize> {
         let queue = self.db_id(core)?;
         let name = core.name().to_owned();
-        let now = self.now_param();
+        let (now, retention) = (self.now_param(), self.retention);
         let (ids, limit): (Option<Vec<i64>>, Option<i64>) = match &which {
             Replay::All => (None, None),
             Replay::First(n) => (None, Some(i64::try_from(*n).unwrap_or(i64::MAX))),
@@ -722,7 +740,7 @@ impl Postgres {
         let (pool, sql) = (self.pool.clone(), Arc::clone(&self.sql));
         self.run(async move {
             let mut client = pool.get().await.map_err(|e| pg(operation, e))?;
-            Self::bury(&client, &sql, queue, now).await?;
+            Self::bury(&client, &sql, queue, now, retention).await?;
             let tx = client.transaction().await.map_err(|e| pg(operation, e))?;
             let rows = if purge {
                 tx.query(&sql.proc.purge, &[&queue, &ids, &limit]).await
@@ -765,6 +783,36 @@ impl Postgres {
             Ok(left.map(ms))
         })
         .await
+    }
+}
+
+/// How often each store runs its maintenance pass.
+const MAINTENANCE: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// The store's maintenance task: every [`MAINTENANCE`], on each queue the store has opened,
+/// moves expired leases at their maximum attempts to the dead letters and applies the
+/// dead-letter retention. Runs until the store's runtime stops. Failures are logged and
+/// retried at the next pass.
+pub(super) async fn maintain(
+    pool: deadpool_postgres::Pool,
+    sql: Arc<Sql>,
+    queues: Arc<Mutex<Vec<i32>>>,
+    clock: Option<Clock>,
+    retention: Option<i64>,
+) {
+    loop {
+        tokio::time::sleep(MAINTENANCE).await;
+        let list = queues.lock().clone();
+        let Ok(client) = pool.get().await else {
+            continue;
+        };
+        for queue in list {
+            let now = clock.as_ref().map(|c| i64_of(c.now()));
+            if let Err(e) = Postgres::bury(&client, &sql, queue, now, retention).await {
+                tracing::warn!(error = %e, queue, "the maintenance pass failed");
+                break;
+            }
+        }
     }
 }
 
