@@ -561,7 +561,7 @@ pub(crate) struct Postgres {
     /// statements); otherwise every time is the database's.
     clock: Clock,
     /// How to connect, for the connection that ends an expired transaction's session.
-    pg_config: tokio_postgres::Config,
+    pg_config: Arc<tokio_postgres::Config>,
     /// `PgConfig::dead_letter_retention`, in ms.
     retention: Option<i64>,
     /// The database ids of the queues this store has opened, for the maintenance pass.
@@ -641,7 +641,7 @@ impl Postgres {
             ids: Mutex::new(HashMap::new()),
             waiters: Arc::clone(&waiters),
             clock,
-            pg_config: pg_config.clone(),
+            pg_config: Arc::new(pg_config.clone()),
             maintained: Arc::new(Mutex::new(Vec::new())),
             retention: config
                 .dead_letter_retention
@@ -716,7 +716,7 @@ impl Postgres {
     /// which rolls the transaction back: its rows are visible again when this returns. On a
     /// connection of its own, so that a full pool cannot hold it up.
     pub(crate) fn terminator(&self, pid: i32) -> Box<dyn FnOnce() + Send> {
-        let (rt, config) = (self.rt.clone(), self.pg_config.clone());
+        let (rt, config) = (self.rt.clone(), Arc::clone(&self.pg_config));
         Box::new(move || {
             let ended = rt.spawn(async move {
                 let work = async {
