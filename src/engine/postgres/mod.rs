@@ -167,7 +167,12 @@ struct Sql {
     /// `$1` the queue's name: its id, the row created if need be.
     queue: String,
     /// `$1` the channel, `$2` queue ids a commit enqueued to: notifies those that some store
-    /// has consumers waiting on. Sent after the commit, never inside it.
+    /// has consumers waiting on. Sent after the commit, never inside it. "Someone waits" is
+    /// a listener's shared advisory lock on the queue's watch key: the statement tries the
+    /// exclusive lock (released at once, with the statement's own transaction) and notifies
+    /// where that fails. Two committers trying at the same moment may both notify, which
+    /// only costs a spurious wake-up; it never reads `pg_locks` (which takes every partition
+    /// of the server's lock table).
     notify: String,
     /// The channel every store of the schema listens on; the payload is a queue id.
     channel: String,
@@ -217,10 +222,7 @@ impl Sql {
             ),
             notify: format!(
                 "SELECT pg_notify($1, t.q::text) FROM (SELECT DISTINCT unnest($2::int4[]) AS q) t \
-                 WHERE EXISTS (SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory' \
-                   AND l.classid = {watch_key}::oid AND l.objid = t.q::oid AND l.objsubid = 2 \
-                   AND l.granted \
-                   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()))"
+                 WHERE NOT pg_try_advisory_xact_lock({watch_key}, t.q)"
             ),
             channel: format!("rq_{schema}"),
             proc: processing::ProcSql::new(schema, item_key),
@@ -1446,6 +1448,28 @@ async fn finish(
         );
         return inserted.map(|()| Vec::new()).map_err(|e| pg("commit", e));
     }
+    if extra.is_empty() {
+        // The `INSERT`, `COMMIT` and the notification in one round trip. Should the
+        // `INSERT` fail, the server turns the `COMMIT` after it into a rollback.
+        let inserted = async {
+            match &insert {
+                Some(insert) => client
+                    .execute(insert, &[&queues, &payloads, &now])
+                    .await
+                    .map(drop),
+                None => Ok(()),
+            }
+        };
+        let (inserted, committed, ()) =
+            tokio::join!(inserted, client.batch_execute("COMMIT"), notify);
+        held.open = false;
+        return match inserted {
+            Ok(()) => committed.map(|()| Vec::new()).map_err(commit_error),
+            // No answer: the `COMMIT` may have been applied.
+            Err(e) if e.is_closed() || e.code().is_none() => Err(commit_error(e)),
+            Err(e) => Err(pg("commit", e)),
+        };
+    }
     // On any failure below `held` is dropped with the error, which rolls back.
     if let Some(insert) = &insert {
         client
@@ -1460,12 +1484,18 @@ async fn finish(
     };
     let (committed, ()) = tokio::join!(client.batch_execute("COMMIT"), notify);
     held.open = false;
-    match committed {
-        Ok(()) => Ok(granted),
-        Err(e) if e.is_closed() || e.code().is_none() => Err(Error::CommitOutcomeUnknown {
+    committed.map(|()| granted).map_err(commit_error)
+}
+
+/// A failed `COMMIT`: without an answer from the server (the connection went away) the
+/// outcome is unknown; with one, it did not commit.
+fn commit_error(e: tokio_postgres::Error) -> Error {
+    if e.is_closed() || e.code().is_none() {
+        Error::CommitOutcomeUnknown {
             source: Arc::new(e),
-        }),
-        Err(e) => Err(pg("commit", e)),
+        }
+    } else {
+        pg("commit", e)
     }
 }
 
