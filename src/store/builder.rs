@@ -391,6 +391,36 @@ impl Builder {
         self
     }
 
+    /// Trusts these certificates (PEM, one or more) for TLS connections to PostgreSQL
+    /// instead of the system's root certificates: typically the certificate authority that
+    /// signed the server's certificate.
+    ///
+    /// TLS is used when the URL says `sslmode=require`; the server's certificate is then
+    /// always verified, chain and name (stricter than libpq's `require`, like its
+    /// `verify-full`). `sslmode=prefer` (the default) and `disable` connect without TLS.
+    /// Unix-socket connections never use TLS.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let ca = std::fs::read("/etc/ssl/db-ca.pem")?;
+    /// let store = reliable_queue::Store::builder()
+    ///     .postgres("host=db.internal user=app dbname=jobs sslmode=require")
+    ///     .postgres_tls_root_certificates(ca)
+    ///     .open()?;
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "postgres")]
+    pub fn postgres_tls_root_certificates(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        let pg = self
+            .config
+            .postgres
+            .get_or_insert_with(|| crate::engine::postgres::PgConfig::new(""));
+        pg.tls_roots = Some(pem.into());
+        self
+    }
+
     /// Validates the settings and connects to the PostgreSQL store set by
     /// [`postgres`](Builder::postgres): checks that the server answers and creates the
     /// store's tables, or checks their version. Without a PostgreSQL URL it opens the store

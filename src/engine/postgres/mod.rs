@@ -29,7 +29,9 @@ use std::time::Duration;
 use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod};
 use tokio::runtime::Handle;
 use tokio::sync::{mpsc, oneshot, Notify};
-use tokio_postgres::{AsyncMessage, NoTls};
+use tokio_postgres::config::SslMode;
+use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
+use tokio_postgres::{AsyncMessage, NoTls, Socket};
 
 mod processing;
 
@@ -101,6 +103,8 @@ pub(crate) struct PgConfig {
     pub(crate) idle_transaction_timeout: Option<Duration>,
     /// Dead letters older than this are deleted by the maintenance pass.
     pub(crate) dead_letter_retention: Option<Duration>,
+    /// PEM certificates to trust for TLS instead of the system's.
+    pub(crate) tls_roots: Option<Vec<u8>>,
 }
 
 impl fmt::Debug for PgConfig {
@@ -121,6 +125,7 @@ impl PgConfig {
             pool_size: DEFAULT_POOL_SIZE,
             idle_transaction_timeout: None,
             dead_letter_retention: None,
+            tls_roots: None,
         }
     }
 
@@ -564,6 +569,7 @@ pub(crate) struct Postgres {
     clock: Clock,
     /// How to connect, for the connection that ends an expired transaction's session.
     pg_config: Arc<tokio_postgres::Config>,
+    tls: Tls,
     /// `PgConfig::dead_letter_retention`, in ms.
     retention: Option<i64>,
     /// The database ids of the queues this store has opened, for the maintenance pass.
@@ -619,13 +625,14 @@ impl Postgres {
             queues: Mutex::new(HashMap::new()),
             commands,
         });
-        let manager = Manager::from_config(
-            pg_config.clone(),
-            NoTls,
-            ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
+        let tls = Tls::of(config, &pg_config)?;
+        let manager_config = ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        };
+        let manager = match &tls {
+            Tls::Off => Manager::from_config(pg_config.clone(), NoTls, manager_config),
+            Tls::On(tls) => Manager::from_config(pg_config.clone(), tls.clone(), manager_config),
+        };
         let pool = {
             let _in_runtime = rt.enter();
             Pool::builder(manager)
@@ -644,6 +651,7 @@ impl Postgres {
             waiters: Arc::clone(&waiters),
             clock,
             pg_config: Arc::new(pg_config.clone()),
+            tls: tls.clone(),
             maintained: Arc::new(Mutex::new(Vec::new())),
             retention: config
                 .dead_letter_retention
@@ -662,6 +670,7 @@ impl Postgres {
         ));
         store.rt.spawn(listen(
             pg_config,
+            tls,
             channel,
             store.sql.keys.watch,
             waiters,
@@ -718,18 +727,18 @@ impl Postgres {
     /// which rolls the transaction back: its rows are visible again when this returns. On a
     /// connection of its own, so that a full pool cannot hold it up.
     pub(crate) fn terminator(&self, pid: i32) -> Box<dyn FnOnce() + Send> {
-        let (rt, config) = (self.rt.clone(), Arc::clone(&self.pg_config));
+        let (rt, config, tls) = (
+            self.rt.clone(),
+            Arc::clone(&self.pg_config),
+            self.tls.clone(),
+        );
         Box::new(move || {
             let ended = rt.spawn(async move {
                 let work = async {
-                    let (client, connection) = config.connect(NoTls).await.ok()?;
-                    let driver = tokio::spawn(connection);
-                    let ended = client
-                        .execute("SELECT pg_terminate_backend($1, 5000)", &[&pid])
-                        .await;
-                    drop(client);
-                    let _ = driver.await;
-                    ended.ok()
+                    match tls {
+                        Tls::Off => terminate(&config, NoTls, pid).await,
+                        Tls::On(tls) => terminate(&config, tls, pid).await,
+                    }
                 };
                 if tokio::time::timeout(Duration::from_secs(10), work)
                     .await
@@ -1124,14 +1133,35 @@ impl Drop for Watch {
 /// closes (its command line closes).
 async fn listen(
     config: tokio_postgres::Config,
+    tls: Tls,
+    channel: String,
+    watch_key: i32,
+    waiters: Arc<Waiters>,
+    commands: mpsc::UnboundedReceiver<Command>,
+) {
+    match tls {
+        Tls::Off => listen_with(config, NoTls, channel, watch_key, waiters, commands).await,
+        Tls::On(tls) => listen_with(config, tls, channel, watch_key, waiters, commands).await,
+    }
+}
+
+/// [`listen`] with one kind of connection.
+async fn listen_with<T>(
+    config: tokio_postgres::Config,
+    tls: T,
     channel: String,
     watch_key: i32,
     waiters: Arc<Waiters>,
     mut commands: mpsc::UnboundedReceiver<Command>,
-) {
+) where
+    T: MakeTlsConnect<Socket> + Clone + Send + 'static,
+    T::Stream: Send + 'static,
+    T::TlsConnect: Send,
+    <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
+{
     let mut backoff = Duration::from_millis(50);
     loop {
-        if let Ok((client, mut connection)) = config.connect(NoTls).await {
+        if let Ok((client, mut connection)) = config.connect(tls.clone()).await {
             backoff = Duration::from_millis(50);
             let (noted, mut notes) = mpsc::unbounded_channel::<Option<i32>>();
             let driver = tokio::spawn(async move {
@@ -1189,6 +1219,87 @@ async fn listen(
         waiters.wake_all();
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(Duration::from_secs(5));
+    }
+}
+
+/// Ends server process `pid` on a connection of its own.
+async fn terminate<T>(config: &tokio_postgres::Config, tls: T, pid: i32) -> Option<u64>
+where
+    T: MakeTlsConnect<Socket> + Send + 'static,
+    T::Stream: Send + 'static,
+    T::TlsConnect: Send,
+    <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
+{
+    let (client, connection) = config.connect(tls).await.ok()?;
+    let driver = tokio::spawn(connection);
+    let ended = client
+        .execute("SELECT pg_terminate_backend($1, 5000)", &[&pid])
+        .await;
+    drop(client);
+    let _ = driver.await;
+    ended.ok()
+}
+
+/// How the store's connections are made: plain, or TLS with rustls when the URL asks for it
+/// (`sslmode=require`). Certificates are always verified (the server's name against its
+/// certificate, the chain against the system's roots or `PgConfig::tls_roots`).
+#[derive(Clone)]
+enum Tls {
+    Off,
+    On(tokio_postgres_rustls::MakeRustlsConnect),
+}
+
+impl fmt::Debug for Tls {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Tls::Off => "Tls::Off",
+            Tls::On(_) => "Tls::On",
+        })
+    }
+}
+
+impl Tls {
+    fn of(config: &PgConfig, pg_config: &tokio_postgres::Config) -> Result<Tls> {
+        if pg_config.get_ssl_mode() != SslMode::Require {
+            return Ok(Tls::Off);
+        }
+        use rustls::pki_types::pem::PemObject;
+        let bad_roots = || Error::InvalidConfig {
+            setting: "postgres_tls_root_certificates",
+            expected: "one or more PEM certificates",
+        };
+        let mut roots = rustls::RootCertStore::empty();
+        match &config.tls_roots {
+            Some(pem) => {
+                for cert in rustls::pki_types::CertificateDer::pem_slice_iter(pem) {
+                    roots
+                        .add(cert.map_err(|_| bad_roots())?)
+                        .map_err(|_| bad_roots())?;
+                }
+            }
+            None => {
+                for cert in rustls_native_certs::load_native_certs().certs {
+                    // One bad system certificate does not make the others unusable.
+                    let _ = roots.add(cert);
+                }
+            }
+        }
+        if roots.is_empty() {
+            return Err(match config.tls_roots {
+                Some(_) => bad_roots(),
+                None => Error::InvalidConfig {
+                    setting: "postgres_tls_root_certificates",
+                    expected: "certificates to trust: none were found in the system's store",
+                },
+            });
+        }
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let tls = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| pg("connect", e))?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        Ok(Tls::On(tokio_postgres_rustls::MakeRustlsConnect::new(tls)))
     }
 }
 
