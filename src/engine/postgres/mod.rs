@@ -52,6 +52,12 @@ pub(crate) const SCHEMA_VERSION: i64 = 2;
 /// the store runs on an injected clock (tests), whose time is then passed instead.
 const DB_NOW: &str = "(extract(epoch FROM clock_timestamp()) * 1000)::int8";
 
+/// A setting that is `on` only inside a database transaction begun by the store ([`BEGIN`]
+/// sets it `LOCAL`ly): the dequeue statement takes nothing without it, so a dequeue sent
+/// together with its `BEGIN` can never delete rows outside a transaction, whatever happened
+/// to the `BEGIN`.
+const IN_TRANSACTION: &str = "reliable_queue.in_transaction";
+
 /// The default PostgreSQL schema (namespace) of a store.
 pub(crate) const DEFAULT_SCHEMA: &str = "reliable_queue";
 
@@ -186,16 +192,6 @@ struct Sql {
 }
 
 impl Sql {
-    /// The take statement with its parameters spelled out (integers only), for the simple
-    /// query that begins a transaction with it.
-    fn take_literal(&self, queue: i32, n: i64, now: Option<i64>) -> String {
-        let now = now.map_or_else(|| "NULL".to_owned(), |ms| ms.to_string());
-        self.take
-            .replace("$1", &queue.to_string())
-            .replace("$2", &n.to_string())
-            .replace("$3", &now)
-    }
-
     fn new(schema: &str) -> Sql {
         let s = format!("\"{schema}\"");
         let keys = LockKeys::of(schema);
@@ -204,7 +200,8 @@ impl Sql {
             schema: schema.to_owned(),
             keys,
             take: format!(
-                "WITH t AS (SELECT coalesce($3::int8, {DB_NOW}) AS now) \
+                "WITH t AS (SELECT coalesce($3::int8, {DB_NOW}) AS now \
+                   WHERE current_setting('{IN_TRANSACTION}', true) = 'on') \
                  DELETE FROM {s}.items WHERE id IN ({visible}) \
                  RETURNING id, payload, \
                    pg_try_advisory_xact_lock({item_key}, id::bit(32)::int4) AS marked",
@@ -1412,37 +1409,26 @@ async fn take(
             .map(|row| entry(row.get(0), row.get(1)))
             .collect::<Vec<Entry>>()
     } else {
-        // `BEGIN` and the first dequeue in one message (one round trip), which the server
-        // runs as a unit: the dequeue never runs outside the transaction.
-        let text = format!("{BEGIN}; {}", sql.take_literal(queue, n, now));
-        let messages = client
-            .simple_query(&text)
-            .await
-            .map_err(|e| pg("dequeue", e))?;
+        // `BEGIN` and the first dequeue pipelined (one round trip), the dequeue prepared. If
+        // the `BEGIN` failed, the dequeue finds its setting off and takes nothing.
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] = [&queue, &n, &now];
+        let (begun, rows) = tokio::join!(
+            client.simple_query(BEGIN),
+            client.query(&statement, &params)
+        );
+        let begun = begun.map_err(|e| pg("dequeue", e))?;
         held.open = true;
-        held.pid = backend_pid(&messages);
-        let mut taken = Vec::new();
-        for message in &messages {
-            if let tokio_postgres::SimpleQueryMessage::Row(row) = message {
-                if row.len() == 1 {
-                    // The backend's pid.
-                    continue;
-                }
-                match (
-                    row.get(0).and_then(|id| id.parse().ok()),
-                    row.get(1).and_then(unhex),
-                ) {
-                    (Some(id), Some(payload)) => taken.push(entry(id, payload)),
-                    _ => {
-                        held.failed = true;
-                        return Err(Error::Bug {
-                            invariant: "the dequeue statement returns an id and a bytea",
-                        });
-                    }
-                }
+        held.pid = backend_pid(&begun);
+        let rows = match rows {
+            Ok(rows) => rows,
+            Err(e) => {
+                held.failed = true;
+                return Err(pg("dequeue", e));
             }
-        }
-        taken
+        };
+        rows.iter()
+            .map(|row| entry(row.get(0), row.get(1)))
+            .collect::<Vec<Entry>>()
     };
     held.held += taken.len();
     taken.sort_unstable_by_key(|e| e.id);
@@ -1451,7 +1437,8 @@ async fn take(
 
 /// What begins a transaction: `BEGIN`, and the server process's id (one row, one column)
 /// in the same message.
-const BEGIN: &str = "BEGIN; SELECT pg_backend_pid()";
+const BEGIN: &str =
+    "BEGIN; SET LOCAL reliable_queue.in_transaction = 'on'; SELECT pg_backend_pid()";
 
 /// The server process's id among the replies to [`BEGIN`].
 fn backend_pid(messages: &[tokio_postgres::SimpleQueryMessage]) -> Option<i32> {
@@ -1470,19 +1457,6 @@ fn entry(id: i64, payload: Vec<u8>) -> Entry {
         payload.into_boxed_slice(),
         0,
     )
-}
-
-/// A `bytea` in PostgreSQL's text form (`\x` and hex digits, the default `bytea_output`).
-fn unhex(text: &str) -> Option<Vec<u8>> {
-    let digits = text.strip_prefix("\\x")?.as_bytes();
-    if digits.len() % 2 != 0 {
-        return None;
-    }
-    let value = |d: u8| char::from(d).to_digit(16);
-    digits
-        .chunks_exact(2)
-        .map(|pair| u8::try_from(value(pair[0])? * 16 + value(pair[1])?).ok())
-        .collect()
 }
 
 /// The end of a commit: the `INSERT` and the `COMMIT`. A failure before `COMMIT` rolls back
@@ -1615,22 +1589,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn bytea_text_decodes_and_bad_text_is_refused() {
-        assert_eq!(unhex("\\x"), Some(vec![]));
-        assert_eq!(unhex("\\x00ff7A"), Some(vec![0x00, 0xff, 0x7a]));
-        assert_eq!(unhex("\\x0"), None);
-        assert_eq!(unhex("\\xzz"), None);
-        assert_eq!(unhex("00ff"), None);
+    fn lock_keys_are_per_schema_non_negative_and_apart() {
+        let (a, b) = (LockKeys::of("reliable_queue"), LockKeys::of("other"));
+        assert_ne!(a.item, b.item);
+        for keys in [a, b] {
+            assert!(keys.item >= 0 && keys.watch >= 0);
+            assert_ne!(keys.item, keys.watch);
+        }
     }
 
     #[test]
-    fn the_take_statement_spells_out_its_parameters() {
+    fn the_dequeue_statement_needs_a_transaction_begun_by_the_store() {
         let sql = Sql::new("s");
-        let text = sql.take_literal(7, 64, Some(5));
-        assert!(
-            text.contains("queue = 7") && text.contains("LIMIT 64"),
-            "{text}"
-        );
-        assert!(!text.contains('$'), "{text}");
+        assert!(sql.take.contains(IN_TRANSACTION), "{}", sql.take);
+        assert!(BEGIN.contains(IN_TRANSACTION) && BEGIN.contains("SET LOCAL"));
     }
 }
