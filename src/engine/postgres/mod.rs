@@ -167,10 +167,14 @@ impl PgConfig {
 struct Sql {
     schema: String,
     keys: LockKeys,
-    /// `$1` the queue's id, `$2` how many: deletes up to that many rows at the head that no
-    /// other transaction holds, takes the advisory locks that mark them held, returns
+    /// `$1` the queue's id, `$2` how many, `$3` now: deletes up to that many rows at the head
+    /// that no other transaction holds, takes the advisory locks that mark them held, returns
     /// `(id, payload)` of each (in no particular order).
     take: String,
+    /// [`take`](Self::take) for one row (`$2` ignored).
+    take_one: String,
+    /// `$1` queue id, `$2` payload, `$3` now: one item (the commonest commit).
+    insert_one: String,
     /// `$1` queue ids, `$2` payloads, in commit order.
     insert: String,
     /// `$1` the queue's id: visible rows, not counting those held by open transactions.
@@ -189,6 +193,8 @@ struct Sql {
     channel: String,
     /// The processing layer's statements.
     proc: processing::ProcSql,
+    /// The server process of each pooled connection, once learnt.
+    pids: Mutex<HashMap<deadpool_postgres::ObjectId, i32>>,
 }
 
 impl Sql {
@@ -199,13 +205,11 @@ impl Sql {
         Sql {
             schema: schema.to_owned(),
             keys,
-            take: format!(
-                "WITH t AS (SELECT coalesce($3::int8, {DB_NOW}) AS now \
-                   WHERE current_setting('{IN_TRANSACTION}', true) = 'on') \
-                 DELETE FROM {s}.items WHERE id IN ({visible}) \
-                 RETURNING id, payload, \
-                   pg_try_advisory_xact_lock({item_key}, id::bit(32)::int4) AS marked",
-                visible = visible_rows(&s, "$1", "$2")
+            take: take_statement(&s, item_key, "$2::int8"),
+            take_one: take_statement(&s, item_key, "1"),
+            insert_one: format!(
+                "INSERT INTO {s}.items (queue, payload, enqueued_ms, ready_ms) \
+                 SELECT $1, $2, c.now, c.now FROM (SELECT coalesce($3::int8, {DB_NOW}) AS now) c"
             ),
             insert: format!(
                 "INSERT INTO {s}.items (queue, payload, enqueued_ms, ready_ms) \
@@ -228,6 +232,7 @@ impl Sql {
             ),
             channel: format!("rq_{schema}"),
             proc: processing::ProcSql::new(schema, item_key),
+            pids: Mutex::new(HashMap::new()),
             queue: format!(
                 "WITH made AS (\
                    INSERT INTO {s}.queues (name) VALUES ($1) ON CONFLICT (name) DO NOTHING \
@@ -323,17 +328,43 @@ impl Sql {
 /// part is an index range scan that stops at its first `n` rows. Needs the CTE `t(now)`.
 fn visible_rows(s: &str, queue: &str, n: &str) -> String {
     format!(
-        "SELECT id FROM (\
-           SELECT id FROM (SELECT i.id FROM {s}.items i \
+        "SELECT ctid FROM (\
+           SELECT ctid FROM (SELECT i.ctid FROM {s}.items i \
              WHERE i.queue = {queue} AND i.leased_until <= (SELECT now FROM t) \
              AND i.attempts < (SELECT max_attempts FROM {s}.queues WHERE id = {queue}) \
              ORDER BY i.leased_until LIMIT {n} FOR UPDATE OF i SKIP LOCKED) a \
            UNION ALL \
-           SELECT id FROM (SELECT i.id FROM {s}.items i \
+           SELECT ctid FROM (SELECT i.ctid FROM {s}.items i \
              WHERE i.queue = {queue} AND i.leased_until IS NULL \
              AND i.ready_ms <= (SELECT now FROM t) \
              ORDER BY i.ready_ms, i.id LIMIT {n} FOR UPDATE OF i SKIP LOCKED) b \
          ) u LIMIT {n}"
+    )
+}
+
+/// Which rows a statement on the visible head changes: `n` of them, or for `n` = `"1"` the
+/// one (a scalar subquery, which the planner always turns into a TID scan; an array of
+/// them may get a scan of the whole table on a small one). By physical address: the rows
+/// are locked, so their addresses cannot change under the statement.
+fn head_rows(s: &str, queue: &str, n: &str) -> String {
+    if n == "1" {
+        format!("ctid = ({})", visible_rows(s, queue, n))
+    } else {
+        format!("ctid = ANY (ARRAY({}))", visible_rows(s, queue, n))
+    }
+}
+
+/// The dequeue statement for `n` rows (see `Sql::take`).
+fn take_statement(s: &str, item_key: i32, n: &str) -> String {
+    let rows = head_rows(s, "$1", n);
+    // `$2` appears in the statement either way, so both forms take the same parameters.
+    let unused = if n == "1" { " AND $2::int8 > 0" } else { "" };
+    format!(
+        "WITH t AS (SELECT coalesce($3::int8, {DB_NOW}) AS now \
+           WHERE current_setting('{IN_TRANSACTION}', true) = 'on'{unused}) \
+         DELETE FROM {s}.items WHERE {rows} \
+         RETURNING id, payload, \
+           pg_try_advisory_xact_lock({item_key}, id::bit(32)::int4) AS marked"
     )
 }
 
@@ -657,7 +688,6 @@ impl Postgres {
         let pool = store.pool.clone();
         let sql = Arc::clone(&store.sql);
         store.run(async move { migrate(&pool, &sql).await }).await?;
-        let channel = store.sql.channel.clone();
         store.rt.spawn(processing::maintain(
             store.pool.clone(),
             Arc::clone(&store.sql),
@@ -668,8 +698,7 @@ impl Postgres {
         store.rt.spawn(listen(
             pg_config,
             tls,
-            channel,
-            store.sql.keys.watch,
+            Arc::clone(&store.sql),
             waiters,
             listened,
         ));
@@ -717,6 +746,15 @@ impl Postgres {
             _ = &mut timer => {}
         }
         timer.abort();
+    }
+
+    /// Has the listener tell the stores waiting on `queues` that items became visible there
+    /// (coalesced with the other notifications asked for meanwhile, checked for waiters
+    /// after the change committed: see `Sql::notify`). Never inside the transaction: a
+    /// `NOTIFY` there holds the server's notification lock through the commit's WAL flush,
+    /// serialising committers.
+    pub(crate) fn notify(&self, queues: Vec<i32>) {
+        self.waiters.notify(queues);
     }
 
     /// What a transaction deadline does on PostgreSQL: ends the server process `pid` of the
@@ -906,8 +944,11 @@ impl Postgres {
         let pool = self.pool.clone();
         let sql = Arc::clone(&self.sql);
         let now = self.now_param();
-        self.run(async move { finish(&pool, &sql, held, queues, payloads, extra, now).await })
-            .await
+        let (granted, notified) = self
+            .run(async move { finish(&pool, &sql, held, queues, payloads, extra, now).await })
+            .await?;
+        self.notify(notified);
+        Ok(granted)
     }
 
     /// Runs the caller's `sql` in the transaction of `slot` (begun now if need be). A failing
@@ -1048,9 +1089,20 @@ struct Waited {
 enum Command {
     Watch(i32, oneshot::Sender<()>),
     Unwatch(i32),
+    /// Items became visible in these queues (a commit, a release): notify the stores with
+    /// consumers waiting on them. Sent after the change is committed.
+    Notify(Vec<i32>),
 }
 
 impl Waiters {
+    /// See [`Postgres::notify`].
+    fn notify(&self, queues: Vec<i32>) {
+        if !queues.is_empty() {
+            // A listener gone (store closing) has nobody left to wake.
+            let _ = self.commands.send(Command::Notify(queues));
+        }
+    }
+
     fn wake_one(&self, queue: i32) {
         if let Some(waited) = self.queues.lock().get(&queue) {
             waited.notify.notify_one();
@@ -1131,14 +1183,13 @@ impl Drop for Watch {
 async fn listen(
     config: tokio_postgres::Config,
     tls: Tls,
-    channel: String,
-    watch_key: i32,
+    sql: Arc<Sql>,
     waiters: Arc<Waiters>,
     commands: mpsc::UnboundedReceiver<Command>,
 ) {
     match tls {
-        Tls::Off => listen_with(config, NoTls, channel, watch_key, waiters, commands).await,
-        Tls::On(tls) => listen_with(config, tls, channel, watch_key, waiters, commands).await,
+        Tls::Off => listen_with(config, NoTls, sql, waiters, commands).await,
+        Tls::On(tls) => listen_with(config, tls, sql, waiters, commands).await,
     }
 }
 
@@ -1146,8 +1197,7 @@ async fn listen(
 async fn listen_with<T>(
     config: tokio_postgres::Config,
     tls: T,
-    channel: String,
-    watch_key: i32,
+    sql: Arc<Sql>,
     waiters: Arc<Waiters>,
     mut commands: mpsc::UnboundedReceiver<Command>,
 ) where
@@ -1156,6 +1206,7 @@ async fn listen_with<T>(
     T::TlsConnect: Send,
     <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
 {
+    let (channel, watch_key, notify) = (&sql.channel, sql.keys.watch, &sql.notify);
     let mut backoff = Duration::from_millis(50);
     loop {
         if let Ok((client, mut connection)) = config.connect(tls.clone()).await {
@@ -1181,7 +1232,9 @@ async fn listen_with<T>(
                 .batch_execute(&format!("LISTEN \"{channel}\""))
                 .await
                 .is_ok();
-            if listening {
+            // Prepared once per connection: the listener sends every store's notifications.
+            let notify_statement = client.prepare(notify).await.ok();
+            if listening && notify_statement.is_some() {
                 let mut up = true;
                 for queue in waiters.waited_queues() {
                     up = up && reconcile(&client, watch_key, &waiters, &mut locked, queue).await;
@@ -1202,6 +1255,34 @@ async fn listen_with<T>(
                             }
                             Some(Command::Unwatch(queue)) => {
                                 up = reconcile(&client, watch_key, &waiters, &mut locked, queue).await;
+                            }
+                            Some(Command::Notify(mut queues)) => {
+                                // Every notification asked for meanwhile, in one statement.
+                                let mut later = Vec::new();
+                                while let Ok(command) = commands.try_recv() {
+                                    match command {
+                                        Command::Notify(more) => queues.extend(more),
+                                        other => later.push(other),
+                                    }
+                                }
+                                queues.sort_unstable();
+                                queues.dedup();
+                                // A failure only delays the waiters until their fallback poll.
+                                if let Some(statement) = &notify_statement {
+                                    let _ = client.execute(statement, &[channel, &queues]).await;
+                                }
+                                for command in later {
+                                    match command {
+                                        Command::Watch(queue, ack) => {
+                                            up = up && reconcile(&client, watch_key, &waiters, &mut locked, queue).await;
+                                            let _ = ack.send(());
+                                        }
+                                        Command::Unwatch(queue) => {
+                                            up = up && reconcile(&client, watch_key, &waiters, &mut locked, queue).await;
+                                        }
+                                        Command::Notify(_) => {}
+                                    }
+                                }
                             }
                             None => {
                                 driver.abort();
@@ -1394,7 +1475,7 @@ async fn take(
     let client = held.client()?;
     // Prepared once per connection (deadpool's statement cache).
     let statement = client
-        .prepare_cached(&sql.take)
+        .prepare_cached(if n == 1 { &sql.take_one } else { &sql.take })
         .await
         .map_err(|e| pg("dequeue", e))?;
     let mut taken = if held.open {
@@ -1412,13 +1493,15 @@ async fn take(
         // `BEGIN` and the first dequeue pipelined (one round trip), the dequeue prepared. If
         // the `BEGIN` failed, the dequeue finds its setting off and takes nothing.
         let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] = [&queue, &n, &now];
+        let (begin, known) = begin_text(sql, client);
         let (begun, rows) = tokio::join!(
-            client.simple_query(BEGIN),
+            client.simple_query(begin),
             client.query(&statement, &params)
         );
         let begun = begun.map_err(|e| pg("dequeue", e))?;
+        let pid = begun_pid(sql, client, known, &begun);
         held.open = true;
-        held.pid = backend_pid(&begun);
+        held.pid = pid;
         let rows = match rows {
             Ok(rows) => rows,
             Err(e) => {
@@ -1439,6 +1522,39 @@ async fn take(
 /// in the same message.
 const BEGIN: &str =
     "BEGIN; SET LOCAL reliable_queue.in_transaction = 'on'; SELECT pg_backend_pid()";
+
+/// [`BEGIN`] on a connection whose server process is known already.
+const BEGIN_KNOWN: &str = "BEGIN; SET LOCAL reliable_queue.in_transaction = 'on'";
+
+/// Begins a transaction on `client` (see [`BEGIN`]); its server process's id, asked for
+/// only the first time a connection is used.
+fn begin_text(sql: &Sql, client: &Object) -> (&'static str, Option<i32>) {
+    match sql.pids.lock().get(&Object::id(client)) {
+        Some(&pid) => (BEGIN_KNOWN, Some(pid)),
+        None => (BEGIN, None),
+    }
+}
+
+/// The server process of `client` from the replies to its `BEGIN`, remembered.
+fn begun_pid(
+    sql: &Sql,
+    client: &Object,
+    known: Option<i32>,
+    messages: &[tokio_postgres::SimpleQueryMessage],
+) -> Option<i32> {
+    if known.is_some() {
+        return known;
+    }
+    let pid = backend_pid(messages)?;
+    let mut pids = sql.pids.lock();
+    if pids.len() > 4096 {
+        // Connections come and go; their ids are never reused, so forget them all now and
+        // then (each costs one more `SELECT` to learn again).
+        pids.clear();
+    }
+    pids.insert(Object::id(client), pid);
+    Some(pid)
+}
 
 /// The server process's id among the replies to [`BEGIN`].
 fn backend_pid(messages: &[tokio_postgres::SimpleQueryMessage]) -> Option<i32> {
@@ -1470,7 +1586,7 @@ async fn finish(
     payloads: Vec<Vec<u8>>,
     extra: Extra,
     now: Option<i64>,
-) -> Result<Vec<Granted>> {
+) -> Result<(Vec<Granted>, Vec<i32>)> {
     if held.client.is_none() {
         held.client = Some(pool.get().await.map_err(|e| pg("commit", e))?);
     }
@@ -1487,69 +1603,50 @@ async fn finish(
     let mut notified = queues.clone();
     notified.extend(extra.fresh.iter().map(|f| f.queue));
     let client = held.client()?;
+    let one = queues.len() == 1;
     let insert = if plain {
         Some(
             client
-                .prepare_cached(&sql.insert)
+                .prepare_cached(if one { &sql.insert_one } else { &sql.insert })
                 .await
                 .map_err(|e| pg("commit", e))?,
         )
     } else {
         None
     };
-    let notify = if notified.is_empty() {
-        None
-    } else {
-        Some(
-            client
-                .prepare_cached(&sql.notify)
-                .await
-                .map_err(|e| pg("commit", e))?,
-        )
+    // The `INSERT`'s parameters: every item in arrays, or the one item.
+    let (queue_one, payload_one): (i32, &[u8]) = match (queues.first(), payloads.first()) {
+        (Some(q), Some(p)) => (*q, p),
+        _ => (0, &[]),
     };
-    // The notification goes after the commit, pipelined with it (one round trip): inside
-    // the transaction it would hold the server's notification lock through the commit's
-    // WAL flush, serialising committers. It checks for waiters after the commit, so a
-    // consumer that took its lock before looking cannot miss this commit.
-    let notify = async {
-        if let Some(notify) = &notify {
-            // A failed notification only delays a waiter until its fallback poll.
-            let _ = client.execute(notify, &[&sql.channel, &notified]).await;
-        }
-    };
+    let many: [&(dyn tokio_postgres::types::ToSql + Sync); 3] = [&queues, &payloads, &now];
+    let single: [&(dyn tokio_postgres::types::ToSql + Sync); 3] = [&queue_one, &payload_one, &now];
+    let params: &[&(dyn tokio_postgres::types::ToSql + Sync)] = if one { &single } else { &many };
     if !held.open && extra.is_empty() {
         // One statement, atomic on its own; the notification pipelined after it.
-        let (inserted, ()) = tokio::join!(
-            async {
-                match &insert {
-                    Some(insert) => client
-                        .execute(insert, &[&queues, &payloads, &now])
-                        .await
-                        .map(drop),
-                    None => Ok(()),
-                }
-            },
-            notify
-        );
-        return inserted.map(|()| Vec::new()).map_err(|e| pg("commit", e));
+        let inserted = match &insert {
+            Some(insert) => client.execute(insert, params).await.map(drop),
+            None => Ok(()),
+        };
+        return inserted
+            .map(|()| (Vec::new(), notified))
+            .map_err(|e| pg("commit", e));
     }
     if extra.is_empty() {
-        // The `INSERT`, `COMMIT` and the notification in one round trip. Should the
-        // `INSERT` fail, the server turns the `COMMIT` after it into a rollback.
+        // The `INSERT` and `COMMIT` in one round trip. Should the `INSERT` fail, the server
+        // turns the `COMMIT` after it into a rollback.
         let inserted = async {
             match &insert {
-                Some(insert) => client
-                    .execute(insert, &[&queues, &payloads, &now])
-                    .await
-                    .map(drop),
+                Some(insert) => client.execute(insert, params).await.map(drop),
                 None => Ok(()),
             }
         };
-        let (inserted, committed, ()) =
-            tokio::join!(inserted, client.batch_execute("COMMIT"), notify);
+        let (inserted, committed) = tokio::join!(inserted, client.batch_execute("COMMIT"));
         held.open = false;
         return match inserted {
-            Ok(()) => committed.map(|()| Vec::new()).map_err(commit_error),
+            Ok(()) => committed
+                .map(|()| (Vec::new(), notified))
+                .map_err(commit_error),
             // No answer: the `COMMIT` may have been applied.
             Err(e) if e.is_closed() || e.code().is_none() => Err(commit_error(e)),
             Err(e) => Err(pg("commit", e)),
@@ -1558,7 +1655,7 @@ async fn finish(
     // On any failure below `held` is dropped with the error, which rolls back.
     if let Some(insert) = &insert {
         client
-            .execute(insert, &[&queues, &payloads, &now])
+            .execute(insert, params)
             .await
             .map_err(|e| pg("commit", e))?;
     }
@@ -1567,9 +1664,11 @@ async fn finish(
         Some((queue, n, ttl)) => processing::lease_on(client, sql, queue, n, now, ttl).await?,
         None => Vec::new(),
     };
-    let (committed, ()) = tokio::join!(client.batch_execute("COMMIT"), notify);
+    let committed = client.batch_execute("COMMIT").await;
     held.open = false;
-    committed.map(|()| granted).map_err(commit_error)
+    committed
+        .map(|()| (granted, notified))
+        .map_err(commit_error)
 }
 
 /// A failed `COMMIT`: without an answer from the server (the connection went away) the

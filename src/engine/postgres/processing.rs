@@ -15,7 +15,7 @@ use std::sync::Arc;
 use deadpool_postgres::Object;
 use tokio_postgres::Row;
 
-use super::{held_ids, is_visible, pg, visible_rows, Postgres, Sql, DB_NOW};
+use super::{head_rows, held_ids, is_visible, pg, Postgres, Sql, DB_NOW};
 use crate::clock::Clock;
 use crate::core::{Entry, QueueCore};
 use crate::engine::processing::{cut_reason, DeadSlot, EXPIRED};
@@ -90,18 +90,18 @@ impl ProcSql {
             .replace("{s}", &s);
         ProcSql {
             lease: format!(
-                "WITH {t}, {bury}, c AS ({visible}) \
+                "WITH {t}, {bury} \
                  UPDATE {s}.items i SET attempts = i.attempts + 1, \
                    leased_until = {NOW_T} + $4::int8, \
                    lease_token = nextval('{s}.lease_tokens'), \
                    first_attempt_ms = coalesce(i.first_attempt_ms, {NOW_T}), \
                    last_attempt_ms = {NOW_T} \
-                 WHERE i.id IN (SELECT id FROM c) \
+                 WHERE i.{rows} \
                  RETURNING i.id, i.payload, i.attempts, i.lease_token, i.leased_until, \
                    i.enqueued_ms, i.first_attempt_ms, i.last_attempt_ms, i.ready_ms, i.dedup_key",
                 t = t("$3"),
                 bury = bury_cte("LIMIT 100"),
-                visible = visible_rows(&s, "$1", "$2"),
+                rows = head_rows(&s, "$1", "$2::int8"),
             ),
             unlease: format!(
                 "UPDATE {s}.items SET leased_until = NULL, lease_token = NULL, \
@@ -446,10 +446,11 @@ impl Postgres {
                 .execute(&sql.proc.unlease, &[&tokens])
                 .await
                 .map_err(|e| pg("lease", e))?;
-            notify(&client, &sql, queue).await;
             Ok(())
         })
-        .await
+        .await?;
+        self.notify(vec![queue]);
+        Ok(())
     }
 
     /// Settles lease `token` as failed with `reason`.
@@ -484,23 +485,28 @@ impl Postgres {
     pub(crate) async fn release(&self, token: u64, delay: u64) -> Result<bool> {
         let (now, token, delay) = (self.now_param(), i64_of(token), i64_of(delay));
         let (pool, sql) = (self.pool.clone(), Arc::clone(&self.sql));
-        self.run(async move {
-            let client = pool.get().await.map_err(|e| pg("release", e))?;
-            let rows = client
-                .query(&sql.proc.release, &[&token, &now, &delay])
-                .await
-                .map_err(|e| pg("release", e))?;
-            let Some(row) = rows.first() else {
-                return Ok(false);
-            };
-            if delay == 0 {
-                if let Ok(queue) = row.try_get::<_, i32>(0) {
-                    notify(&client, &sql, queue).await;
+        let released = self
+            .run(async move {
+                let client = pool.get().await.map_err(|e| pg("release", e))?;
+                let rows = client
+                    .query(&sql.proc.release, &[&token, &now, &delay])
+                    .await
+                    .map_err(|e| pg("release", e))?;
+                let Some(row) = rows.first() else {
+                    return Ok(None);
+                };
+                Ok(Some(row.try_get::<_, i32>(0).ok()))
+            })
+            .await?;
+        match released {
+            None => Ok(false),
+            Some(queue) => {
+                if delay == 0 {
+                    self.notify(queue.into_iter().collect());
                 }
+                Ok(true)
             }
-            Ok(true)
-        })
-        .await
+        }
     }
 
     /// A lease dropped unsettled: given back at once, in the background (the holder is
@@ -508,6 +514,7 @@ impl Postgres {
     pub(crate) fn drop_lease(&self, token: u64) {
         let (now, token) = (self.now_param(), i64_of(token));
         let (pool, sql) = (self.pool.clone(), Arc::clone(&self.sql));
+        let waiters = Arc::clone(&self.waiters);
         self.rt.spawn(async move {
             let Ok(client) = pool.get().await else {
                 return;
@@ -518,7 +525,7 @@ impl Postgres {
                 .await
             {
                 if let Some(queue) = rows.first().and_then(|r| r.try_get::<_, i32>(0).ok()) {
-                    notify(&client, &sql, queue).await;
+                    waiters.notify(vec![queue]);
                 }
             }
         });
@@ -760,12 +767,14 @@ impl Postgres {
                 }
             }
             tx.commit().await.map_err(|e| pg(operation, e))?;
-            if !purge && !done.is_empty() {
-                notify(&client, &sql, queue).await;
-            }
             Ok(done.len())
         })
         .await
+        .inspect(|&done| {
+            if !purge && done > 0 {
+                self.notify(vec![queue]);
+            }
+        })
     }
 
     /// How long until the next delayed item or lease of the queue falls due, if any.
@@ -814,12 +823,4 @@ pub(super) async fn maintain(
             }
         }
     }
-}
-
-/// Tells the waiters of `queue` (in every store) that an item is visible again. A failure
-/// only delays them until their fallback poll.
-pub(super) async fn notify(client: &Object, sql: &Sql, queue: i32) {
-    let _ = client
-        .execute(&sql.notify, &[&sql.channel, &vec![queue]])
-        .await;
 }
