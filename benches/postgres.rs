@@ -88,6 +88,21 @@ async fn engine_moves(store: Store, clients: usize, moves: u64) -> Duration {
         }
         tx.commit().await.unwrap();
     }
+    // Warm up as the hand-written side does before its clock starts (it connects and
+    // prepares its statements first): one uncounted move per client, all at once, so that
+    // the pool holds a connection per client with its statements prepared.
+    let warm: Vec<_> = (0..clients)
+        .map(|c| {
+            let (store, queues) = (store.clone(), [a.clone(), b.clone()]);
+            tokio::spawn(async move {
+                let mut from = c % 2;
+                move_one(&store, &queues, &mut from).await;
+            })
+        })
+        .collect();
+    for t in warm {
+        t.await.unwrap();
+    }
     let left = Arc::new(AtomicU64::new(moves));
     let start = Instant::now();
     let tasks: Vec<_> = (0..clients)
