@@ -580,7 +580,7 @@ mod cases {
         {
             Err(Error::SchemaVersion {
                 found, supported, ..
-            }) => assert_eq!((found, supported), (99, 1)),
+            }) => assert_eq!((found, supported), (99, 2)),
             other => panic!("expected SchemaVersion, got {other:?}"),
         }
     }
@@ -732,24 +732,6 @@ mod cases {
         )
         .unwrap_or(0)
     }
-
-    /// What is not built on this engine yet says so with a typed error, and loses nothing.
-    pub(crate) fn the_processing_layer_is_refused_for_now(server: &PgServer) {
-        let store = store(server, "unsupported");
-        let q = store.blocking_queue::<u64>("q").unwrap();
-        fill(&store, &q, [1]);
-        assert!(matches!(
-            q.blocking_try_lease(std::time::Duration::from_secs(5)),
-            Err(Error::Unsupported { .. })
-        ));
-        let mut tx = store.begin();
-        assert!(matches!(
-            q.enqueue_after(&mut tx, 2, std::time::Duration::from_secs(1)),
-            Err(Error::Unsupported { .. })
-        ));
-        drop(tx);
-        assert_eq!(drain(&store, &q), [1], "nothing lost");
-    }
 }
 
 #[cfg(feature = "postgres")]
@@ -827,10 +809,6 @@ fn main() -> std::process::ExitCode {
         (
             "a_schema_of_another_version_is_refused",
             a_schema_of_another_version_is_refused,
-        ),
-        (
-            "the_processing_layer_is_refused_for_now",
-            the_processing_layer_is_refused_for_now,
         ),
     ])
 }
