@@ -151,7 +151,9 @@ impl<T> ReliableConcurrentQueue<T> {
     }
 
     /// The number of consumers waiting in [`dequeue`](Self::dequeue) or
-    /// [`blocking_dequeue`](Self::blocking_dequeue) right now. A point-in-time figure.
+    /// [`blocking_dequeue`](Self::blocking_dequeue) (or a waiting lease) right now. A
+    /// point-in-time figure. On PostgreSQL, this store's consumers only (other processes'
+    /// are not counted).
     ///
     /// # Examples
     ///

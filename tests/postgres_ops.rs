@@ -271,6 +271,27 @@ mod cases {
         assert_eq!((stats.visible, stats.leased, stats.dead), (0, 0, 0));
     }
 
+    /// A waiting consumer whose own transaction holds the pool's last connection still gives
+    /// up at its timeout (it looks for the next due item only with a connection to spare).
+    pub(crate) fn a_waiting_consumer_holding_the_last_connection_times_out(server: &PgServer) {
+        let store = Store::builder()
+            .postgres(server.url())
+            .postgres_schema("lastconn")
+            .postgres_pool_size(1)
+            .open()
+            .unwrap();
+        let q = store.blocking_queue::<u64>("q").unwrap();
+        let mut tx = store.begin();
+        let started = Instant::now();
+        assert_eq!(
+            q.blocking_dequeue_timeout(&mut tx, Duration::from_millis(200))
+                .unwrap(),
+            None
+        );
+        assert!(started.elapsed() < Duration::from_secs(10));
+        tx.blocking_abort().unwrap();
+    }
+
     /// The processing layer's calls are not refused on PostgreSQL any more, and a lease's
     /// deadline comes from the database's clock when no clock is injected: a fresh lease
     /// ends about its ttl from now by this machine's clock (same machine as the server).
@@ -314,6 +335,10 @@ fn main() -> std::process::ExitCode {
         (
             "a_worker_stopped_past_its_lease_cannot_complete_the_item",
             a_worker_stopped_past_its_lease_cannot_complete_the_item,
+        ),
+        (
+            "a_waiting_consumer_holding_the_last_connection_times_out",
+            a_waiting_consumer_holding_the_last_connection_times_out,
         ),
         (
             "a_lease_deadline_comes_from_the_databases_clock",

@@ -502,8 +502,12 @@ impl Engine {
         Ok(queue.core.count())
     }
 
-    /// Consumers waiting in `queue` now.
+    /// Consumers waiting in `queue` now (of this store, on a remote engine).
     pub(crate) fn waiters(&self, queue: &QueueRef) -> usize {
+        #[cfg(feature = "postgres")]
+        if let Some(pg) = self.postgres() {
+            return pg.waiters(&queue.core);
+        }
         queue.core.waiters()
     }
 

@@ -21,6 +21,12 @@
 //!
 //! Everything else that goes wrong (initdb or pg_ctl failing, a query failing) is a panic carrying
 //! the command's output and the tail of the server log.
+//!
+//! A test that kills or restarts the server ([`PgServer::kill_9`], [`PgServer::restart`]) must
+//! not do it to the server the other tests of its binary share: [`run_suite_with`] gives such a
+//! test ([`Needs::OwnCluster`]) a cluster of its own, started for it alone and stopped after
+//! it. Those tests need a server this harness starts: with `RQ_TEST_POSTGRES_URL` set they are
+//! reported as ignored, with the reason, and a banner on stderr says so.
 #![allow(dead_code, unreachable_pub)]
 
 use std::fmt;
@@ -31,8 +37,9 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Output};
 use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 
-use libtest_mimic::{Arguments, Failed, Trial};
+use libtest_mimic::{Arguments, Completion, Failed, Trial};
 
 /// The connection string of an existing server to use instead of starting one.
 pub const URL_VAR: &str = "RQ_TEST_POSTGRES_URL";
@@ -99,11 +106,20 @@ impl PgServer {
         }
     }
 
+    /// Starts a private cluster of the caller's own, whatever `RQ_TEST_POSTGRES_URL` says: for
+    /// a test that kills or restarts its server. [`Skip`] and panics as [`start`](Self::start).
+    pub fn start_cluster() -> Result<PgServer, Skip> {
+        match find_bin_dir() {
+            Ok(bin_dir) => Ok(Cluster::start(&bin_dir)),
+            Err(skip) if postgres_required() => {
+                panic!("{skip} ({REQUIRE_VAR}=1 makes a missing PostgreSQL a failure)")
+            }
+            Err(skip) => Err(skip),
+        }
+    }
+
     fn try_start() -> Result<PgServer, Skip> {
-        if let Some(url) = std::env::var(URL_VAR)
-            .ok()
-            .filter(|url| !url.trim().is_empty())
-        {
+        if let Some(url) = external_url() {
             return Ok(PgServer { url, cluster: None });
         }
         let bin_dir = find_bin_dir()?;
@@ -168,10 +184,241 @@ impl PgServer {
     }
 }
 
+/// What [`PgServer::kill_9`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Killed {
+    /// The postmaster's pid, `None` when there was no `postmaster.pid` to read it from and the
+    /// server was stopped with `pg_ctl stop -m immediate` instead.
+    pub postmaster: Option<u32>,
+    /// The postmaster's child processes (backends, auxiliary processes) seen just before the
+    /// kill, all waited for.
+    pub children: usize,
+}
+
+/// How long [`PgServer::kill_9`] and [`PgServer::restart`] wait for the server's processes.
+const KILL_RESTART_DEADLINE: Duration = Duration::from_secs(60);
+
+impl PgServer {
+    /// The server's postmaster, from the first line of `<data_dir>/postmaster.pid` (`None`:
+    /// not started here, or no such file: not running).
+    pub fn postmaster_pid(&self) -> Option<u32> {
+        let cluster = self.cluster.as_ref()?;
+        let text = fs::read_to_string(cluster.data_dir.join("postmaster.pid")).ok()?;
+        text.lines().next()?.trim().parse().ok()
+    }
+
+    /// Kills the server the hard way: `SIGKILL` to the postmaster, which leaves its backends to
+    /// notice its death and exit by themselves, and PostgreSQL to run crash recovery at the
+    /// next start. Returns once the postmaster and every child it had are gone (exited; a
+    /// zombie not yet reaped counts as gone), or panics after a minute. Without a
+    /// `postmaster.pid` (which should not happen to a running server) it falls back to
+    /// `pg_ctl stop -m immediate`.
+    ///
+    /// Panics on a server this harness did not start (`RQ_TEST_POSTGRES_URL`).
+    pub fn kill_9(&self) -> Killed {
+        let cluster = self.own_cluster("kill_9");
+        let Some(pid) = self.postmaster_pid() else {
+            let stop = cluster
+                .command(&cluster.pg_ctl)
+                .arg("-D")
+                .arg(&cluster.data_dir)
+                .args(["-m", "immediate", "-w", "-t", "60", "stop"])
+                .output();
+            cluster.check_ran("pg_ctl stop -m immediate", stop);
+            return Killed {
+                postmaster: None,
+                children: 0,
+            };
+        };
+        let postmaster = Process::of(pid).unwrap_or_else(|| {
+            panic!(
+                "kill_9: the postmaster {pid} of postmaster.pid is not running\n\
+                 --- server log, last lines\n{}",
+                cluster.log_tail()
+            )
+        });
+        let children = Process::children_of(pid);
+        // std has no kill(2) for another process without `unsafe`; kill(1) does it.
+        let kill = Command::new("kill")
+            .args(["-s", "KILL", &pid.to_string()])
+            .output();
+        cluster.check_ran("kill -s KILL <postmaster>", kill);
+        let deadline = Instant::now() + KILL_RESTART_DEADLINE;
+        for process in std::iter::once(&postmaster).chain(&children) {
+            while process.alive() {
+                assert!(
+                    Instant::now() < deadline,
+                    "kill_9: process {} ({}) of the killed server is still alive after {:?}",
+                    process.pid,
+                    process.comm,
+                    KILL_RESTART_DEADLINE
+                );
+                // A polling interval, bounded by the deadline above.
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        }
+        Killed {
+            postmaster: Some(pid),
+            children: children.len(),
+        }
+    }
+
+    /// Starts the server again after [`kill_9`](Self::kill_9) (or a stop): `pg_ctl start -w`,
+    /// which returns once crash recovery is done and the server accepts connections. Same
+    /// data directory, socket and settings, so [`url`](Self::url) is unchanged.
+    ///
+    /// The lock files a killed postmaster leaves (`postmaster.pid`, the socket's `.lock`) are
+    /// removed first when the postmaster they name is dead: PostgreSQL does that itself once
+    /// the dead process is reaped, but takes a zombie not yet reaped (PID 1 of a container may
+    /// be slow to reap) for a live server. A start refused because a backend of the killed
+    /// server (forked after `kill_9` looked) still holds the shared memory is tried again, for
+    /// up to a minute; then it panics with pg_ctl's output and the server log.
+    ///
+    /// Panics on a server this harness did not start (`RQ_TEST_POSTGRES_URL`), and on one
+    /// that is running.
+    pub fn restart(&self) {
+        let cluster = self.own_cluster("restart");
+        if let Some(pid) = self
+            .postmaster_pid()
+            .filter(|&pid| Process::of(pid).is_some())
+        {
+            panic!("restart: the server is running (postmaster {pid}); kill_9 it first");
+        }
+        let deadline = Instant::now() + KILL_RESTART_DEADLINE;
+        loop {
+            // The lock files of the data directory and of the socket, stale once the
+            // postmaster they name has exited.
+            for lock in [
+                cluster.data_dir.join("postmaster.pid"),
+                cluster
+                    .dir
+                    .path()
+                    .join("sock")
+                    .join(format!(".s.PGSQL.{PORT}.lock")),
+            ] {
+                let pid = fs::read_to_string(&lock)
+                    .ok()
+                    .and_then(|text| text.lines().next()?.trim().parse::<u32>().ok());
+                if pid.is_some_and(|pid| Process::of(pid).is_none()) {
+                    let _ = fs::remove_file(&lock);
+                }
+            }
+            let start = cluster
+                .command(&cluster.pg_ctl)
+                .arg("-D")
+                .arg(&cluster.data_dir)
+                .arg("-l")
+                .arg(&cluster.log_file)
+                .args(["-w", "-t", "60", "start"])
+                .output();
+            match start {
+                Ok(output) if output.status.success() => return,
+                Ok(output) if Instant::now() < deadline => {
+                    let log = cluster.log_tail();
+                    eprintln!(
+                        "    restart: pg_ctl start failed ({}), trying again: {}; the server \
+                         log ends with: {}",
+                        output.status,
+                        String::from_utf8_lossy(&output.stderr).trim_end(),
+                        log.lines().last().unwrap_or_default()
+                    );
+                    // A backoff between attempts, bounded by the deadline.
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                failed => {
+                    cluster.check("pg_ctl start (restart)", failed, true);
+                    unreachable!("check panics on a failed start");
+                }
+            }
+        }
+    }
+
+    fn own_cluster(&self, what: &str) -> &Cluster {
+        self.cluster.as_ref().unwrap_or_else(|| {
+            panic!(
+                "{what}: the server is an existing one ({URL_VAR}), not one this harness \
+                 started: run the test with Needs::OwnCluster"
+            )
+        })
+    }
+}
+
+/// A process seen in `/proc`: its pid and start time (which tell it from a later process that
+/// reuses the pid) and its name.
+#[derive(Debug)]
+struct Process {
+    pid: u32,
+    start_time: u64,
+    comm: String,
+}
+
+impl Process {
+    /// The process `pid` if it is alive (not exited, not a zombie).
+    fn of(pid: u32) -> Option<Process> {
+        let (process, _) = Self::read(pid)?;
+        process.alive().then_some(process)
+    }
+
+    /// `pid`'s `/proc/<pid>/stat`: the process and its parent, `None` when it is gone.
+    fn read(pid: u32) -> Option<(Process, u32)> {
+        let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // "pid (comm) state ppid ... starttime(22) ...": comm may hold anything but the last ')'.
+        let open = stat.find('(')?;
+        let close = stat.rfind(')')?;
+        let comm = stat.get(open + 1..close)?.to_owned();
+        let fields: Vec<&str> = stat.get(close + 1..)?.split_whitespace().collect();
+        // fields[0] is field 3 (state): field n is fields[n - 3].
+        let ppid = fields.get(1)?.parse().ok()?;
+        let start_time = fields.get(19)?.parse().ok()?;
+        Some((
+            Process {
+                pid,
+                start_time,
+                comm,
+            },
+            ppid,
+        ))
+    }
+
+    /// The living children of `parent`.
+    fn children_of(parent: u32) -> Vec<Process> {
+        fs::read_dir("/proc")
+            .into_iter()
+            .flatten()
+            .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
+            .filter_map(Self::read)
+            .filter(|(process, ppid)| *ppid == parent && process.alive())
+            .map(|(process, _)| process)
+            .collect()
+    }
+
+    /// Still running: in `/proc`, the same process (start time), and not a zombie.
+    fn alive(&self) -> bool {
+        let Ok(stat) = fs::read_to_string(format!("/proc/{}/stat", self.pid)) else {
+            return false;
+        };
+        let Some(after) = stat.rfind(')').and_then(|close| stat.get(close + 1..)) else {
+            return false;
+        };
+        let fields: Vec<&str> = after.split_whitespace().collect();
+        let state = fields.first().copied().unwrap_or("X");
+        let same = fields
+            .get(19)
+            .and_then(|t| t.parse::<u64>().ok())
+            .is_some_and(|t| t == self.start_time);
+        same && !matches!(state, "Z" | "X" | "x")
+    }
+}
+
 impl Drop for PgServer {
     fn drop(&mut self) {
         if let Some(cluster) = &self.cluster {
-            cluster.stop();
+            // Not after a `kill_9` that no `restart` followed (a failed test): nothing to stop.
+            let dead = Path::new("/proc/self").exists()
+                && self.postmaster_pid().and_then(Process::of).is_none();
+            if !dead {
+                cluster.stop();
+            }
         }
     }
 }
@@ -308,6 +555,26 @@ impl Cluster {
         );
     }
 
+    /// Panics with the command's output and the server log's tail unless it succeeded (for
+    /// commands on a running server, not its start).
+    fn check_ran(&self, what: &str, output: std::io::Result<Output>) {
+        let failure = match output {
+            Ok(output) if output.status.success() => return,
+            Ok(output) => format!(
+                "{what} failed ({}):\n--- stderr\n{}\n--- stdout\n{}",
+                output.status,
+                String::from_utf8_lossy(&output.stderr).trim_end(),
+                String::from_utf8_lossy(&output.stdout).trim_end()
+            ),
+            Err(e) => format!("{what} could not be run: {e}"),
+        };
+        panic!(
+            "{failure}\n--- server log ({}), last lines\n{}",
+            self.log_file.display(),
+            self.log_tail()
+        );
+    }
+
     /// Stops the server, waiting until it has exited. Reports a failure without panicking: this
     /// runs in `drop`.
     fn stop(&self) {
@@ -345,8 +612,25 @@ impl Cluster {
     }
 }
 
-/// A test of the suite: it gets the shared server.
+/// A test of the suite: it gets the shared server, or its own cluster ([`Needs`]).
 pub type TestFn = fn(&PgServer);
+
+/// What server a test of [`run_suite_with`] runs against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Needs {
+    /// The server the suite's tests share (this harness's, or `RQ_TEST_POSTGRES_URL`'s).
+    SharedServer,
+    /// A cluster of the test's own, which it may kill and restart: started by this harness
+    /// for that test alone (whatever `RQ_TEST_POSTGRES_URL` says) and stopped after it, so
+    /// that such tests run side by side with the others. With `RQ_TEST_POSTGRES_URL` set the
+    /// test is reported as ignored, with the reason: a server this harness did not start is
+    /// not its to kill, and the binaries may not even be on this machine.
+    OwnCluster,
+}
+
+/// Why an [`Needs::OwnCluster`] test does not run against `RQ_TEST_POSTGRES_URL`'s server.
+const OWN_CLUSTER_SKIP: &str = "kills and restarts its server, so needs a cluster this \
+                                harness starts; RQ_TEST_POSTGRES_URL names an existing server";
 
 /// Runs `tests` as a libtest-style suite against one [`PgServer`] and returns the exit code for
 /// `main`.
@@ -356,53 +640,110 @@ pub type TestFn = fn(&PgServer);
 /// shared by the tests, which run on several threads; a panicking test fails. When there is no
 /// server ([`Skip`]), every test is reported as ignored and a banner on stderr says why.
 pub fn run_suite(tests: Vec<(&'static str, TestFn)>) -> ExitCode {
+    run_suite_with(
+        tests
+            .into_iter()
+            .map(|(name, test)| (name, Needs::SharedServer, test))
+            .collect(),
+    )
+}
+
+/// [`run_suite`] with tests that may need a cluster of their own ([`Needs::OwnCluster`]): each
+/// of those gets one started for it alone (and stopped after it) instead of the shared
+/// server, which is started only when some [`Needs::SharedServer`] test is going to run. With
+/// `RQ_TEST_POSTGRES_URL` set the own-cluster tests are reported as ignored, with the reason,
+/// and a banner on stderr says so.
+pub fn run_suite_with(tests: Vec<(&'static str, Needs, TestFn)>) -> ExitCode {
     let mut args = Arguments::from_args();
+    let external = external_url().is_some();
     // Filled in before the trials run; the trials only read it.
     let server: Arc<OnceLock<PgServer>> = Arc::new(OnceLock::new());
-    let mut trials: Vec<Trial> = tests
+    let mut trials: Vec<(Needs, Trial)> = tests
         .into_iter()
-        .map(|(name, test)| {
-            let server = Arc::clone(&server);
-            Trial::test(name, move || {
-                let server = server
-                    .get()
-                    .ok_or_else(|| Failed::from("no PostgreSQL server was started"))?;
-                test(server);
-                Ok(())
-            })
+        .map(|(name, needs, test)| {
+            let trial = match needs {
+                Needs::SharedServer => {
+                    let server = Arc::clone(&server);
+                    Trial::test(name, move || {
+                        let server = server
+                            .get()
+                            .ok_or_else(|| Failed::from("no PostgreSQL server was started"))?;
+                        test(server);
+                        Ok(())
+                    })
+                }
+                Needs::OwnCluster => Trial::ignorable_test(name, move || {
+                    if external {
+                        return Ok(Completion::ignored_with(OWN_CLUSTER_SKIP));
+                    }
+                    let own =
+                        PgServer::start_cluster().map_err(|skip| Failed::from(skip.reason))?;
+                    test(&own);
+                    Ok(Completion::Completed)
+                }),
+            };
+            (needs, trial)
         })
         .collect();
 
-    let will_run = trials
-        .iter()
-        .any(|t| !args.is_filtered_out(t) && !args.is_ignored(t));
+    let will_run = |needs: Needs| {
+        trials
+            .iter()
+            .any(|(n, t)| *n == needs && !args.is_filtered_out(t) && !args.is_ignored(t))
+    };
+    let (shared_will_run, own_will_run) =
+        (will_run(Needs::SharedServer), will_run(Needs::OwnCluster));
     let mut skipped = None;
-    if !args.list && will_run {
-        match PgServer::start() {
-            Ok(started) => {
+    if !args.list && (shared_will_run || own_will_run) {
+        // The shared server only if a test needs it; else only whether one could be started.
+        let available = if shared_will_run {
+            PgServer::start().map(|started| {
                 if server.set(started).is_err() {
                     unreachable!("the server is set once");
                 }
-            }
-            Err(skip) => {
-                eprintln!("\n==> PostgreSQL tests SKIPPED: {skip}\n");
-                trials = trials
-                    .into_iter()
-                    .map(|t| t.with_ignored_flag(true))
-                    .collect();
-                // Without a server even `--ignored`/`--include-ignored` cannot run them.
-                args.ignored = false;
-                args.include_ignored = false;
-                skipped = Some(skip);
-            }
+            })
+        } else if external {
+            Ok(())
+        } else {
+            find_bin_dir().map(drop).map_err(|skip| {
+                if postgres_required() {
+                    panic!("{skip} ({REQUIRE_VAR}=1 makes a missing PostgreSQL a failure)")
+                }
+                skip
+            })
+        };
+        if let Err(skip) = available {
+            eprintln!("\n==> PostgreSQL tests SKIPPED: {skip}\n");
+            trials = trials
+                .into_iter()
+                .map(|(needs, t)| (needs, t.with_ignored_flag(true)))
+                .collect();
+            // Without a server even `--ignored`/`--include-ignored` cannot run them.
+            args.ignored = false;
+            args.include_ignored = false;
+            skipped = Some(skip);
         }
     }
+    let own_skipped = skipped.is_none() && external && own_will_run && !args.list;
+    let own_banner = || {
+        eprintln!(
+            "==> PostgreSQL tests that kill and restart their server SKIPPED \
+             (reported ignored): each {OWN_CLUSTER_SKIP}\n"
+        )
+    };
+    if own_skipped {
+        eprintln!();
+        own_banner();
+    }
 
-    let conclusion = libtest_mimic::run(&args, trials);
+    let conclusion = libtest_mimic::run(&args, trials.into_iter().map(|(_, t)| t).collect());
 
     if let Some(skip) = skipped {
         // Again after the summary, where it is seen.
         eprintln!("==> PostgreSQL tests SKIPPED: {skip}\n");
+    }
+    if own_skipped {
+        own_banner();
     }
     // The trials, and their references to the server, are gone: this stops it.
     match Arc::into_inner(server) {
@@ -434,6 +775,13 @@ pub async fn connect(url: &str) -> tokio_postgres::Client {
         }
     });
     client
+}
+
+/// `RQ_TEST_POSTGRES_URL`, when set to something.
+fn external_url() -> Option<String> {
+    std::env::var(URL_VAR)
+        .ok()
+        .filter(|url| !url.trim().is_empty())
 }
 
 fn postgres_required() -> bool {

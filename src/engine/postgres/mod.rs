@@ -61,6 +61,9 @@ const IN_TRANSACTION: &str = "reliable_queue.in_transaction";
 /// The default PostgreSQL schema (namespace) of a store.
 pub(crate) const DEFAULT_SCHEMA: &str = "reliable_queue";
 
+/// How long a call waits for a pooled connection when every one is in use.
+pub(crate) const POOL_WAIT: Duration = Duration::from_secs(30);
+
 /// Default number of pooled connections.
 pub(crate) const DEFAULT_POOL_SIZE: usize = 16;
 
@@ -663,8 +666,12 @@ impl Postgres {
         };
         let pool = {
             let _in_runtime = rt.enter();
+            // A call that finds every connection busy (held by open transactions) waits at
+            // most this long for one, then fails with `Error::Postgres`: never a hang.
             Pool::builder(manager)
                 .max_size(config.pool_size)
+                .runtime(deadpool_postgres::Runtime::Tokio1)
+                .wait_timeout(Some(POOL_WAIT))
                 .build()
                 .map_err(|e| pg("connect", e))?
         };
@@ -732,6 +739,18 @@ impl Postgres {
             notify,
         };
         Ok((watch, ack))
+    }
+
+    /// This store's consumers waiting on `core`'s queue now.
+    pub(crate) fn waiters(&self, core: &QueueCore) -> usize {
+        let Ok(queue) = self.db_id(core) else {
+            return 0;
+        };
+        self.waiters
+            .queues
+            .lock()
+            .get(&queue)
+            .map_or(0, |w| w.count)
     }
 
     /// Waits for a notification for `watch`'s queue, or `timeout`, whichever comes first.

@@ -783,7 +783,13 @@ impl Postgres {
         let now = self.now_param();
         let (pool, sql) = (self.pool.clone(), Arc::clone(&self.sql));
         self.run(async move {
-            let client = pool.get().await.map_err(|e| pg("dequeue", e))?;
+            // Only a hint: a waiting consumer may itself hold the last pooled connection
+            // (its transaction's), so it does not wait for one.
+            let Ok(Ok(client)) =
+                tokio::time::timeout(std::time::Duration::from_millis(20), pool.get()).await
+            else {
+                return Ok(None);
+            };
             let row = client
                 .query_one(&sql.proc.next_due, &[&queue, &now])
                 .await
