@@ -1179,19 +1179,7 @@ const TESTS: &[(&str, fn())] = &[
 fn main() -> std::process::ExitCode {
     let args = libtest_mimic::Arguments::from_args();
     #[cfg(feature = "postgres")]
-    let server = if args.list {
-        None
-    } else {
-        match pg::PgServer::start() {
-            Ok(server) => Some(server),
-            Err(skip) => {
-                eprintln!(
-                    "\n==> PostgreSQL SKIPPED in these tests (memory and sled run): {skip}\n"
-                );
-                None
-            }
-        }
-    };
+    let server = pg::start_for_engine_suite(&args);
     #[cfg(feature = "postgres")]
     let _ = POSTGRES.set(server.as_ref().map(|s| s.url().to_owned()));
     let trials = TESTS
@@ -1205,11 +1193,6 @@ fn main() -> std::process::ExitCode {
         .collect();
     let conclusion = libtest_mimic::run(&args, trials);
     #[cfg(feature = "postgres")]
-    {
-        if server.is_none() && !args.list {
-            eprintln!("==> PostgreSQL SKIPPED in these tests (memory and sled run)\n");
-        }
-        drop(server);
-    }
+    pg::end_engine_suite(&args, server);
     conclusion.exit_code()
 }

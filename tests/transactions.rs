@@ -1,7 +1,12 @@
 //! Transactions across queues and stores: atomic moves, all-or-nothing commits, misuse,
-//! empty commits, async commits and waiting dequeues.
+//! empty commits, async commits and waiting dequeues. The cases that `on_both_stores` runs
+//! run on every engine: memory, sled, and PostgreSQL when the crate is built with the
+//! `postgres` feature and a server is available (the harness's own, `tests/pg/mod.rs`, or
+//! `RQ_TEST_POSTGRES_URL`; without one the output says PostgreSQL was skipped).
 
 mod common;
+#[cfg(feature = "postgres")]
+mod pg;
 
 use std::thread;
 use std::time::{Duration, Instant};
@@ -10,14 +15,31 @@ use common::{drain, peek_all, temp_dir};
 use reliable_queue::{Error, Store};
 use serde::{Deserialize, Serialize};
 
-/// Runs `case` against a fresh in-memory store, then against a fresh on-disk store.
+/// Runs `case` against a fresh in-memory store, then a fresh on-disk store, then (when there
+/// is a server) a PostgreSQL store in a schema of its own.
 fn on_both_stores(case: impl Fn(&Store)) {
     let memory = Store::in_memory().expect("open an in-memory store");
     case(&memory);
     let (_guard, path) = temp_dir();
     let disk = Store::open(&path).expect("open an on-disk store");
     case(&disk);
+    #[cfg(feature = "postgres")]
+    if let Some(url) = POSTGRES.get().and_then(Option::as_ref) {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static SCHEMAS: AtomicU64 = AtomicU64::new(0);
+        let schema = format!("transactions_{}", SCHEMAS.fetch_add(1, Ordering::Relaxed));
+        let store = Store::builder()
+            .postgres(url)
+            .postgres_schema(&schema)
+            .open()
+            .expect("connect to the test PostgreSQL server");
+        case(&store);
+    }
 }
+
+/// The test PostgreSQL server's URL, once `main` has started it (`None`: no server).
+#[cfg(feature = "postgres")]
+static POSTGRES: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
 
 /// Waits, without sleeping, until `done` holds; fails the test after ten seconds.
 fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
@@ -40,7 +62,6 @@ enum Outcome {
     Failed(u64),
 }
 
-#[test]
 fn move_between_queues_aborted_leaves_both_unchanged() {
     on_both_stores(|store| {
         let a = store.blocking_queue::<u64>("a").unwrap();
@@ -68,7 +89,6 @@ fn move_between_queues_aborted_leaves_both_unchanged() {
     });
 }
 
-#[test]
 fn move_between_queues_committed_moves_the_item() {
     on_both_stores(|store| {
         let a = store.blocking_queue::<u64>("a").unwrap();
@@ -91,7 +111,6 @@ fn move_between_queues_committed_moves_the_item() {
     });
 }
 
-#[test]
 fn move_between_queues_of_different_item_types() {
     on_both_stores(|store| {
         let jobs = store.blocking_queue::<Job>("jobs").unwrap();
@@ -132,7 +151,6 @@ fn move_between_queues_of_different_item_types() {
     });
 }
 
-#[test]
 fn committed_move_survives_a_restart() {
     let (_guard, path) = temp_dir();
     {
@@ -155,7 +173,6 @@ fn committed_move_survives_a_restart() {
     assert_eq!(drain(&store, &b), ["moved 1"]);
 }
 
-#[test]
 fn three_queue_transaction_commits_all_or_nothing() {
     on_both_stores(|store| {
         let inbox = store.blocking_queue::<u32>("inbox").unwrap();
@@ -211,7 +228,6 @@ fn three_queue_transaction_commits_all_or_nothing() {
     });
 }
 
-#[test]
 fn transaction_of_another_store_is_rejected_and_changes_nothing() {
     let (_guard, path) = temp_dir();
     let stores = [
@@ -252,7 +268,6 @@ fn transaction_of_another_store_is_rejected_and_changes_nothing() {
     }
 }
 
-#[test]
 fn a_clone_of_the_store_is_the_same_store() {
     on_both_stores(|store| {
         let other = store.clone();
@@ -271,7 +286,6 @@ fn a_clone_of_the_store_is_the_same_store() {
     });
 }
 
-#[test]
 fn committing_an_empty_transaction_is_ok() {
     on_both_stores(|store| {
         let queue = store.blocking_queue::<u32>("q").unwrap();
@@ -290,7 +304,6 @@ fn committing_an_empty_transaction_is_ok() {
     });
 }
 
-#[test]
 fn async_commit_applies_the_transaction() {
     on_both_stores(|store| {
         let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -344,7 +357,6 @@ fn async_commit_applies_the_transaction() {
     });
 }
 
-#[test]
 fn blocking_dequeue_timeout_gives_none_on_an_empty_queue() {
     on_both_stores(|store| {
         let queue = store.blocking_queue::<u32>("q").unwrap();
@@ -364,7 +376,6 @@ fn blocking_dequeue_timeout_gives_none_on_an_empty_queue() {
     });
 }
 
-#[test]
 fn blocking_dequeue_timeout_gets_an_item_once_committed() {
     on_both_stores(|store| {
         let queue = store.blocking_queue::<u32>("q").unwrap();
@@ -390,7 +401,6 @@ fn blocking_dequeue_timeout_gets_an_item_once_committed() {
     });
 }
 
-#[test]
 fn waiting_consumer_gets_an_item_another_transaction_aborts() {
     on_both_stores(|store| {
         let queue = store.blocking_queue::<u32>("q").unwrap();
@@ -418,7 +428,6 @@ fn waiting_consumer_gets_an_item_another_transaction_aborts() {
 
 /// `try_dequeue_many` takes up to n items at the front, in order, held like single dequeues:
 /// out of `count`, out of the next batch, back at the front on abort.
-#[test]
 fn a_batch_dequeue_takes_up_to_n_at_the_front() {
     on_both_stores(|store| {
         let q = store.blocking_queue::<u32>("batch").unwrap();
@@ -443,4 +452,81 @@ fn a_batch_dequeue_takes_up_to_n_at_the_front() {
         b.blocking_commit().unwrap();
         assert_eq!(drain(store, &q), [0, 1, 2, 3]);
     });
+}
+
+/// Every test of the file, for `main`.
+const TESTS: &[(&str, fn())] = &[
+    (
+        "move_between_queues_aborted_leaves_both_unchanged",
+        move_between_queues_aborted_leaves_both_unchanged,
+    ),
+    (
+        "move_between_queues_committed_moves_the_item",
+        move_between_queues_committed_moves_the_item,
+    ),
+    (
+        "move_between_queues_of_different_item_types",
+        move_between_queues_of_different_item_types,
+    ),
+    (
+        "committed_move_survives_a_restart",
+        committed_move_survives_a_restart,
+    ),
+    (
+        "three_queue_transaction_commits_all_or_nothing",
+        three_queue_transaction_commits_all_or_nothing,
+    ),
+    (
+        "transaction_of_another_store_is_rejected_and_changes_nothing",
+        transaction_of_another_store_is_rejected_and_changes_nothing,
+    ),
+    (
+        "a_clone_of_the_store_is_the_same_store",
+        a_clone_of_the_store_is_the_same_store,
+    ),
+    (
+        "committing_an_empty_transaction_is_ok",
+        committing_an_empty_transaction_is_ok,
+    ),
+    (
+        "async_commit_applies_the_transaction",
+        async_commit_applies_the_transaction,
+    ),
+    (
+        "blocking_dequeue_timeout_gives_none_on_an_empty_queue",
+        blocking_dequeue_timeout_gives_none_on_an_empty_queue,
+    ),
+    (
+        "blocking_dequeue_timeout_gets_an_item_once_committed",
+        blocking_dequeue_timeout_gets_an_item_once_committed,
+    ),
+    (
+        "waiting_consumer_gets_an_item_another_transaction_aborts",
+        waiting_consumer_gets_an_item_another_transaction_aborts,
+    ),
+    (
+        "a_batch_dequeue_takes_up_to_n_at_the_front",
+        a_batch_dequeue_takes_up_to_n_at_the_front,
+    ),
+];
+
+fn main() -> std::process::ExitCode {
+    let args = libtest_mimic::Arguments::from_args();
+    #[cfg(feature = "postgres")]
+    let server = pg::start_for_engine_suite(&args);
+    #[cfg(feature = "postgres")]
+    let _ = POSTGRES.set(server.as_ref().map(|s| s.url().to_owned()));
+    let trials = TESTS
+        .iter()
+        .map(|&(name, test)| {
+            libtest_mimic::Trial::test(name, move || {
+                test();
+                Ok(())
+            })
+        })
+        .collect();
+    let conclusion = libtest_mimic::run(&args, trials);
+    #[cfg(feature = "postgres")]
+    pg::end_engine_suite(&args, server);
+    conclusion.exit_code()
 }

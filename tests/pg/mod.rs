@@ -918,3 +918,29 @@ fn with_dbname(url: &str, dbname: &str) -> String {
     // Key-value form: the last of repeated keys wins.
     format!("{url} dbname='{dbname}'")
 }
+
+/// For a test binary whose tests run on every engine (memory, sled, PostgreSQL): starts the
+/// PostgreSQL server unless the run only lists the tests; without one, says PostgreSQL is
+/// skipped (the embedded engines still run). A missing server is a failure under
+/// `RQ_TEST_REQUIRE_POSTGRES=1`, as for `run_suite`.
+pub fn start_for_engine_suite(args: &Arguments) -> Option<PgServer> {
+    if args.list {
+        return None;
+    }
+    match PgServer::start() {
+        Ok(server) => Some(server),
+        Err(skip) => {
+            eprintln!("\n==> PostgreSQL SKIPPED in these tests (memory and sled run): {skip}\n");
+            None
+        }
+    }
+}
+
+/// The end of such a binary: repeats the banner after the summary, where it is seen, and
+/// stops the server.
+pub fn end_engine_suite(args: &Arguments, server: Option<PgServer>) {
+    if server.is_none() && !args.list {
+        eprintln!("==> PostgreSQL SKIPPED in these tests (memory and sled run)\n");
+    }
+    drop(server);
+}
