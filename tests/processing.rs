@@ -47,18 +47,9 @@ fn stores_with(
     #[allow(unused_mut)]
     let mut all = vec![("memory", memory, None), ("sled", sled, Some((dir, path)))];
     #[cfg(feature = "postgres")]
-    if let Some(url) = POSTGRES.get().and_then(Option::as_ref) {
-        use std::sync::atomic::{AtomicU64, Ordering};
-        static SCHEMAS: AtomicU64 = AtomicU64::new(0);
-        let schema = format!("processing_{}", SCHEMAS.fetch_add(1, Ordering::Relaxed));
-        let store = settings(
-            Store::builder()
-                .clock(clock.clone())
-                .postgres(url)
-                .postgres_schema(&schema),
-        )
-        .open()
-        .expect("connect to the test PostgreSQL server");
+    if let Some(store) = pg::engine_suite_store(&POSTGRES, "processing", |b| {
+        settings(b.clock(clock.clone()))
+    }) {
         all.push(("postgres", store, None));
     }
     all
@@ -1179,19 +1170,8 @@ const TESTS: &[(&str, fn())] = &[
 fn main() -> std::process::ExitCode {
     let args = libtest_mimic::Arguments::from_args();
     #[cfg(feature = "postgres")]
-    let server = pg::start_for_engine_suite(&args);
-    #[cfg(feature = "postgres")]
-    let _ = POSTGRES.set(server.as_ref().map(|s| s.url().to_owned()));
-    let trials = TESTS
-        .iter()
-        .map(|&(name, test)| {
-            libtest_mimic::Trial::test(name, move || {
-                test();
-                Ok(())
-            })
-        })
-        .collect();
-    let conclusion = libtest_mimic::run(&args, trials);
+    let server = pg::start_for_engine_suite(&args, &POSTGRES);
+    let conclusion = libtest_mimic::run(&args, common::trials(TESTS));
     #[cfg(feature = "postgres")]
     pg::end_engine_suite(&args, server);
     conclusion.exit_code()

@@ -24,15 +24,7 @@ fn on_both_stores(case: impl Fn(&Store)) {
     let disk = Store::open(&path).expect("open an on-disk store");
     case(&disk);
     #[cfg(feature = "postgres")]
-    if let Some(url) = POSTGRES.get().and_then(Option::as_ref) {
-        use std::sync::atomic::{AtomicU64, Ordering};
-        static SCHEMAS: AtomicU64 = AtomicU64::new(0);
-        let schema = format!("transactions_{}", SCHEMAS.fetch_add(1, Ordering::Relaxed));
-        let store = Store::builder()
-            .postgres(url)
-            .postgres_schema(&schema)
-            .open()
-            .expect("connect to the test PostgreSQL server");
+    if let Some(store) = pg::engine_suite_store(&POSTGRES, "transactions", |b| b) {
         case(&store);
     }
 }
@@ -513,19 +505,8 @@ const TESTS: &[(&str, fn())] = &[
 fn main() -> std::process::ExitCode {
     let args = libtest_mimic::Arguments::from_args();
     #[cfg(feature = "postgres")]
-    let server = pg::start_for_engine_suite(&args);
-    #[cfg(feature = "postgres")]
-    let _ = POSTGRES.set(server.as_ref().map(|s| s.url().to_owned()));
-    let trials = TESTS
-        .iter()
-        .map(|&(name, test)| {
-            libtest_mimic::Trial::test(name, move || {
-                test();
-                Ok(())
-            })
-        })
-        .collect();
-    let conclusion = libtest_mimic::run(&args, trials);
+    let server = pg::start_for_engine_suite(&args, &POSTGRES);
+    let conclusion = libtest_mimic::run(&args, common::trials(TESTS));
     #[cfg(feature = "postgres")]
     pg::end_engine_suite(&args, server);
     conclusion.exit_code()

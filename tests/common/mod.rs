@@ -137,3 +137,16 @@ pub fn open_raw_sled(path: &std::path::Path) -> sled::Db {
         }
     }
 }
+
+/// The trials of a test binary that runs its own `main` (libtest-mimic): one per test.
+pub fn trials(tests: &[(&'static str, fn())]) -> Vec<libtest_mimic::Trial> {
+    tests
+        .iter()
+        .map(|&(name, test)| {
+            libtest_mimic::Trial::test(name, move || {
+                test();
+                Ok(())
+            })
+        })
+        .collect()
+}

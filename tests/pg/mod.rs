@@ -920,20 +920,28 @@ fn with_dbname(url: &str, dbname: &str) -> String {
 }
 
 /// For a test binary whose tests run on every engine (memory, sled, PostgreSQL): starts the
-/// PostgreSQL server unless the run only lists the tests; without one, says PostgreSQL is
-/// skipped (the embedded engines still run). A missing server is a failure under
-/// `RQ_TEST_REQUIRE_POSTGRES=1`, as for `run_suite`.
-pub fn start_for_engine_suite(args: &Arguments) -> Option<PgServer> {
-    if args.list {
-        return None;
-    }
-    match PgServer::start() {
-        Ok(server) => Some(server),
-        Err(skip) => {
-            eprintln!("\n==> PostgreSQL SKIPPED in these tests (memory and sled run): {skip}\n");
-            None
+/// PostgreSQL server unless the run only lists the tests, and puts its URL in `url` (`None`
+/// without one: then it says PostgreSQL is skipped, and the embedded engines still run). A
+/// missing server is a failure under `RQ_TEST_REQUIRE_POSTGRES=1`, as for `run_suite`.
+pub fn start_for_engine_suite(
+    args: &Arguments,
+    url: &OnceLock<Option<String>>,
+) -> Option<PgServer> {
+    let server = if args.list {
+        None
+    } else {
+        match PgServer::start() {
+            Ok(server) => Some(server),
+            Err(skip) => {
+                eprintln!(
+                    "\n==> PostgreSQL SKIPPED in these tests (memory and sled run): {skip}\n"
+                );
+                None
+            }
         }
-    }
+    };
+    let _ = url.set(server.as_ref().map(|s| s.url().to_owned()));
+    server
 }
 
 /// The end of such a binary: repeats the banner after the summary, where it is seen, and
@@ -943,4 +951,26 @@ pub fn end_engine_suite(args: &Arguments, server: Option<PgServer>) {
         eprintln!("==> PostgreSQL SKIPPED in these tests (memory and sled run)\n");
     }
     drop(server);
+}
+
+/// A store of such a binary on the server in `url`, if it has one, in a fresh schema named
+/// after `prefix`, with `settings` applied.
+#[cfg(feature = "postgres")]
+pub fn engine_suite_store(
+    url: &OnceLock<Option<String>>,
+    prefix: &str,
+    settings: impl Fn(reliable_queue::Builder) -> reliable_queue::Builder,
+) -> Option<reliable_queue::Store> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static SCHEMAS: AtomicU64 = AtomicU64::new(0);
+    let url = url.get().and_then(Option::as_ref)?;
+    let schema = format!("{prefix}_{}", SCHEMAS.fetch_add(1, Ordering::Relaxed));
+    let store = settings(
+        reliable_queue::Store::builder()
+            .postgres(url)
+            .postgres_schema(&schema),
+    )
+    .open()
+    .expect("connect to the test PostgreSQL server");
+    Some(store)
 }

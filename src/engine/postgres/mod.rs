@@ -1497,21 +1497,12 @@ async fn take(
         .prepare_cached(if n == 1 { &sql.take_one } else { &sql.take })
         .await
         .map_err(|e| pg("dequeue", e))?;
-    let mut taken = if held.open {
-        let rows = match client.query(&statement, &[&queue, &n, &now]).await {
-            Ok(rows) => rows,
-            Err(e) => {
-                held.failed = true;
-                return Err(pg("dequeue", e));
-            }
-        };
-        rows.iter()
-            .map(|row| entry(row.get(0), row.get(1)))
-            .collect::<Vec<Entry>>()
+    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] = [&queue, &n, &now];
+    let rows = if held.open {
+        client.query(&statement, &params).await
     } else {
         // `BEGIN` and the first dequeue pipelined (one round trip), the dequeue prepared. If
         // the `BEGIN` failed, the dequeue finds its setting off and takes nothing.
-        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] = [&queue, &n, &now];
         let (begin, known) = begin_text(sql, client);
         let (begun, rows) = tokio::join!(
             client.simple_query(begin),
@@ -1521,16 +1512,17 @@ async fn take(
         let pid = begun_pid(sql, client, known, &begun);
         held.open = true;
         held.pid = pid;
-        let rows = match rows {
-            Ok(rows) => rows,
-            Err(e) => {
-                held.failed = true;
-                return Err(pg("dequeue", e));
-            }
-        };
-        rows.iter()
+        rows
+    };
+    let mut taken = match rows {
+        Ok(rows) => rows
+            .iter()
             .map(|row| entry(row.get(0), row.get(1)))
-            .collect::<Vec<Entry>>()
+            .collect::<Vec<Entry>>(),
+        Err(e) => {
+            held.failed = true;
+            return Err(pg("dequeue", e));
+        }
     };
     held.held += taken.len();
     taken.sort_unstable_by_key(|e| e.id);
