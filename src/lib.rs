@@ -76,6 +76,7 @@ mod core;
 mod dequeue;
 mod engine;
 mod error;
+mod import;
 mod lease;
 mod processing;
 mod queue;
@@ -89,6 +90,7 @@ pub use crate::config::Durability;
 pub use crate::dequeue::Dequeue;
 pub use crate::engine::SetAsideRecord;
 pub use crate::error::{DirectoryProblem, Error, Result};
+pub use crate::import::ImportedItem;
 pub use crate::lease::{Enqueued, Failed, Lease};
 pub use crate::processing::{
     BrowsedItem, DeadLetter, ItemState, QueueStats, Replay, RetryPolicy, MAX_DELAY, MAX_TTL,

@@ -14,7 +14,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
-use reliable_queue::{Error, Failed, ItemState, ManualClock, Replay, RetryPolicy, Store, MAX_TTL};
+use reliable_queue::{
+    Error, Failed, ImportedItem, ItemState, ManualClock, QueueStats, Replay, RetryPolicy, Store,
+    MAX_TTL,
+};
 
 const START: u64 = 1_700_000_000_000;
 const TTL: Duration = Duration::from_secs(30);
@@ -650,6 +653,123 @@ fn a_plain_dequeue_and_abort_is_not_an_attempt() {
     }
 }
 
+/// An imported item keeps its attempts, due time and times; an imported dead letter its
+/// reason; both survive a restart; an aborted import leaves nothing.
+fn an_import_keeps_attempts_due_times_and_dead_letters_and_survives_restart() {
+    let clock = clock();
+    for (name, store, dir) in stores(&clock) {
+        // The clock runs on from one engine's turn to the next.
+        let now = clock.now();
+        let at = |ms: i64| {
+            if ms < 0 {
+                now - Duration::from_millis(ms.unsigned_abs())
+            } else {
+                now + Duration::from_millis(ms.unsigned_abs())
+            }
+        };
+        let q = store.blocking_queue::<u64>("q").unwrap();
+        let mut tx = store.begin();
+        q.import(&mut tx, 1, &ImportedItem::default()).unwrap();
+        tx.blocking_abort().unwrap();
+        assert_eq!(
+            q.blocking_stats().unwrap(),
+            QueueStats::default(),
+            "{name}: aborted"
+        );
+
+        let mut tx = store.begin();
+        let leased_before = ImportedItem {
+            attempts: 2,
+            enqueued_at: Some(at(-60_000)),
+            first_attempt: Some(at(-50_000)),
+            last_attempt: Some(at(-40_000)),
+            ..ImportedItem::default()
+        };
+        q.import(&mut tx, 10, &leased_before).unwrap();
+        let later = ImportedItem {
+            due: Some(at(20_000)),
+            ..ImportedItem::default()
+        };
+        q.import(&mut tx, 11, &later).unwrap();
+        let dead = ImportedItem {
+            attempts: 5,
+            enqueued_at: Some(at(-90_000)),
+            ..ImportedItem::default()
+        };
+        q.import_dead_letter(&mut tx, 12, &dead, "poison").unwrap();
+        assert!(matches!(
+            q.import(
+                &mut tx,
+                9,
+                &ImportedItem {
+                    due: Some(UNIX_EPOCH - Duration::from_secs(1)),
+                    ..ImportedItem::default()
+                }
+            ),
+            Err(Error::InvalidArgument { .. })
+        ));
+        assert_eq!(
+            q.blocking_count().unwrap(),
+            0,
+            "{name}: invisible until commit"
+        );
+        tx.blocking_commit().unwrap();
+
+        let store = match &dir {
+            Some((_guard, path)) => {
+                store.blocking_close().unwrap();
+                reopen(&clock, path)
+            }
+            None => store,
+        };
+        let q = store.blocking_queue::<u64>("q").unwrap();
+        let stats = q.blocking_stats().unwrap();
+        assert_eq!(
+            (stats.visible, stats.delayed, stats.dead),
+            (1, 1, 1),
+            "{name}"
+        );
+        let browsed = q.blocking_browse(None, 10).unwrap();
+        let ten = browsed.iter().find(|b| b.item == 10).unwrap();
+        assert_eq!(ten.attempts, 2, "{name}");
+        assert_eq!(ten.enqueued_at, Some(at(-60_000)), "{name}");
+        let eleven = browsed.iter().find(|b| b.item == 11).unwrap();
+        assert_eq!(
+            eleven.state,
+            ItemState::Delayed { until: at(20_000) },
+            "{name}"
+        );
+        let letters = q.blocking_dead_letters(None, 10).unwrap();
+        assert_eq!(letters.len(), 1, "{name}");
+        assert_eq!(
+            (
+                letters[0].item,
+                letters[0].reason.as_str(),
+                letters[0].attempts
+            ),
+            (12, "poison", 5),
+            "{name}"
+        );
+        assert_eq!(letters[0].enqueued_at, Some(at(-90_000)), "{name}");
+
+        let lease = q.blocking_lease(TTL).unwrap();
+        assert_eq!(
+            (*lease.item(), lease.attempt()),
+            (10, 3),
+            "{name}: attempts carried on"
+        );
+        lease.blocking_complete().unwrap();
+        clock.advance(Duration::from_secs(20));
+        assert_eq!(
+            common::drain(&store, &q),
+            vec![11],
+            "{name}: due at its time"
+        );
+        assert_eq!(q.blocking_replay(Replay::All, false).unwrap(), 1, "{name}");
+        assert_eq!(common::drain(&store, &q), vec![12], "{name}: replayed");
+    }
+}
+
 fn attempts_survive_a_restart_and_a_restart_ends_leases() {
     let clock = clock();
     let (_dir, path) = common::temp_dir();
@@ -1156,6 +1276,10 @@ const TESTS: &[(&str, fn())] = &[
     (
         "p9_queue_sets_serve_by_priority_or_weight_and_wait_on_any",
         p9_queue_sets_serve_by_priority_or_weight_and_wait_on_any,
+    ),
+    (
+        "an_import_keeps_attempts_due_times_and_dead_letters_and_survives_restart",
+        an_import_keeps_attempts_due_times_and_dead_letters_and_survives_restart,
     ),
     (
         "p6_a_delay_runs_from_the_commit",

@@ -739,6 +739,19 @@ impl Engine {
                     i64::try_from(token).unwrap_or(i64::MAX),
                     mv.proc.core.name().to_owned(),
                 )),
+                MoveKind::Import { entry, reason } => {
+                    let at = |ms: u64| i64::try_from(ms).unwrap_or(i64::MAX);
+                    extra.imported.push(postgres::Imported {
+                        queue: pg.db_id(&mv.proc.core)?,
+                        attempts: i32::try_from(entry.attempts).unwrap_or(i32::MAX),
+                        due: at(entry.not_before),
+                        enqueued: at(entry.times.enqueued_at),
+                        first_attempt: at(entry.times.first_attempt),
+                        last_attempt: at(entry.times.last_attempt),
+                        payload: entry.bytes.into_vec(),
+                        reason,
+                    });
+                }
                 _ => {
                     return Err(Error::Bug {
                         invariant: "a PostgreSQL transaction holds only enqueues and acks",

@@ -355,6 +355,12 @@ pub(crate) enum MoveKind {
     Ack { token: u64, claimed: Option<Leased> },
     /// A dead letter deleted.
     Purge { slot: DeadSlot },
+    /// An item imported as it stood in another store (`rq import`): its attempts, due
+    /// time and times kept, a fresh id assigned at commit; with `reason`, a dead letter.
+    Import {
+        entry: Entry,
+        reason: Option<String>,
+    },
 }
 
 impl Move {
@@ -391,6 +397,7 @@ impl Move {
             MoveKind::Ack { token, claimed } => {
                 claimed.or_else(|| proc.take_lease(token)).map(|l| l.entry)
             }
+            MoveKind::Import { .. } => None,
         };
         if let Some(entry) = back {
             proc.core.restore(std::iter::once(entry));
@@ -473,6 +480,34 @@ pub(crate) fn apply(mv: Move, id: u64, now: u64, timers: &Timers, dead_on_disk: 
             }
         }
         MoveKind::Purge { .. } => {}
+        MoveKind::Import {
+            mut entry,
+            reason: None,
+        } => {
+            entry.id = id;
+            if entry.times.enqueued_at == 0 {
+                entry.times.enqueued_at = now;
+            }
+            timers.due_at(&proc, entry, now);
+        }
+        MoveKind::Import {
+            mut entry,
+            reason: Some(reason),
+        } => {
+            entry.id = id;
+            entry.not_before = 0;
+            if entry.times.enqueued_at == 0 {
+                entry.times.enqueued_at = now;
+            }
+            if dead_on_disk {
+                entry.bytes = Box::default();
+            }
+            proc.put_dead(DeadSlot {
+                entry,
+                reason,
+                has_bytes: !dead_on_disk,
+            });
+        }
     }
 }
 

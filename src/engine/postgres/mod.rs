@@ -35,7 +35,7 @@ use tokio_postgres::{AsyncMessage, NoTls, Socket};
 
 mod processing;
 
-pub(crate) use self::processing::{Extra, FailOutcome, Fresh, Granted};
+pub(crate) use self::processing::{Extra, FailOutcome, Fresh, Granted, Imported};
 
 use super::catalog::Catalog;
 use super::Entry;
@@ -1613,6 +1613,13 @@ async fn finish(
     // nothing yet, harmlessly).
     let mut notified = queues.clone();
     notified.extend(extra.fresh.iter().map(|f| f.queue));
+    notified.extend(
+        extra
+            .imported
+            .iter()
+            .filter(|i| i.reason.is_none())
+            .map(|i| i.queue),
+    );
     let client = held.client()?;
     let one = queues.len() == 1;
     let insert = if plain {

@@ -63,6 +63,12 @@ pub(super) struct ProcSql {
     insert: String,
     /// `$1` queue, `$2` now: when the next delayed item or lease of the queue falls due.
     next_due: String,
+    /// Imported items: `$1` queues, `$2` payloads, `$3` attempts, `$4` due times, `$5`
+    /// enqueue times, `$6` first and `$7` latest attempt times (0: unknown), `$8` now.
+    import_items: String,
+    /// Imported dead letters: as [`import_items`](Self::import_items) without the due
+    /// times, `$4` reasons.
+    import_dead: String,
 }
 
 const NOW_T: &str = "(SELECT now FROM t)";
@@ -239,6 +245,26 @@ impl ProcSql {
                      AND leased_until > {NOW_T})) - {NOW_T}",
                 t = t("$2"),
             ),
+            import_items: format!(
+                "WITH {t} INSERT INTO {s}.items (queue, payload, attempts, ready_ms, enqueued_ms, \
+                   first_attempt_ms, last_attempt_ms) \
+                 SELECT q, p, a, CASE WHEN d > 0 THEN d ELSE {NOW_T} END, \
+                   CASE WHEN e > 0 THEN e ELSE {NOW_T} END, nullif(f, 0), nullif(l, 0) \
+                 FROM unnest($1::int4[], $2::bytea[], $3::int4[], $4::int8[], $5::int8[], \
+                   $6::int8[], $7::int8[]) WITH ORDINALITY AS u(q, p, a, d, e, f, l, n) \
+                 ORDER BY n",
+                t = t("$8"),
+            ),
+            import_dead: format!(
+                "WITH {t} INSERT INTO {s}.dead_letters (queue, payload, attempts, reason, \
+                   enqueued_ms, first_attempt_ms, last_attempt_ms, died_ms) \
+                 SELECT q, p, a, r, CASE WHEN e > 0 THEN e ELSE {NOW_T} END, nullif(f, 0), \
+                   nullif(l, 0), {NOW_T} \
+                 FROM unnest($1::int4[], $2::bytea[], $3::int4[], $4::text[], $5::int8[], \
+                   $6::int8[], $7::int8[]) WITH ORDINALITY AS u(q, p, a, r, e, f, l, n) \
+                 ORDER BY n",
+                t = t("$8"),
+            ),
         }
     }
 }
@@ -263,10 +289,28 @@ pub(crate) struct Fresh {
     pub(crate) key: Option<Vec<u8>>,
 }
 
+/// An item imported as it stood in another store (see `MoveKind::Import`). Times are ms
+/// since the epoch, 0 for unknown (the commit's time for `enqueued`, none for the attempts).
+#[derive(Debug)]
+pub(crate) struct Imported {
+    pub(crate) queue: i32,
+    pub(crate) payload: Vec<u8>,
+    pub(crate) attempts: i32,
+    /// Due at this time (0: at once).
+    pub(crate) due: i64,
+    pub(crate) enqueued: i64,
+    pub(crate) first_attempt: i64,
+    pub(crate) last_attempt: i64,
+    /// A dead letter, with this reason.
+    pub(crate) reason: Option<String>,
+}
+
 /// What a commit does beyond the plain enqueues and dequeues.
 #[derive(Debug, Default)]
 pub(crate) struct Extra {
     pub(crate) fresh: Vec<Fresh>,
+    /// Imported items and dead letters.
+    pub(crate) imported: Vec<Imported>,
     /// Acknowledged leases: token, and the queue's name for the error.
     pub(crate) acks: Vec<(i64, String)>,
     /// Lease up to `n` visible items of `queue` in the same database transaction, for
@@ -276,7 +320,10 @@ pub(crate) struct Extra {
 
 impl Extra {
     pub(crate) fn is_empty(&self) -> bool {
-        self.fresh.is_empty() && self.acks.is_empty() && self.lease.is_none()
+        self.fresh.is_empty()
+            && self.imported.is_empty()
+            && self.acks.is_empty()
+            && self.lease.is_none()
     }
 }
 
@@ -371,6 +418,44 @@ pub(super) async fn write_extra(
             .execute(
                 &statement,
                 &[&queues, &payloads, &delays, &ats, &keys, &now],
+            )
+            .await
+            .map_err(|e| pg("commit", e))?;
+    }
+    for dead in [false, true] {
+        let rows: Vec<&Imported> = extra
+            .imported
+            .iter()
+            .filter(|i| i.reason.is_some() == dead)
+            .collect();
+        if rows.is_empty() {
+            continue;
+        }
+        let queues: Vec<i32> = rows.iter().map(|i| i.queue).collect();
+        let payloads: Vec<&[u8]> = rows.iter().map(|i| i.payload.as_slice()).collect();
+        let attempts: Vec<i32> = rows.iter().map(|i| i.attempts).collect();
+        let dues: Vec<i64> = rows.iter().map(|i| i.due).collect();
+        let reasons: Vec<&str> = rows.iter().filter_map(|i| i.reason.as_deref()).collect();
+        let enqueued: Vec<i64> = rows.iter().map(|i| i.enqueued).collect();
+        let firsts: Vec<i64> = rows.iter().map(|i| i.first_attempt).collect();
+        let lasts: Vec<i64> = rows.iter().map(|i| i.last_attempt).collect();
+        let text = if dead {
+            &sql.proc.import_dead
+        } else {
+            &sql.proc.import_items
+        };
+        let statement = client
+            .prepare_cached(text)
+            .await
+            .map_err(|e| pg("commit", e))?;
+        let fourth: &(dyn tokio_postgres::types::ToSql + Sync) =
+            if dead { &reasons } else { &dues };
+        client
+            .execute(
+                &statement,
+                &[
+                    &queues, &payloads, &attempts, fourth, &enqueued, &firsts, &lasts, &now,
+                ],
             )
             .await
             .map_err(|e| pg("commit", e))?;

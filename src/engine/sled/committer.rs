@@ -693,7 +693,7 @@ impl Committer {
 /// The id a move ends, if it ends one (a delayed enqueue ends none).
 fn ended_id(mv: &Move) -> Option<u64> {
     match &mv.kind {
-        MoveKind::Enqueue { .. } => None,
+        MoveKind::Enqueue { .. } | MoveKind::Import { .. } => None,
         MoveKind::Lease { entry, .. }
         | MoveKind::Retry { entry }
         | MoveKind::Bury { entry, .. } => Some(entry.id),
@@ -754,5 +754,18 @@ fn op_of(mv: &Move, id: u64, now: u64) -> Op<'_> {
             queue,
             id: slot.entry.id,
         },
+        // Written as compaction writes an item it copies forward: the version as it
+        // stands, replacing none (`from` is `None`), a dead letter with its reason.
+        MoveKind::Import { entry, reason } => {
+            let mut v = version(queue, entry, id, reason.as_deref());
+            v.from = None;
+            if v.enqueued_at == 0 {
+                v.enqueued_at = now;
+            }
+            if reason.is_some() {
+                v.not_before = 0;
+            }
+            Op::Moved(v)
+        }
     }
 }
