@@ -22,6 +22,8 @@ use std::any::{Any, TypeId};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use crate::admin::RawItem;
+
 /// Envelope version written in front of every item.
 const ENVELOPE_V1: u8 = 1;
 
@@ -444,10 +446,42 @@ pub(crate) fn encode<T: Serialize + 'static>(
     item: &T,
     limit: usize,
 ) -> Result<Box<[u8]>, EncodeError> {
+    if TypeId::of::<T>() == TypeId::of::<RawItem>() {
+        let item: &dyn Any = item;
+        if let Some(raw) = item.downcast_ref::<RawItem>() {
+            return encode_envelope(raw.envelope(), limit);
+        }
+    }
     match raw_bytes(item) {
         Some(raw) => encode_raw(raw, limit),
         None => encode_serde(item, limit),
     }
+}
+
+/// A [`RawItem`]'s envelope, copied as it is (it was checked when the `RawItem` was made).
+fn encode_envelope(envelope: &[u8], limit: usize) -> Result<Box<[u8]>, EncodeError> {
+    if envelope.len() > limit {
+        return Err(EncodeError::TooLarge {
+            size: envelope.len(),
+        });
+    }
+    Ok(Box::from(envelope))
+}
+
+/// Are `bytes` an envelope this build reads (its version byte first)?
+pub(crate) fn is_envelope(bytes: &[u8]) -> bool {
+    open_envelope(bytes).is_ok()
+}
+
+/// The text of an enveloped string or byte string of UTF-8 (a varint length, then exactly
+/// that many bytes), if `bytes` are one.
+pub(crate) fn as_text(bytes: &[u8]) -> Option<&str> {
+    let rest = open_envelope(bytes).ok()?;
+    let (len, body) = take_varint_usize(rest).ok()?;
+    if len != body.len() {
+        return None;
+    }
+    std::str::from_utf8(body).ok()
 }
 
 /// Encodes `item` in the envelope through serde and postcard, within `limit` bytes.
@@ -499,6 +533,12 @@ fn encode_serde<T: Serialize>(item: &T, limit: usize) -> Result<Box<[u8]>, Encod
 /// Decodes an enveloped item.
 pub(crate) fn decode<T: DeserializeOwned + 'static>(bytes: &[u8]) -> Result<T, DecodeError> {
     let rest = open_envelope(bytes)?;
+    if TypeId::of::<T>() == TypeId::of::<RawItem>() {
+        // Checked just above: the bytes are an envelope.
+        if let Some(item) = cast(RawItem::from_checked(bytes)) {
+            return Ok(item);
+        }
+    }
     if let Some(kind) = RawKind::of::<T>() {
         if let Some(item) = decode_raw(kind, rest) {
             return item;

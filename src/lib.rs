@@ -69,6 +69,7 @@
     clippy::cast_lossless
 )]
 
+mod admin;
 mod clock;
 mod codec;
 mod config;
@@ -85,6 +86,7 @@ mod store;
 mod sync;
 mod transaction;
 
+pub use crate::admin::{Decoders, RawItem};
 pub use crate::clock::ManualClock;
 pub use crate::config::Durability;
 pub use crate::dequeue::Dequeue;
