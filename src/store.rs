@@ -361,7 +361,50 @@ impl Store {
         self.engine.blocking_close()
     }
 
-    /// Names of every queue in the store, sorted.
+    /// Names of every queue in the store, sorted. On PostgreSQL, every queue of the store's
+    /// schema, including those only other processes have used (see
+    /// [`queue_names`](Store::queue_names) for those this handle knows).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Postgres`](crate::Error::Postgres) if the database cannot be asked,
+    /// [`Error::Closed`](crate::Error::Closed) after [`close`](Store::close).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), reliable_queue::Error> {
+    /// let store = reliable_queue::Store::in_memory()?;
+    /// store.queue::<u8>("b").await?;
+    /// store.queue::<u8>("a").await?;
+    /// assert_eq!(store.list_queues().await?, ["a", "b"]);
+    /// # Ok(()) }
+    /// ```
+    pub async fn list_queues(&self) -> Result<Vec<String>> {
+        self.engine.list_queues().await
+    }
+
+    /// [`list_queues`](Store::list_queues) for threads.
+    ///
+    /// # Errors
+    ///
+    /// As [`list_queues`](Store::list_queues).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let store = reliable_queue::Store::in_memory()?;
+    /// store.blocking_queue::<u8>("jobs")?;
+    /// assert_eq!(store.blocking_list_queues()?, ["jobs"]);
+    /// # Ok::<(), reliable_queue::Error>(())
+    /// ```
+    pub fn blocking_list_queues(&self) -> Result<Vec<String>> {
+        crate::engine::block_on(self.engine.list_queues())
+    }
+
+    /// Names of the queues this handle knows, sorted: on the embedded engines every queue
+    /// of the store; on PostgreSQL those opened through this handle.
     ///
     /// # Examples
     ///

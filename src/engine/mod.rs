@@ -469,6 +469,17 @@ impl Engine {
         self.catalog().names()
     }
 
+    /// Names of every queue in the store, sorted: on PostgreSQL those of the schema, which
+    /// other stores may have made.
+    pub(crate) async fn list_queues(&self) -> Result<Vec<String>> {
+        self.check_open()?;
+        match &self.flavor {
+            #[cfg(feature = "postgres")]
+            Flavor::Postgres(pg) => pg.list_queues().await,
+            _ => Ok(self.queue_names()),
+        }
+    }
+
     /// Records set aside at this or an earlier open.
     pub(crate) fn set_aside_records(&self) -> Vec<SetAsideRecord> {
         self.catalog().set_aside_records()

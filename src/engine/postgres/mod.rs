@@ -1065,6 +1065,26 @@ impl Postgres {
         .await
     }
 
+    /// Names of every queue in the schema, sorted (those other stores made too).
+    pub(crate) async fn list_queues(&self) -> Result<Vec<String>> {
+        let pool = self.pool.clone();
+        let text = format!(
+            "SELECT name FROM \"{}\".queues ORDER BY name",
+            self.sql.schema
+        );
+        self.run(async move {
+            let client = pool.get().await.map_err(|e| pg("list queues", e))?;
+            let rows = client
+                .query(&text, &[])
+                .await
+                .map_err(|e| pg("list queues", e))?;
+            rows.iter()
+                .map(|row| row.try_get(0).map_err(|e| pg("list queues", e)))
+                .collect()
+        })
+        .await
+    }
+
     /// Closes the pool and ends the runtime's thread. Transactions still open are rolled back
     /// by the server when their connections close.
     pub(crate) fn close(&self) {

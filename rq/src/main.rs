@@ -1,0 +1,958 @@
+//! `rq`: look into a reliable-queue store and repair it, on sled or PostgreSQL.
+//!
+//! Every command works on a store named by `--store DIR` (an embedded sled store, which must
+//! not be open in another process) or `--postgres URL` (live, beside running workers). Run
+//! `rq --help` and `rq <command> --help` for the details and an example of each.
+
+use std::fs::File;
+use std::io::{IsTerminal, Write};
+use std::os::unix::fs::DirBuilderExt;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use indicatif::{ProgressBar, ProgressStyle};
+use reliable_queue::{
+    Error, ItemState, QueueStats, RawItem, ReliableConcurrentQueue, Replay, Store,
+};
+use serde::Serialize;
+
+mod export;
+
+type Res<T> = Result<T, Box<dyn std::error::Error>>;
+
+/// What `main` returns for a store found damaged (`rq verify`); other failures return 1.
+const DAMAGED: u8 = 2;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "rq",
+    version,
+    about = "Look into a reliable-queue store and repair it: stats, browse, dead letters, \
+             verify, export and import.",
+    long_about = "Look into a reliable-queue store and repair it: stats, browse, dead letters, \
+                  verify, export and import.\n\n\
+                  The store is an embedded sled directory (--store DIR; it must not be open in \
+                  another process: stop the service first, or copy the directory and point rq \
+                  at the copy) or a PostgreSQL database (--postgres URL, optionally --schema; \
+                  rq works beside running workers).\n\n\
+                  Payloads are shown as text when they are UTF-8 strings or bytes, otherwise as \
+                  hex: the encoding does not say what type an item is. A service can show its \
+                  own types with reliable_queue::Decoders.",
+    after_help = "Examples:\n  \
+                  rq --store ./worker-pool-data stats\n  \
+                  rq --postgres postgresql://app@db/app stats --watch\n  \
+                  rq --store ./data dead-letters replay jobs --all --yes\n  \
+                  rq --store ./data verify\n  \
+                  rq --store ./data export backup.jsonl && \
+                  rq --postgres postgresql://app@db/app import backup.jsonl"
+)]
+struct Cli {
+    /// An embedded (sled) store's directory.
+    #[arg(long, global = true, env = "RQ_STORE", conflicts_with = "postgres")]
+    store: Option<PathBuf>,
+    /// A PostgreSQL store's database URL (libpq form, e.g. postgresql://user@host/db).
+    #[arg(long, global = true, env = "RQ_POSTGRES_URL")]
+    postgres: Option<String>,
+    /// The PostgreSQL schema the store's tables are in.
+    #[arg(long, global = true, default_value = "reliable_queue")]
+    schema: String,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Every queue with its ready, delayed, leased, held and dead items and the age of its
+    /// oldest ready item.
+    #[command(after_help = "Examples:\n  rq --store ./data stats\n  \
+                            rq --postgres postgresql://app@db/app stats --watch --interval 2\n  \
+                            rq --store ./data stats --json | jq '.[] | select(.dead > 0)'\n\n\
+                            On sled, --watch works only on a store no service has open: watch a \
+                            PostgreSQL store live, a sled one after its service stopped.")]
+    Stats {
+        /// Redraw every --interval seconds until interrupted.
+        #[arg(long)]
+        watch: bool,
+        /// Seconds between redraws with --watch.
+        #[arg(long, default_value_t = 1.0)]
+        interval: f64,
+        /// With --watch, stop after this many redraws.
+        #[arg(long)]
+        count: Option<u64>,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List a queue's items without taking them.
+    #[command(
+        after_help = "Examples:\n  rq --store ./data browse jobs --limit 20\n  \
+                            rq --store ./data browse jobs --state leased --json"
+    )]
+    Browse {
+        /// The queue.
+        queue: String,
+        /// Only items in this state.
+        #[arg(long, value_enum)]
+        state: Option<StateFilter>,
+        /// At most this many items.
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+        /// Start after this item id (the last id of the previous page).
+        #[arg(long)]
+        after: Option<u64>,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List, replay or purge a queue's dead letters.
+    #[command(
+        subcommand,
+        name = "dead-letters",
+        after_help = "Examples:\n  rq --store ./data dead-letters list jobs\n  \
+                      rq --store ./data dead-letters replay jobs --all --yes\n  \
+                      rq --store ./data dead-letters purge jobs --ids 17,18"
+    )]
+    DeadLetters(DeadCommand),
+    /// Check a sled store for damage without changing it (exit code 2 when damaged).
+    #[command(
+        long_about = "Check a sled store for damage without changing it.\n\n\
+                            sled has no read-only open, so rq copies the directory (holding \
+                            the store's lock during the copy, so no service can open it \
+                            meanwhile) and opens the copy: the open reads every record of the \
+                            log, checks every checksum, the high and low marks and the log's \
+                            invariants, and sets aside records that fail. rq then reads every \
+                            item and dead letter of every queue. The store itself is never \
+                            opened or written.\n\n\
+                            Exit codes: 0 healthy, 2 damaged (records set aside now or at an \
+                            earlier open, records missing, or the open refused the store), 1 \
+                            could not check.",
+        after_help = "Examples:\n  rq --store ./data verify\n  \
+                            rq --store ./data verify --json"
+    )]
+    Verify {
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Write every queue, item and dead letter to a portable file (JSON lines).
+    #[command(
+        long_about = "Write every queue (with its retry policy), item (with its \
+                            attempts, due time and enqueue time) and dead letter to a \
+                            portable file of JSON lines, items as their encoded bytes. The file \
+                            carries a fresh source id; `rq import` uses it to resume. A leased \
+                            item is written as due at its lease's deadline. On PostgreSQL, \
+                            stop the workers first for an exact copy: items that move during \
+                            the export may be written twice or not at all. Queues named \
+                            rq.import.* (import bookkeeping) are left out.",
+        after_help = "Example:\n  rq --store ./data export backup.jsonl"
+    )]
+    Export {
+        /// The file to write (replaced if it exists).
+        file: PathBuf,
+        /// Print the summary as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Add the queues, items and dead letters of an export to this store.
+    #[command(
+        long_about = "Add the queues, items and dead letters of an export to this store, \
+                            in transactions of up to --batch lines (256 by default). Each transaction also records \
+                            how far the import got, in a queue named rq.import.<source id>, so \
+                            an import that stopped half way can be run again: it takes only \
+                            the rest, never an item twice, and an import that finished does \
+                            nothing when run again. Items keep their attempts, due times and \
+                            enqueue times; each gets a new id, at the tail of its queue. A sled \
+                            store that does not exist yet is created.",
+        after_help = "Example:\n  rq --postgres postgresql://app@db/app import backup.jsonl"
+    )]
+    Import {
+        /// The file `rq export` wrote.
+        file: PathBuf,
+        /// Lines per transaction (smaller: shorter transactions beside live workers).
+        #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+        batch: u32,
+        /// Print the summary as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum DeadCommand {
+    /// List a queue's dead letters, oldest first.
+    #[command(after_help = "Example:\n  rq --store ./data dead-letters list jobs --limit 10")]
+    List {
+        /// The queue.
+        queue: String,
+        /// At most this many.
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+        /// Start after this dead letter id.
+        #[arg(long)]
+        after: Option<u64>,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Put dead letters back at the tail of their queue (asks first; --yes skips that).
+    #[command(
+        after_help = "Examples:\n  rq --store ./data dead-letters replay jobs --all\n  \
+                            rq --store ./data dead-letters replay jobs --ids 41,42 \
+                            --reset-attempts --yes"
+    )]
+    Replay {
+        /// The queue.
+        queue: String,
+        #[command(flatten)]
+        which: Which,
+        /// Count their attempts from zero again.
+        #[arg(long)]
+        reset_attempts: bool,
+        /// Do not ask for confirmation.
+        #[arg(long)]
+        yes: bool,
+    },
+    /// Delete dead letters for good (asks first; --yes skips that).
+    #[command(
+        after_help = "Example:\n  rq --store ./data dead-letters purge jobs --first 100 --yes"
+    )]
+    Purge {
+        /// The queue.
+        queue: String,
+        #[command(flatten)]
+        which: Which,
+        /// Do not ask for confirmation.
+        #[arg(long)]
+        yes: bool,
+    },
+}
+
+#[derive(Args, Debug)]
+#[group(required = true, multiple = false)]
+struct Which {
+    /// Every dead letter of the queue.
+    #[arg(long)]
+    all: bool,
+    /// The oldest N.
+    #[arg(long, value_name = "N")]
+    first: Option<usize>,
+    /// These ids (comma-separated).
+    #[arg(long, value_delimiter = ',', value_name = "ID,...")]
+    ids: Option<Vec<u64>>,
+}
+
+impl Which {
+    fn replay(&self) -> Replay {
+        match (&self.ids, self.first) {
+            (Some(ids), _) => Replay::Ids(ids.clone()),
+            (None, Some(n)) => Replay::First(n),
+            (None, None) => Replay::All,
+        }
+    }
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum StateFilter {
+    Ready,
+    Delayed,
+    Leased,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(&cli) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("rq: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: &Cli) -> Res<ExitCode> {
+    match &cli.command {
+        Command::Stats {
+            watch,
+            interval,
+            count,
+            json,
+        } => {
+            let store = open(cli, false)?;
+            stats(&store, *watch, *interval, *count, *json)?;
+            close(store)?;
+        }
+        Command::Browse {
+            queue,
+            state,
+            limit,
+            after,
+            json,
+        } => {
+            let store = open(cli, false)?;
+            browse(&store, queue, *state, *limit, *after, *json)?;
+            close(store)?;
+        }
+        Command::DeadLetters(command) => {
+            let store = open(cli, false)?;
+            dead_letters(&store, command)?;
+            close(store)?;
+        }
+        Command::Verify { json } => return verify(cli, *json),
+        Command::Export { file, json } => {
+            let store = open(cli, false)?;
+            let engine = if cli.store.is_some() {
+                "sled"
+            } else {
+                "postgres"
+            };
+            let summary = export::export(&store, engine, file)?;
+            close(store)?;
+            summary.print(*json, "exported", file);
+        }
+        Command::Import { file, batch, json } => {
+            let export = export::read(file)?;
+            let store = open(cli, true)?;
+            let summary = export::import(&store, &export, *batch as usize)?;
+            close(store)?;
+            summary.print(*json, "imported", file);
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Opens the store the options name. A sled store must exist unless `create`.
+fn open(cli: &Cli, create: bool) -> Res<Store> {
+    match (&cli.store, &cli.postgres) {
+        (Some(dir), None) => {
+            if !create && !dir.join("db").exists() {
+                return Err(format!("no store at {}", dir.display()).into());
+            }
+            Store::open(dir).map_err(|e| opening(dir, e))
+        }
+        (None, Some(url)) => Ok(Store::builder()
+            .postgres(url)
+            .postgres_schema(&cli.schema)
+            .postgres_pool_size(4)
+            .open()?),
+        _ => Err("name a store: --store DIR (sled) or --postgres URL".into()),
+    }
+}
+
+fn opening(dir: &Path, e: Error) -> Box<dyn std::error::Error> {
+    match e {
+        Error::AlreadyOpen { .. } => format!(
+            "the store at {} is open in another process: stop it first, or copy the \
+             directory and point rq at the copy",
+            dir.display()
+        )
+        .into(),
+        e => format!("cannot open the store at {}: {e}", dir.display()).into(),
+    }
+}
+
+fn close(store: Store) -> Res<()> {
+    Ok(store.blocking_close()?)
+}
+
+/// A queue's handle, its items as their encoded bytes. Only queues the store has: opening
+/// one by name would make it.
+fn raw_queue(store: &Store, name: &str) -> Res<ReliableConcurrentQueue<RawItem>> {
+    if !store.blocking_list_queues()?.iter().any(|q| q == name) {
+        return Err(format!("no queue {name:?} in this store").into());
+    }
+    Ok(store.blocking_queue::<RawItem>(name)?)
+}
+
+fn millis(time: SystemTime) -> u64 {
+    time.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// `d` for people: "850ms", "12s", "4m05s", "3h20m", "2d04h".
+fn human(d: Duration) -> String {
+    let s = d.as_secs();
+    match s {
+        0 => format!("{}ms", d.as_millis()),
+        1..=59 => format!("{s}s"),
+        60..=3599 => format!("{}m{:02}s", s / 60, s % 60),
+        3600..=86_399 => format!("{}h{:02}m", s / 3600, s % 3600 / 60),
+        _ => format!("{}d{:02}h", s / 86_400, s % 86_400 / 3600),
+    }
+}
+
+/// How long ago `time` was (zero for a time ahead of this machine's clock).
+fn age(time: SystemTime) -> Duration {
+    SystemTime::now().duration_since(time).unwrap_or_default()
+}
+
+/// How long until `time` (zero for a time past).
+fn until(time: SystemTime) -> Duration {
+    time.duration_since(SystemTime::now()).unwrap_or_default()
+}
+
+#[derive(Serialize, Debug)]
+struct StatsRow {
+    queue: String,
+    ready: u64,
+    delayed: u64,
+    leased: u64,
+    held: u64,
+    dead: u64,
+    /// Age of the item at the front, in ms.
+    oldest_ms: Option<u64>,
+}
+
+fn stats_rows(store: &Store) -> Res<Vec<StatsRow>> {
+    let mut rows = Vec::new();
+    for name in store.blocking_list_queues()? {
+        let q = store.blocking_queue::<RawItem>(&name)?;
+        let QueueStats {
+            visible,
+            delayed,
+            leased,
+            held,
+            dead,
+            front_enqueued_at,
+            ..
+        } = q.blocking_stats()?;
+        rows.push(StatsRow {
+            queue: name,
+            ready: visible,
+            delayed,
+            leased,
+            held,
+            dead,
+            oldest_ms: front_enqueued_at
+                .map(|t| u64::try_from(age(t).as_millis()).unwrap_or(u64::MAX)),
+        });
+    }
+    Ok(rows)
+}
+
+fn stats_table(rows: &[StatsRow]) -> String {
+    let width = rows.iter().map(|r| r.queue.len()).max().unwrap_or(0).max(5);
+    let mut out = format!(
+        "{:<width$}  {:>9}  {:>9}  {:>9}  {:>9}  {:>9}  {:>8}\n",
+        "QUEUE", "READY", "DELAYED", "LEASED", "HELD", "DEAD", "OLDEST"
+    );
+    for r in rows {
+        let oldest = r
+            .oldest_ms
+            .map_or_else(|| "-".to_owned(), |ms| human(Duration::from_millis(ms)));
+        out.push_str(&format!(
+            "{:<width$}  {:>9}  {:>9}  {:>9}  {:>9}  {:>9}  {:>8}\n",
+            r.queue, r.ready, r.delayed, r.leased, r.held, r.dead, oldest
+        ));
+    }
+    if rows.is_empty() {
+        out.push_str("(no queues)\n");
+    }
+    out
+}
+
+fn stats(store: &Store, watch: bool, interval: f64, count: Option<u64>, json: bool) -> Res<()> {
+    if !watch {
+        let rows = stats_rows(store)?;
+        if json {
+            println!("{}", serde_json::to_string(&rows)?);
+        } else {
+            print!("{}", stats_table(&rows));
+        }
+        return Ok(());
+    }
+    if !(interval.is_finite() && interval > 0.0) {
+        return Err("--interval must be a positive number of seconds".into());
+    }
+    let interval = Duration::from_secs_f64(interval.min(86_400.0));
+    let terminal = std::io::stdout().is_terminal();
+    let mut drawn = 0u64;
+    loop {
+        let rows = stats_rows(store)?;
+        if json {
+            println!("{}", serde_json::to_string(&rows)?);
+        } else {
+            if terminal {
+                // Clear the screen and go home, so the table redraws in place.
+                print!("\x1b[2J\x1b[H");
+            }
+            println!("every {} — {:?}", human(interval), humantime_now());
+            print!("{}", stats_table(&rows));
+        }
+        std::io::stdout().flush()?;
+        drawn += 1;
+        if count.is_some_and(|n| drawn >= n) {
+            return Ok(());
+        }
+        // A command-line loop paced for a person: nothing waits on it.
+        std::thread::sleep(interval);
+    }
+}
+
+/// This machine's time, seconds since the epoch (no time zone database needed).
+fn humantime_now() -> String {
+    format!("{} s since the epoch", millis(SystemTime::now()) / 1000)
+}
+
+#[derive(Serialize, Debug)]
+struct ItemRow {
+    id: u64,
+    state: &'static str,
+    attempts: u32,
+    /// When it falls due (delayed) or its lease ends (leased), ms since the epoch.
+    until_ms: Option<u64>,
+    enqueued_ms: Option<u64>,
+    text: Option<String>,
+    hex: String,
+}
+
+fn state_of(state: &ItemState) -> (&'static str, Option<SystemTime>) {
+    match state {
+        ItemState::Ready => ("ready", None),
+        ItemState::Delayed { until } => ("delayed", Some(*until)),
+        ItemState::Leased { until, .. } => ("leased", Some(*until)),
+        _ => ("other", None),
+    }
+}
+
+fn browse(
+    store: &Store,
+    queue: &str,
+    state: Option<StateFilter>,
+    limit: usize,
+    after: Option<u64>,
+    json: bool,
+) -> Res<()> {
+    let q = raw_queue(store, queue)?;
+    let wanted = state.map(|s| match s {
+        StateFilter::Ready => "ready",
+        StateFilter::Delayed => "delayed",
+        StateFilter::Leased => "leased",
+    });
+    let mut rows = Vec::new();
+    let mut after = after;
+    while rows.len() < limit {
+        let page = q.blocking_browse(after, 500)?;
+        let Some(last) = page.last() else { break };
+        after = Some(last.id);
+        for item in page {
+            let (name, until) = state_of(&item.state);
+            if wanted.is_some_and(|w| w != name) {
+                continue;
+            }
+            rows.push(ItemRow {
+                id: item.id,
+                state: name,
+                attempts: item.attempts,
+                until_ms: until.map(millis),
+                enqueued_ms: item.enqueued_at.map(millis),
+                text: item.item.text().map(str::to_owned),
+                hex: item.item.hex(),
+            });
+            if rows.len() == limit {
+                break;
+            }
+        }
+    }
+    if json {
+        println!("{}", serde_json::to_string(&rows)?);
+        return Ok(());
+    }
+    println!(
+        "{:>10}  {:<8}  {:>8}  {:>9}  {:>9}  PAYLOAD",
+        "ID", "STATE", "ATTEMPTS", "AGE", "UNTIL"
+    );
+    for r in &rows {
+        let age = r.enqueued_ms.map_or_else(
+            || "-".to_owned(),
+            |ms| human(age(UNIX_EPOCH + Duration::from_millis(ms))),
+        );
+        let until = r.until_ms.map_or_else(
+            || "-".to_owned(),
+            |ms| human(until(UNIX_EPOCH + Duration::from_millis(ms))),
+        );
+        println!(
+            "{:>10}  {:<8}  {:>8}  {:>9}  {:>9}  {}",
+            r.id,
+            r.state,
+            r.attempts,
+            age,
+            until,
+            shown(r.text.as_deref(), &r.hex)
+        );
+    }
+    if rows.is_empty() {
+        println!("(no items)");
+    }
+    Ok(())
+}
+
+/// A payload on one line of a table: its text (escaped) or `0x` hex, cut at 80 characters.
+fn shown(text: Option<&str>, hex: &str) -> String {
+    let full = match text {
+        Some(text) => text.escape_debug().to_string(),
+        None => format!("0x{hex}"),
+    };
+    if full.chars().count() > 80 {
+        let cut: String = full.chars().take(77).collect();
+        format!("{cut}...")
+    } else {
+        full
+    }
+}
+
+#[derive(Serialize, Debug)]
+struct DeadRow {
+    id: u64,
+    reason: String,
+    attempts: u32,
+    enqueued_ms: Option<u64>,
+    last_attempt_ms: Option<u64>,
+    text: Option<String>,
+    hex: String,
+}
+
+fn dead_letters(store: &Store, command: &DeadCommand) -> Res<()> {
+    match command {
+        DeadCommand::List {
+            queue,
+            limit,
+            after,
+            json,
+        } => {
+            let q = raw_queue(store, queue)?;
+            let mut rows = Vec::new();
+            let mut after = *after;
+            while rows.len() < *limit {
+                let page = q.blocking_dead_letters(after, (*limit - rows.len()).min(500))?;
+                let Some(last) = page.last() else { break };
+                after = Some(last.id);
+                rows.extend(page.into_iter().map(|d| DeadRow {
+                    id: d.id,
+                    reason: d.reason,
+                    attempts: d.attempts,
+                    enqueued_ms: d.enqueued_at.map(millis),
+                    last_attempt_ms: d.last_attempt.map(millis),
+                    text: d.item.text().map(str::to_owned),
+                    hex: d.item.hex(),
+                }));
+            }
+            if *json {
+                println!("{}", serde_json::to_string(&rows)?);
+                return Ok(());
+            }
+            println!(
+                "{:>10}  {:>8}  {:>9}  {:<30}  PAYLOAD",
+                "ID", "ATTEMPTS", "DIED", "REASON"
+            );
+            for r in &rows {
+                let died = r.last_attempt_ms.map_or_else(
+                    || "-".to_owned(),
+                    |ms| human(age(UNIX_EPOCH + Duration::from_millis(ms))),
+                );
+                println!(
+                    "{:>10}  {:>8}  {:>9}  {:<30}  {}",
+                    r.id,
+                    r.attempts,
+                    died,
+                    shown(Some(&r.reason), ""),
+                    shown(r.text.as_deref(), &r.hex)
+                );
+            }
+            if rows.is_empty() {
+                println!("(no dead letters)");
+            }
+            Ok(())
+        }
+        DeadCommand::Replay {
+            queue,
+            which,
+            reset_attempts,
+            yes,
+        } => {
+            let q = raw_queue(store, queue)?;
+            let what = describe(&q, which)?;
+            confirm(*yes, &format!("Replay {what} of queue {queue:?}"))?;
+            let n = q.blocking_replay(which.replay(), *reset_attempts)?;
+            println!("replayed {n} dead letters of {queue:?} to the tail of the queue");
+            Ok(())
+        }
+        DeadCommand::Purge { queue, which, yes } => {
+            let q = raw_queue(store, queue)?;
+            let what = describe(&q, which)?;
+            confirm(*yes, &format!("Delete {what} of queue {queue:?} for good"))?;
+            let n = q.blocking_purge(which.replay())?;
+            println!("purged {n} dead letters of {queue:?}");
+            Ok(())
+        }
+    }
+}
+
+/// "all 12 dead letters", "the oldest 5 dead letters (of 12)", "3 dead letters by id".
+fn describe(q: &ReliableConcurrentQueue<RawItem>, which: &Which) -> Res<String> {
+    let dead = q.blocking_stats()?.dead;
+    Ok(match which.replay() {
+        Replay::Ids(ids) => format!("{} dead letters by id (of {dead})", ids.len()),
+        Replay::First(n) => format!("the oldest {} dead letters (of {dead})", dead.min(n as u64)),
+        _ => format!("all {dead} dead letters"),
+    })
+}
+
+/// Asks on the terminal unless `yes`; refuses when there is no terminal to ask on.
+fn confirm(yes: bool, question: &str) -> Res<()> {
+    if yes {
+        return Ok(());
+    }
+    if !std::io::stdin().is_terminal() {
+        return Err(format!(
+            "{question}? Not without confirmation: no terminal to ask on; pass --yes"
+        )
+        .into());
+    }
+    eprint!("{question}? [y/N] ");
+    std::io::stderr().flush()?;
+    let mut answer = String::new();
+    std::io::stdin().read_line(&mut answer)?;
+    if matches!(answer.trim(), "y" | "Y" | "yes" | "YES" | "Yes") {
+        Ok(())
+    } else {
+        Err("not confirmed; nothing changed".into())
+    }
+}
+
+/// A progress bar on stderr with counts and rate; hidden when stderr is not a terminal.
+fn progress(total: u64, what: &str) -> ProgressBar {
+    let bar = ProgressBar::new(total);
+    let style = ProgressStyle::with_template(&format!(
+        "{{spinner}} {what} {{bar:30}} {{pos}}/{{len}} ({{per_sec}}, {{eta}} left)"
+    ))
+    .unwrap_or_else(|_| ProgressStyle::default_bar());
+    bar.set_style(style);
+    if !std::io::stderr().is_terminal() {
+        bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+    }
+    bar
+}
+
+#[derive(Serialize, Debug, Default)]
+struct VerifyReport {
+    store: String,
+    healthy: bool,
+    /// Why the open refused the store, if it did.
+    refused: Option<String>,
+    queues: usize,
+    items: u64,
+    dead_letters: u64,
+    set_aside: Vec<SetAside>,
+    missing_records: Vec<(u64, u64)>,
+    unreadable: Vec<String>,
+    copied_bytes: u64,
+}
+
+#[derive(Serialize, Debug)]
+struct SetAside {
+    record: u64,
+    queues: Option<Vec<String>>,
+    reason: String,
+}
+
+fn verify(cli: &Cli, json: bool) -> Res<ExitCode> {
+    let Some(dir) = &cli.store else {
+        return Err(
+            "verify checks a sled store (--store DIR); a PostgreSQL store's integrity is the \
+             database's (use its own tools, e.g. amcheck)"
+                .into(),
+        );
+    };
+    if !dir.join("db").exists() {
+        return Err(format!("no store at {}", dir.display()).into());
+    }
+    let copy = tempfile::tempdir()?;
+    let target = copy.path().join("store");
+    let copied = {
+        // sled's lock is an advisory lock on its `db` file: held here, no service can open
+        // the store while it is copied, and one that has it open makes this fail.
+        let lock = File::open(dir.join("db"))?;
+        match lock.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(format!(
+                    "the store at {} is open in another process: stop it first, or copy the \
+                     directory yourself and verify the copy",
+                    dir.display()
+                )
+                .into())
+            }
+            Err(std::fs::TryLockError::Error(e)) => return Err(e.into()),
+        }
+        let total = dir_size(dir)?;
+        let bar = progress(total, "copying");
+        let copied = copy_dir(dir, &target, &bar)?;
+        bar.finish_and_clear();
+        drop(lock);
+        copied
+    };
+    let mut report = VerifyReport {
+        store: dir.display().to_string(),
+        copied_bytes: copied,
+        ..VerifyReport::default()
+    };
+    match Store::open(&target) {
+        Err(e) => report.refused = Some(e.to_string()),
+        Ok(store) => {
+            report.set_aside = store
+                .set_aside_records()
+                .into_iter()
+                .map(|r| SetAside {
+                    record: r.record,
+                    queues: r.queues,
+                    reason: r.reason,
+                })
+                .collect();
+            report.missing_records = store
+                .missing_records()
+                .into_iter()
+                .map(|r| (*r.start(), *r.end()))
+                .collect();
+            let names = store.blocking_list_queues()?;
+            report.queues = names.len();
+            let bar = progress(0, "reading");
+            for name in names {
+                read_queue(&store, &name, &mut report, &bar);
+            }
+            bar.finish_and_clear();
+            if let Err(e) = store.blocking_close() {
+                report.unreadable.push(format!("closing the copy: {e}"));
+            }
+        }
+    }
+    report.healthy = report.refused.is_none()
+        && report.set_aside.is_empty()
+        && report.missing_records.is_empty()
+        && report.unreadable.is_empty();
+    if json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        print_verify(&report);
+    }
+    Ok(if report.healthy {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(DAMAGED)
+    })
+}
+
+/// Reads every item and dead letter of queue `name`, recording what cannot be read.
+fn read_queue(store: &Store, name: &str, report: &mut VerifyReport, bar: &ProgressBar) {
+    let q = match store.blocking_queue::<RawItem>(name) {
+        Ok(q) => q,
+        Err(e) => {
+            report.unreadable.push(format!("queue {name:?}: {e}"));
+            return;
+        }
+    };
+    let mut after = None;
+    loop {
+        match q.blocking_browse(after, 1000) {
+            Ok(page) if page.is_empty() => break,
+            Ok(page) => {
+                after = page.last().map(|i| i.id);
+                report.items += page.len() as u64;
+                bar.inc(page.len() as u64);
+            }
+            Err(e) => {
+                report.unreadable.push(format!("items of {name:?}: {e}"));
+                break;
+            }
+        }
+    }
+    let mut after = None;
+    loop {
+        match q.blocking_dead_letters(after, 1000) {
+            Ok(page) if page.is_empty() => break,
+            Ok(page) => {
+                after = page.last().map(|d| d.id);
+                report.dead_letters += page.len() as u64;
+                bar.inc(page.len() as u64);
+            }
+            Err(e) => {
+                report
+                    .unreadable
+                    .push(format!("dead letters of {name:?}: {e}"));
+                break;
+            }
+        }
+    }
+}
+
+fn print_verify(r: &VerifyReport) {
+    println!(
+        "store {} ({} bytes checked on a copy)",
+        r.store, r.copied_bytes
+    );
+    if let Some(why) = &r.refused {
+        println!("DAMAGED: the store does not open: {why}");
+        return;
+    }
+    println!(
+        "{} queues, {} items and {} dead letters read",
+        r.queues, r.items, r.dead_letters
+    );
+    for s in &r.set_aside {
+        let queues = s
+            .queues
+            .as_ref()
+            .map_or_else(|| "unknown queues".to_owned(), |q| q.join(", "));
+        println!(
+            "DAMAGED: record {} set aside ({queues}): {}",
+            s.record, s.reason
+        );
+    }
+    for (from, to) in &r.missing_records {
+        println!("DAMAGED: records {from}..={to} missing");
+    }
+    for u in &r.unreadable {
+        println!("DAMAGED: cannot read {u}");
+    }
+    if r.healthy {
+        println!("healthy: every record's checksum and the log's marks and invariants hold");
+    }
+}
+
+fn dir_size(dir: &Path) -> Res<u64> {
+    let mut total = 0;
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let kind = entry.file_type()?;
+        if kind.is_dir() {
+            total += dir_size(&entry.path())?;
+        } else if kind.is_file() {
+            total += entry.metadata()?.len();
+        }
+    }
+    Ok(total)
+}
+
+/// Copies directory `from` to `to` (files and subdirectories; nothing else is in a store).
+fn copy_dir(from: &Path, to: &Path, bar: &ProgressBar) -> Res<u64> {
+    // Owner-only, as the store requires of its directory.
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(to)?;
+    let mut copied = 0;
+    for entry in std::fs::read_dir(from)? {
+        let entry = entry?;
+        let kind = entry.file_type()?;
+        let dest = to.join(entry.file_name());
+        if kind.is_dir() {
+            copied += copy_dir(&entry.path(), &dest, bar)?;
+        } else if kind.is_file() {
+            let n = std::fs::copy(entry.path(), &dest)?;
+            bar.inc(n);
+            copied += n;
+        }
+    }
+    Ok(copied)
+}

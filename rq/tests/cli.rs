@@ -1,0 +1,342 @@
+//! `rq` on embedded (sled) stores the tests build: each command's output checked against
+//! the store's known contents, a store open in another process refused, a damaged store found
+//! by `verify` (which never writes to the store it checks), and an export imported into a
+//! fresh store compared item by item, twice (a second import takes nothing).
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::{contents, fill, json, ok, rq, snapshot, stderr, stdout};
+use reliable_queue::Store;
+
+/// A closed store with [`fill`]'s contents, in a temporary directory.
+fn filled() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store");
+    let store = Store::open(&path).unwrap();
+    fill(&store);
+    store.blocking_close().unwrap();
+    (dir, path)
+}
+
+fn s(path: &Path) -> &str {
+    path.to_str().unwrap()
+}
+
+#[test]
+fn stats_counts_every_state_of_every_queue() {
+    let (_dir, path) = filled();
+    let rows = json(&["--store", s(&path), "stats", "--json"]);
+    let rows = rows.as_array().unwrap();
+    assert_eq!(rows.len(), 2);
+    let jobs = &rows[0];
+    assert_eq!(jobs["queue"], "jobs");
+    assert_eq!(
+        (
+            &jobs["ready"],
+            &jobs["delayed"],
+            &jobs["leased"],
+            &jobs["held"],
+            &jobs["dead"]
+        ),
+        (&3.into(), &1.into(), &0.into(), &0.into(), &2.into())
+    );
+    assert!(jobs["oldest_ms"].as_u64().is_some());
+    assert_eq!(
+        (&rows[1]["queue"], &rows[1]["ready"]),
+        (&"numbers".into(), &5.into())
+    );
+
+    let table = ok(&["--store", s(&path), "stats"]);
+    let line = table.lines().find(|l| l.starts_with("jobs")).unwrap();
+    let cells: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(&cells[..6], ["jobs", "3", "1", "0", "0", "2"], "{table}");
+
+    let watched = ok(&[
+        "--store",
+        s(&path),
+        "stats",
+        "--watch",
+        "--interval",
+        "0.01",
+        "--count",
+        "2",
+    ]);
+    assert_eq!(watched.matches("numbers").count(), 2, "{watched}");
+}
+
+#[test]
+fn browse_shows_text_and_hex_and_filters_by_state() {
+    let (_dir, path) = filled();
+    let items = json(&["--store", s(&path), "browse", "jobs", "--json"]);
+    let items = items.as_array().unwrap();
+    let texts: Vec<&str> = items.iter().map(|i| i["text"].as_str().unwrap()).collect();
+    // In id order: "first" was released twice, each time under a new id.
+    assert_eq!(texts, ["second", "third", "later", "first"]);
+    assert_eq!(items[3]["attempts"], 2);
+    assert_eq!(items[2]["state"], "delayed");
+
+    let delayed = json(&[
+        "--store",
+        s(&path),
+        "browse",
+        "jobs",
+        "--state",
+        "delayed",
+        "--json",
+    ]);
+    assert_eq!(delayed.as_array().unwrap().len(), 1);
+    let two = json(&[
+        "--store",
+        s(&path),
+        "browse",
+        "jobs",
+        "--limit",
+        "2",
+        "--json",
+    ]);
+    assert_eq!(two.as_array().unwrap().len(), 2);
+
+    let numbers = ok(&["--store", s(&path), "browse", "numbers"]);
+    // 1000 as a postcard varint: e8 07.
+    assert!(numbers.contains("0xe807"), "{numbers}");
+    let missing = rq(&["--store", s(&path), "browse", "nope"]);
+    assert!(!missing.status.success());
+    assert!(
+        stderr(&missing).contains("no queue \"nope\""),
+        "{}",
+        stderr(&missing)
+    );
+}
+
+#[test]
+fn dead_letters_list_replay_and_purge_ask_first() {
+    let (_dir, path) = filled();
+    let dead = json(&[
+        "--store",
+        s(&path),
+        "dead-letters",
+        "list",
+        "jobs",
+        "--json",
+    ]);
+    let dead = dead.as_array().unwrap();
+    assert_eq!(dead.len(), 2);
+    assert_eq!(dead[0]["reason"], "bad bytes");
+    assert_eq!(dead[0]["hex"], "03ff007f");
+    assert_eq!(dead[1]["text"], "poison");
+    let listed = ok(&["--store", s(&path), "dead-letters", "list", "jobs"]);
+    assert!(
+        listed.contains("cannot parse") && listed.contains("0x03ff007f"),
+        "{listed}"
+    );
+
+    // No terminal to ask on, no --yes: refused, nothing changed.
+    let refused = rq(&[
+        "--store",
+        s(&path),
+        "dead-letters",
+        "replay",
+        "jobs",
+        "--all",
+    ]);
+    assert!(!refused.status.success());
+    assert!(stderr(&refused).contains("--yes"), "{}", stderr(&refused));
+    let purge = rq(&[
+        "--store",
+        s(&path),
+        "dead-letters",
+        "purge",
+        "jobs",
+        "--all",
+    ]);
+    assert!(!purge.status.success());
+    let stats = json(&["--store", s(&path), "stats", "--json"]);
+    assert_eq!(stats[0]["dead"], 2);
+
+    let id = dead[1]["id"].as_u64().unwrap().to_string();
+    let replayed = ok(&[
+        "--store",
+        s(&path),
+        "dead-letters",
+        "replay",
+        "jobs",
+        "--ids",
+        &id,
+        "--reset-attempts",
+        "--yes",
+    ]);
+    assert!(replayed.contains("replayed 1"), "{replayed}");
+    let items = json(&[
+        "--store",
+        s(&path),
+        "browse",
+        "jobs",
+        "--state",
+        "ready",
+        "--json",
+    ]);
+    let last = items.as_array().unwrap().last().unwrap().clone();
+    assert_eq!(
+        (&last["text"], &last["attempts"]),
+        (&"poison".into(), &0.into())
+    );
+    let purged = ok(&[
+        "--store",
+        s(&path),
+        "dead-letters",
+        "purge",
+        "jobs",
+        "--first",
+        "5",
+        "--yes",
+    ]);
+    assert!(purged.contains("purged 1"), "{purged}");
+    let stats = json(&["--store", s(&path), "stats", "--json"]);
+    assert_eq!(
+        (&stats[0]["dead"], &stats[0]["ready"]),
+        (&0.into(), &4.into())
+    );
+}
+
+#[test]
+fn a_store_open_in_another_process_is_refused_clearly() {
+    let (_dir, path) = filled();
+    // This process holds the store open; rq is another process.
+    let store = Store::open(&path).unwrap();
+    for args in [vec!["stats"], vec!["verify"]] {
+        let mut all = vec!["--store", s(&path)];
+        all.extend(args);
+        let out = rq(&all);
+        assert_eq!(out.status.code(), Some(1), "{all:?}");
+        assert!(
+            stderr(&out).contains("open in another process"),
+            "{all:?}: {}",
+            stderr(&out)
+        );
+    }
+    store.blocking_close().unwrap();
+    let missing = rq(&["--store", "/nonexistent/rq-store", "stats"]);
+    assert!(
+        stderr(&missing).contains("no store at"),
+        "{}",
+        stderr(&missing)
+    );
+}
+
+#[test]
+fn verify_passes_a_healthy_store_and_fails_a_damaged_one_without_writing_to_either() {
+    let (_dir, path) = filled();
+    let before = snapshot(&path);
+    let out = rq(&["--store", s(&path), "verify"]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    assert!(stdout(&out).contains("healthy"), "{}", stdout(&out));
+    let report = json(&["--store", s(&path), "verify", "--json"]);
+    assert_eq!(
+        (&report["queues"], &report["items"], &report["dead_letters"]),
+        (&2.into(), &9.into(), &2.into())
+    );
+    assert_eq!(snapshot(&path), before, "verify wrote to the store");
+
+    // Damage: the log file cut in half.
+    let db = path.join("db");
+    let len = std::fs::metadata(&db).unwrap().len();
+    let file = std::fs::OpenOptions::new().write(true).open(&db).unwrap();
+    file.set_len(len / 2).unwrap();
+    drop(file);
+    let damaged = snapshot(&path);
+    let out = rq(&["--store", s(&path), "verify"]);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "{}{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    assert!(stdout(&out).contains("DAMAGED"), "{}", stdout(&out));
+    assert_eq!(
+        snapshot(&path),
+        damaged,
+        "verify wrote to the damaged store"
+    );
+}
+
+#[test]
+fn an_export_imported_into_a_fresh_store_is_the_same_item_for_item_and_twice_is_once() {
+    let (dir, path) = filled();
+    let file = dir.path().join("export.jsonl");
+    let summary = json(&["--store", s(&path), "export", s(&file), "--json"]);
+    assert_eq!(
+        (&summary["queues"], &summary["items"], &summary["dead"]),
+        (&2.into(), &9.into(), &2.into())
+    );
+
+    let copy = dir.path().join("copy");
+    let first = json(&["--store", s(&copy), "import", s(&file), "--json"]);
+    assert_eq!(
+        (&first["items"], &first["dead"], &first["skipped"]),
+        (&9.into(), &2.into(), &0.into())
+    );
+    let again = json(&["--store", s(&copy), "import", s(&file), "--json"]);
+    assert_eq!(
+        (&again["items"], &again["dead"]),
+        (&0.into(), &0.into()),
+        "a finished import takes nothing"
+    );
+
+    let original = Store::open(&path).unwrap();
+    let imported = Store::open(&copy).unwrap();
+    assert_eq!(contents(&imported), contents(&original));
+    let numbers = imported.blocking_queue::<u64>("numbers").unwrap();
+    assert_eq!(
+        numbers.retry_policy().attempts_allowed(),
+        7,
+        "policy carried over"
+    );
+    let jobs = imported.blocking_queue::<String>("jobs").unwrap();
+    let browsed = jobs.blocking_browse(None, 10).unwrap();
+    let first = browsed.iter().find(|b| b.item == "first").unwrap();
+    assert_eq!(first.attempts, 2, "attempts carried over");
+    original.blocking_close().unwrap();
+    imported.blocking_close().unwrap();
+
+    // A file cut short (no end line) is refused before anything is written.
+    let text = std::fs::read_to_string(&file).unwrap();
+    let cut: Vec<&str> = text.lines().collect();
+    let short = dir.path().join("short.jsonl");
+    std::fs::write(&short, cut[..cut.len() - 1].join("\n")).unwrap();
+    let out = rq(&["--store", s(&dir.path().join("other")), "import", s(&short)]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("incomplete"), "{}", stderr(&out));
+}
+
+#[test]
+fn help_explains_every_command_with_an_example() {
+    let top = ok(&["--help"]);
+    for command in [
+        "stats",
+        "browse",
+        "dead-letters",
+        "verify",
+        "export",
+        "import",
+    ] {
+        assert!(top.contains(command), "{top}");
+        let help = ok(&[command, "--help"]);
+        assert!(help.contains("Example"), "rq {command} --help: {help}");
+    }
+    for sub in ["list", "replay", "purge"] {
+        let help = ok(&["dead-letters", sub, "--help"]);
+        assert!(
+            help.contains("Example"),
+            "rq dead-letters {sub} --help: {help}"
+        );
+    }
+}

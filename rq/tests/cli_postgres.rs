@@ -1,0 +1,230 @@
+//! `rq` on PostgreSQL stores, against a real server (the root crate's harness,
+//! `tests/pg/mod.rs`: its own private server, or `RQ_TEST_POSTGRES_URL`; without PostgreSQL
+//! every test is reported ignored under a banner): commands on a live store that this
+//! process keeps open, an export from sled imported into PostgreSQL and back compared item by
+//! item, and an import killed with `kill -9` half way and run again, taking every item once.
+
+mod common;
+#[path = "../../tests/pg/mod.rs"]
+mod pg;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{contents, fill, json, ok, rq, stderr};
+use pg::{block_on, connect, PgServer};
+use reliable_queue::Store;
+
+fn store(server: &PgServer, schema: &str) -> Store {
+    Store::builder()
+        .postgres(server.url())
+        .postgres_schema(schema)
+        .open()
+        .expect("connect to the test server")
+}
+
+fn pg_args<'a>(server: &'a PgServer, schema: &'a str) -> Vec<&'a str> {
+    vec!["--postgres", server.url(), "--schema", schema]
+}
+
+fn with<'a>(mut base: Vec<&'a str>, more: &[&'a str]) -> Vec<&'a str> {
+    base.extend_from_slice(more);
+    base
+}
+
+fn s(path: &Path) -> &str {
+    path.to_str().unwrap()
+}
+
+/// stats, browse and dead letters on a store another process (this one) has open and uses.
+fn commands_work_beside_a_live_store(server: &PgServer) {
+    let schema = "cli_live";
+    let live = store(server, schema);
+    fill(&live);
+    // A lease held by the live store while rq looks.
+    let jobs = live.blocking_queue::<String>("jobs").unwrap();
+    let lease = jobs.blocking_lease(Duration::from_secs(600)).unwrap();
+    let base = pg_args(server, schema);
+    let rows = json(&with(base.clone(), &["stats", "--json"]));
+    let jobs_row = &rows.as_array().unwrap()[0];
+    assert_eq!(jobs_row["queue"], "jobs");
+    assert_eq!(
+        (
+            &jobs_row["ready"],
+            &jobs_row["delayed"],
+            &jobs_row["leased"],
+            &jobs_row["dead"]
+        ),
+        (&2.into(), &1.into(), &1.into(), &2.into())
+    );
+    let leased = json(&with(
+        base.clone(),
+        &["browse", "jobs", "--state", "leased", "--json"],
+    ));
+    assert_eq!(leased[0]["text"], lease.item().as_str());
+    let dead = json(&with(
+        base.clone(),
+        &["dead-letters", "list", "jobs", "--json"],
+    ));
+    assert_eq!(dead.as_array().unwrap().len(), 2);
+    ok(&with(
+        base.clone(),
+        &["dead-letters", "replay", "jobs", "--first", "1", "--yes"],
+    ));
+    assert_eq!(
+        jobs.blocking_stats().unwrap().dead,
+        1,
+        "the live store sees the replay"
+    );
+    let verify = rq(&with(base, &["verify"]));
+    assert!(!verify.status.success());
+    assert!(
+        stderr(&verify).contains("sled store"),
+        "{}",
+        stderr(&verify)
+    );
+    lease.blocking_complete().unwrap();
+    live.blocking_close().unwrap();
+}
+
+/// sled → export → PostgreSQL → export → a fresh sled store: the same items, states,
+/// attempts, times and dead letters at every step.
+fn an_export_from_sled_imported_into_postgres_and_back_is_the_same(server: &PgServer) {
+    let dir = tempfile::tempdir().unwrap();
+    let sled_path = dir.path().join("sled");
+    let sled = Store::open(&sled_path).unwrap();
+    fill(&sled);
+    let expected = contents(&sled);
+    sled.blocking_close().unwrap();
+    let first = dir.path().join("from-sled.jsonl");
+    ok(&["--store", s(&sled_path), "export", s(&first)]);
+
+    let schema = "cli_roundtrip";
+    let base = pg_args(server, schema);
+    let summary = json(&with(base.clone(), &["import", s(&first), "--json"]));
+    assert_eq!(
+        (&summary["items"], &summary["dead"]),
+        (&9.into(), &2.into())
+    );
+    let on_pg = store(server, schema);
+    assert_eq!(contents(&on_pg), expected, "sled -> PostgreSQL");
+    on_pg.blocking_close().unwrap();
+
+    let second = dir.path().join("from-pg.jsonl");
+    ok(&with(base, &["export", s(&second)]));
+    let back = dir.path().join("back");
+    ok(&["--store", s(&back), "import", s(&second)]);
+    let back = Store::open(&back).unwrap();
+    assert_eq!(contents(&back), expected, "PostgreSQL -> sled");
+    back.blocking_close().unwrap();
+}
+
+/// An import killed with `kill -9` after some of its transactions committed, run again:
+/// every item arrives exactly once.
+fn an_import_killed_half_way_and_run_again_takes_every_item_once(server: &PgServer) {
+    let dir = tempfile::tempdir().unwrap();
+    let sled_path = dir.path().join("big");
+    let sled = Store::open(&sled_path).unwrap();
+    let q = sled.blocking_queue::<u64>("bulk").unwrap();
+    let n = 20_000u64;
+    for chunk in (0..n).collect::<Vec<_>>().chunks(1000) {
+        let mut tx = sled.begin();
+        for i in chunk {
+            q.enqueue(&mut tx, *i).unwrap();
+        }
+        tx.blocking_commit().unwrap();
+    }
+    sled.blocking_close().unwrap();
+    let file = dir.path().join("bulk.jsonl");
+    ok(&["--store", s(&sled_path), "export", s(&file)]);
+
+    let schema = "cli_resume";
+    let mut child = Command::new(env!("CARGO_BIN_EXE_rq"))
+        .args([
+            "--postgres",
+            server.url(),
+            "--schema",
+            schema,
+            "import",
+            s(&file),
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Wait (bounded) until some transactions have committed, then kill it mid-run.
+    let count = format!("SELECT count(*) FROM \"{schema}\".items i JOIN \"{schema}\".queues q ON q.id = i.queue WHERE q.name = 'bulk'");
+    let give_up = Instant::now() + Duration::from_secs(60);
+    let taken = loop {
+        let taken: i64 = block_on(async {
+            let client = connect(server.url()).await;
+            match client.query_one(&count, &[]).await {
+                Ok(row) => row.get(0),
+                Err(_) => 0, // the schema is not made yet
+            }
+        });
+        if taken > 0 || Instant::now() > give_up {
+            break taken;
+        }
+        if child.try_wait().unwrap().is_some() {
+            break taken;
+        }
+        std::thread::yield_now();
+    };
+    child.kill().unwrap();
+    let status = child.wait().unwrap();
+    assert!(taken > 0, "the import committed nothing within a minute");
+    // 2,500 transactions: killed long before the last.
+    assert_eq!(
+        status.code(),
+        None,
+        "the import was killed by the signal: {status}"
+    );
+    assert!(taken < 20_000, "killed half way: {taken} items in");
+
+    let again = json(&[
+        "--postgres",
+        server.url(),
+        "--schema",
+        schema,
+        "import",
+        s(&file),
+        "--json",
+    ]);
+    let on_pg = store(server, schema);
+    let bulk = on_pg.blocking_queue::<u64>("bulk").unwrap();
+    let mut seen: Vec<u64> = bulk
+        .blocking_browse(None, 100_000)
+        .unwrap()
+        .into_iter()
+        .map(|b| b.item)
+        .collect();
+    seen.sort_unstable();
+    assert_eq!(seen, (0..n).collect::<Vec<_>>(), "every item exactly once");
+    assert_eq!(
+        again["skipped"].as_u64().unwrap() + again["items"].as_u64().unwrap(),
+        n + 1,
+        "the second run resumed where the first stopped (the queue line counts): {again}"
+    );
+    assert!(again["skipped"].as_u64().unwrap() > 0, "{again}");
+    on_pg.blocking_close().unwrap();
+}
+
+fn main() -> std::process::ExitCode {
+    pg::run_suite(vec![
+        (
+            "commands_work_beside_a_live_store",
+            commands_work_beside_a_live_store,
+        ),
+        (
+            "an_export_from_sled_imported_into_postgres_and_back_is_the_same",
+            an_export_from_sled_imported_into_postgres_and_back_is_the_same,
+        ),
+        (
+            "an_import_killed_half_way_and_run_again_takes_every_item_once",
+            an_import_killed_half_way_and_run_again_takes_every_item_once,
+        ),
+    ])
+}

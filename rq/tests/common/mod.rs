@@ -1,0 +1,163 @@
+//! What the `rq` tests share: running the binary, building stores with known contents, and
+//! reading a store back item by item.
+
+#![allow(dead_code)]
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use reliable_queue::{ItemState, RawItem, RetryPolicy, Store};
+
+/// Runs `rq` with `args`, stdin closed (no terminal), and returns its output.
+pub fn rq(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_rq"))
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run rq")
+}
+
+pub fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+pub fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Runs `rq` and expects success; returns its stdout.
+pub fn ok(args: &[&str]) -> String {
+    let out = rq(args);
+    assert!(
+        out.status.success(),
+        "rq {args:?} failed: {}\n{}",
+        stderr(&out),
+        stdout(&out)
+    );
+    stdout(&out)
+}
+
+pub fn json(args: &[&str]) -> serde_json::Value {
+    let text = ok(args);
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("rq {args:?} printed {text:?}: {e}"))
+}
+
+/// A store with known contents: queue `jobs` with 3 ready text items (the first with 2
+/// attempts behind it), one delayed an hour, and 2 dead letters (a byte item and a text);
+/// queue `numbers` with 5 `u64`s (shown as hex) and a policy of 7 attempts.
+pub fn fill(store: &Store) {
+    let jobs = store.blocking_queue::<String>("jobs").unwrap();
+    let numbers = store.blocking_queue::<u64>("numbers").unwrap();
+    let bytes = store.blocking_queue::<Vec<u8>>("jobs").unwrap();
+    numbers
+        .blocking_set_retry_policy(RetryPolicy::default().max_attempts(7))
+        .unwrap();
+    jobs.blocking_set_retry_policy(RetryPolicy::default().max_attempts(1))
+        .unwrap();
+    let mut tx = store.begin();
+    bytes.enqueue(&mut tx, vec![0xffu8, 0x00, 0x7f]).unwrap();
+    tx.blocking_commit().unwrap();
+    let mut tx = store.begin();
+    for text in ["poison", "first", "second", "third"] {
+        jobs.enqueue(&mut tx, text.to_owned()).unwrap();
+    }
+    jobs.enqueue_after(&mut tx, "later".to_owned(), Duration::from_secs(3600))
+        .unwrap();
+    for n in 0..5u64 {
+        numbers.enqueue(&mut tx, 1000 + n).unwrap();
+    }
+    tx.blocking_commit().unwrap();
+    let lease = bytes.blocking_lease(Duration::from_secs(60)).unwrap();
+    assert_eq!(lease.item(), &vec![0xffu8, 0x00, 0x7f]);
+    lease.blocking_fail("bad bytes").unwrap();
+    let lease = jobs.blocking_lease(Duration::from_secs(60)).unwrap();
+    assert_eq!(lease.item(), "poison");
+    lease.blocking_fail("cannot parse").unwrap();
+    for attempt in 1..=2 {
+        let lease = jobs.blocking_lease(Duration::from_secs(60)).unwrap();
+        assert_eq!((lease.item().as_str(), lease.attempt()), ("first", attempt));
+        lease.blocking_release(Duration::ZERO).unwrap();
+    }
+}
+
+/// One item of a store as a comparison sees it (ids differ between stores; order, bytes,
+/// states, attempts and times must not).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Seen {
+    pub queue: String,
+    pub kind: &'static str,
+    pub bytes: Vec<u8>,
+    pub attempts: u32,
+    /// Delayed items: when due (ms); dead letters: their reason's length is not here.
+    pub due_ms: Option<u64>,
+    pub enqueued_ms: Option<u64>,
+    pub reason: Option<String>,
+}
+
+fn ms(t: SystemTime) -> u64 {
+    u64::try_from(t.duration_since(UNIX_EPOCH).unwrap().as_millis()).unwrap()
+}
+
+/// Every item and dead letter of every queue of `store` (but import bookkeeping), sorted.
+pub fn contents(store: &Store) -> Vec<Seen> {
+    let mut all = Vec::new();
+    for name in store.blocking_list_queues().unwrap() {
+        if name.starts_with("rq.import.") {
+            continue;
+        }
+        let q = store.blocking_queue::<RawItem>(&name).unwrap();
+        for item in q.blocking_browse(None, 100_000).unwrap() {
+            let (kind, due_ms) = match item.state {
+                ItemState::Ready => ("ready", None),
+                ItemState::Delayed { until } => ("delayed", Some(ms(until))),
+                ItemState::Leased { until, .. } => ("delayed", Some(ms(until))),
+                _ => ("other", None),
+            };
+            all.push(Seen {
+                queue: name.clone(),
+                kind,
+                bytes: item.item.envelope().to_vec(),
+                attempts: item.attempts,
+                due_ms,
+                enqueued_ms: item.enqueued_at.map(ms),
+                reason: None,
+            });
+        }
+        for d in q.blocking_dead_letters(None, 100_000).unwrap() {
+            all.push(Seen {
+                queue: name.clone(),
+                kind: "dead",
+                bytes: d.item.envelope().to_vec(),
+                attempts: d.attempts,
+                due_ms: None,
+                enqueued_ms: d.enqueued_at.map(ms),
+                reason: Some(d.reason),
+            });
+        }
+    }
+    all.sort();
+    all
+}
+
+/// Every file under `dir` with its bytes, for checking that a command wrote nothing.
+pub fn snapshot(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut files = Vec::new();
+    let mut stack = vec![dir.to_owned()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).unwrap() {
+            let entry = entry.unwrap();
+            let path = entry.path();
+            if entry.file_type().unwrap().is_dir() {
+                stack.push(path);
+            } else {
+                files.push((
+                    path.strip_prefix(dir).unwrap().display().to_string(),
+                    std::fs::read(&path).unwrap(),
+                ));
+            }
+        }
+    }
+    files.sort();
+    files
+}
