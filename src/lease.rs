@@ -251,13 +251,13 @@ impl<T> Lease<T> {
         if let Some(pg) = self.engine.postgres() {
             return match pg.fail(&self.proc.core, self.token, reason).await? {
                 FailOutcome::Ended => Err(self.expired()),
-                FailOutcome::Retry(at) => Ok(failed(Some(at))),
-                FailOutcome::Dead => Ok(failed(None)),
+                FailOutcome::Retry(at) => Ok(self.failed(Some(at))),
+                FailOutcome::Dead => Ok(self.failed(None)),
             };
         }
         let (mut work, due) = self.engine.fail_work(&self.proc, self.token, reason)?;
         self.engine.commit(&mut work).await?;
-        Ok(failed(due))
+        Ok(self.failed(due))
     }
 
     /// [`fail`](Lease::fail) for threads.
@@ -273,7 +273,7 @@ impl<T> Lease<T> {
         self.settled = true;
         let (mut work, due) = self.engine.fail_work(&self.proc, self.token, reason)?;
         self.engine.blocking_commit(&mut work)?;
-        Ok(failed(due))
+        Ok(self.failed(due))
     }
 
     /// Gives the item back without a failure, due after `delay` (at once, at the front, for a
@@ -380,12 +380,23 @@ impl<T> Lease<T> {
     }
 }
 
-fn failed(due: Option<u64>) -> Failed {
-    match due {
-        Some(at) => Failed::Retry {
-            at: system_time(at),
-        },
-        None => Failed::Dead,
+impl<T> Lease<T> {
+    /// What a failure did, counted in the metrics.
+    fn failed(&self, due: Option<u64>) -> Failed {
+        let queue = self.proc.core.name();
+        match due {
+            Some(at) => {
+                crate::metrics::retried(queue);
+                Failed::Retry {
+                    at: system_time(at),
+                }
+            }
+            None => {
+                crate::metrics::buried(queue, false, 1);
+                tracing::debug!(queue, "a failed item moved to the dead letters");
+                Failed::Dead
+            }
+        }
     }
 }
 

@@ -79,6 +79,7 @@ mod engine;
 mod error;
 mod import;
 mod lease;
+pub mod metrics;
 mod processing;
 mod queue;
 mod queue_set;

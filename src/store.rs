@@ -385,6 +385,52 @@ impl Store {
         self.engine.list_queues().await
     }
 
+    /// Sets the queue-depth gauges ([`metrics::DEPTH`](crate::metrics::DEPTH): visible,
+    /// delayed, leased, held and dead items per queue) from every queue's
+    /// [`stats`](crate::ReliableConcurrentQueue::stats). Depths cost nothing on the hot
+    /// paths this way: a service calls this as often as its metrics are scraped (every few
+    /// seconds, say).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: it only reads; a cancelled call leaves some gauges set, others not yet.
+    ///
+    /// # Errors
+    ///
+    /// As [`list_queues`](Store::list_queues) and
+    /// [`stats`](crate::ReliableConcurrentQueue::stats).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), reliable_queue::Error> {
+    /// let store = reliable_queue::Store::in_memory()?;
+    /// store.queue::<u8>("jobs").await?;
+    /// store.report_metrics().await?; // reliable_queue_queue_depth{queue="jobs",state=...}
+    /// # Ok(()) }
+    /// ```
+    pub async fn report_metrics(&self) -> Result<()> {
+        for name in self.list_queues().await? {
+            let queue = self.queue::<crate::RawItem>(&name).await?;
+            crate::metrics::depth(&name, &queue.stats().await?);
+        }
+        Ok(())
+    }
+
+    /// [`report_metrics`](Store::report_metrics) for threads.
+    ///
+    /// # Errors
+    ///
+    /// As [`report_metrics`](Store::report_metrics).
+    pub fn blocking_report_metrics(&self) -> Result<()> {
+        for name in self.blocking_list_queues()? {
+            let queue = self.blocking_queue::<crate::RawItem>(&name)?;
+            crate::metrics::depth(&name, &queue.blocking_stats()?);
+        }
+        Ok(())
+    }
+
     /// [`list_queues`](Store::list_queues) for threads.
     ///
     /// # Errors

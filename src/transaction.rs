@@ -3,6 +3,7 @@
 use std::fmt;
 use std::sync::Arc;
 
+use crate::engine::processing::MoveKind;
 use crate::engine::{Engine, Work};
 use crate::error::Result;
 
@@ -166,7 +167,27 @@ impl Transaction {
     /// # Ok(()) }
     /// ```
     pub async fn commit(mut self) -> Result<()> {
-        self.engine.commit(&mut self.work).await
+        let (enqueued, dequeued, started) = self.tally();
+        let outcome = self.engine.commit(&mut self.work).await;
+        crate::metrics::commit(outcome.is_ok(), enqueued, dequeued, started);
+        outcome
+    }
+
+    /// What a commit moves, for the metrics, and when it started if it is timed.
+    #[inline]
+    fn tally(&self) -> (usize, usize, Option<std::time::Instant>) {
+        let work = &self.work;
+        let mut enqueued = work.enqueues.len();
+        let mut dequeued = work.held();
+        for mv in &work.moves {
+            match mv.kind {
+                MoveKind::Enqueue { .. } | MoveKind::Import { .. } => enqueued += 1,
+                MoveKind::Ack { .. } => dequeued += 1,
+                _ => {}
+            }
+        }
+        let started = self.engine.is_durable().then(std::time::Instant::now);
+        (enqueued, dequeued, started)
     }
 
     /// [`commit`](Transaction::commit) for threads: blocks until the commit is durable.
@@ -188,7 +209,10 @@ impl Transaction {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn blocking_commit(mut self) -> Result<()> {
-        self.engine.blocking_commit(&mut self.work)
+        let (enqueued, dequeued, started) = self.tally();
+        let outcome = self.engine.blocking_commit(&mut self.work);
+        crate::metrics::commit(outcome.is_ok(), enqueued, dequeued, started);
+        outcome
     }
 
     /// Discards the enqueues and puts the dequeued items back at the front of their queues,

@@ -390,6 +390,12 @@ impl Engine {
 
     /// Is this store on a remote engine (every item operation a round trip)?
     #[inline]
+    /// Does the engine write its commits somewhere (sled, PostgreSQL), so that their
+    /// latency is worth measuring?
+    pub(crate) fn is_durable(&self) -> bool {
+        !matches!(self.flavor, Flavor::Memory(_))
+    }
+
     pub(crate) fn is_remote(&self) -> bool {
         #[cfg(feature = "postgres")]
         if matches!(self.flavor, Flavor::Postgres(_)) {

@@ -899,6 +899,12 @@ impl Timers {
     /// An expired lease: the item goes back to the front, or to the dead letters once it has
     /// had its attempts.
     fn expired(&self, proc: &Arc<Proc>, entry: Entry) {
+        crate::metrics::lease_expired(proc.core.name());
+        tracing::debug!(
+            queue = proc.core.name(),
+            attempts = entry.attempts,
+            "a lease expired"
+        );
         if entry.attempts < proc.policy().attempts_allowed() {
             proc.core.restore(std::iter::once(entry));
             return;
@@ -1264,8 +1270,17 @@ impl Engine {
                 reason: EXPIRED.to_owned(),
             },
         });
-        if let Err(e) = self.blocking_commit(&mut work) {
-            tracing::warn!(queue = proc.core.name(), error = %e, "moving an expired item to the dead letters failed; it is back in its queue");
+        match self.blocking_commit(&mut work) {
+            Ok(()) => {
+                crate::metrics::buried(proc.core.name(), true, 1);
+                tracing::debug!(
+                    queue = proc.core.name(),
+                    "an item whose last lease expired moved to the dead letters"
+                );
+            }
+            Err(e) => {
+                tracing::warn!(queue = proc.core.name(), error = %e, "moving an expired item to the dead letters failed; it is back in its queue");
+            }
         }
     }
 

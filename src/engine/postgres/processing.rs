@@ -162,7 +162,8 @@ impl ProcSql {
                 "WITH {t}, {bury}, \
                  old AS (DELETE FROM {s}.dead_letters WHERE queue = $1 \
                    AND died_ms < {NOW_T} - $3::int8 RETURNING id) \
-                 SELECT (SELECT count(*) FROM buried), (SELECT count(*) FROM old)",
+                 SELECT (SELECT count(*) FROM buried), (SELECT count(*) FROM old), \
+                   (SELECT name FROM {s}.queues WHERE id = $1)",
                 t = t("$2"),
                 bury = bury_cte(""),
             ),
@@ -648,10 +649,20 @@ impl Postgres {
         now: Option<i64>,
         retention: Option<i64>,
     ) -> Result<()> {
-        client
+        let row = client
             .query_one(&sql.proc.bury, &[&queue, &now, &retention])
             .await
             .map_err(|e| pg("bury", e))?;
+        let buried: i64 = row.try_get(0).unwrap_or(0);
+        if buried > 0 {
+            let name: String = row.try_get(2).unwrap_or_default();
+            crate::metrics::buried(&name, true, u64::try_from(buried).unwrap_or(0));
+            tracing::debug!(
+                queue = name,
+                buried,
+                "items whose last lease expired moved to the dead letters"
+            );
+        }
         Ok(())
     }
 

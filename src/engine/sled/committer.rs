@@ -538,6 +538,9 @@ impl Committer {
             .map(|p| (p.ids.clone(), p.record.len()))
             .collect();
         let end = seq + u64::try_from(records.len()).unwrap_or(u64::MAX);
+        let span = tracing::trace_span!("commit_group", transactions = group.len(), seq);
+        let _entered = span.enter();
+        let started = std::time::Instant::now();
         let written = self
             .write(seq, records)
             .map_err(Error::from)
@@ -548,6 +551,7 @@ impl Committer {
                 }
                 Ok(())
             });
+        crate::metrics::group(group.len(), started.elapsed().as_secs_f64());
         if let Err(e) = written {
             tracing::error!(error = %e, seq, "writing a commit group failed; the store stops writing");
             self.stop(&e);

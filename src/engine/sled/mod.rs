@@ -113,6 +113,9 @@ impl Sled {
             salvage: config.salvage,
             now: timers.clock().now(),
         };
+        let span = tracing::info_span!("open", store = %path.display());
+        let _entered = span.enter();
+        let started = std::time::Instant::now();
         let (trees, disk, recovered) = open_and_recover(&path, config, opening)?;
         let Recovered {
             queues,
@@ -134,6 +137,14 @@ impl Sled {
         }
         let marker = Marker::start(file, mark)?;
         let mut policies = trees::load_policies(&trees.meta)?;
+        crate::metrics::quarantined(set_aside.len());
+        if !set_aside.is_empty() || !missing.is_empty() {
+            tracing::warn!(
+                set_aside = set_aside.len(),
+                missing = missing.len(),
+                "records are damaged or missing; their queues are fenced (see Store::set_aside_records)"
+            );
+        }
         let catalog = Catalog::recovered(queues, fences, set_aside, missing);
         let recovered_queues = catalog
             .cores()
@@ -147,7 +158,13 @@ impl Sled {
                     core,
                 }
             })
-            .collect();
+            .collect::<Vec<RecoveredQueue>>();
+        tracing::info!(
+            queues = recovered_queues.len(),
+            items = recovered_queues.iter().map(|q| q.core.count()).sum::<u64>(),
+            elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+            "store opened"
+        );
         let (sender, receiver) = crossbeam_channel::unbounded();
         let committer = Committer::new(
             committer::Storage {
