@@ -852,36 +852,40 @@ fn read_queue(store: &Store, name: &str, report: &mut VerifyReport, bar: &Progre
             return;
         }
     };
-    let mut after = None;
-    loop {
-        match q.blocking_browse(after, 1000) {
-            Ok(page) if page.is_empty() => break,
-            Ok(page) => {
-                after = page.last().map(|i| i.id);
-                report.items += page.len() as u64;
-                bar.inc(page.len() as u64);
-            }
-            Err(e) => {
-                report.unreadable.push(format!("items of {name:?}: {e}"));
-                break;
-            }
+    let items = read_all(|after| {
+        q.blocking_browse(after, 1000)
+            .map(|page| page.iter().map(|i| i.id).collect())
+    });
+    let dead = read_all(|after| {
+        q.blocking_dead_letters(after, 1000)
+            .map(|page| page.iter().map(|d| d.id).collect())
+    });
+    for (what, (n, failed), total) in [
+        ("items", items, &mut report.items),
+        ("dead letters", dead, &mut report.dead_letters),
+    ] {
+        *total += n;
+        bar.inc(n);
+        if let Some(e) = failed {
+            report.unreadable.push(format!("{what} of {name:?}: {e}"));
         }
     }
-    let mut after = None;
+}
+
+/// Pages through a listing (`page(after)` gives the ids of the next page): how many entries
+/// were read, and the error that stopped it early, if one did.
+fn read_all(
+    mut page: impl FnMut(Option<u64>) -> reliable_queue::Result<Vec<u64>>,
+) -> (u64, Option<Error>) {
+    let (mut n, mut after) = (0, None);
     loop {
-        match q.blocking_dead_letters(after, 1000) {
-            Ok(page) if page.is_empty() => break,
-            Ok(page) => {
-                after = page.last().map(|d| d.id);
-                report.dead_letters += page.len() as u64;
-                bar.inc(page.len() as u64);
+        match page(after) {
+            Ok(ids) if ids.is_empty() => return (n, None),
+            Ok(ids) => {
+                n += ids.len() as u64;
+                after = ids.last().copied();
             }
-            Err(e) => {
-                report
-                    .unreadable
-                    .push(format!("dead letters of {name:?}: {e}"));
-                break;
-            }
+            Err(e) => return (n, Some(e)),
         }
     }
 }

@@ -458,22 +458,7 @@ pub(crate) fn apply(mv: Move, id: u64, now: u64, timers: &Timers, dead_on_disk: 
                 timers.watch(&proc, deadline);
             }
         }
-        MoveKind::Bury { mut entry, reason } => {
-            entry.id = id;
-            entry.not_before = 0;
-            // A dead letter is not in its queue: its key is free.
-            if let Some(key) = &entry.key {
-                proc.core.release_key(key);
-            }
-            if dead_on_disk {
-                entry.bytes = Box::default();
-            }
-            proc.put_dead(DeadSlot {
-                entry,
-                reason,
-                has_bytes: !dead_on_disk,
-            });
-        }
+        MoveKind::Bury { entry, reason } => bury(&proc, entry, id, reason, dead_on_disk),
         MoveKind::Ack { claimed, .. } => {
             if let Some(key) = claimed.as_ref().and_then(|l| l.entry.key.as_ref()) {
                 proc.core.release_key(key);
@@ -494,21 +479,31 @@ pub(crate) fn apply(mv: Move, id: u64, now: u64, timers: &Timers, dead_on_disk: 
             mut entry,
             reason: Some(reason),
         } => {
-            entry.id = id;
-            entry.not_before = 0;
             if entry.times.enqueued_at == 0 {
                 entry.times.enqueued_at = now;
             }
-            if dead_on_disk {
-                entry.bytes = Box::default();
-            }
-            proc.put_dead(DeadSlot {
-                entry,
-                reason,
-                has_bytes: !dead_on_disk,
-            });
+            bury(&proc, entry, id, reason, dead_on_disk);
         }
     }
+}
+
+/// `entry` (its new version `id`) into the dead letters of `proc`. With `dead_on_disk` its
+/// bytes are not kept in memory (the sled engine reads them from its log).
+fn bury(proc: &Arc<Proc>, mut entry: Entry, id: u64, reason: String, dead_on_disk: bool) {
+    entry.id = id;
+    entry.not_before = 0;
+    // A dead letter is not in its queue: its key is free.
+    if let Some(key) = &entry.key {
+        proc.core.release_key(key);
+    }
+    if dead_on_disk {
+        entry.bytes = Box::default();
+    }
+    proc.put_dead(DeadSlot {
+        entry,
+        reason,
+        has_bytes: !dead_on_disk,
+    });
 }
 
 /// Counts a lease granted at `now` as the item's next attempt.
