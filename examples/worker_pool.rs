@@ -5,6 +5,7 @@
 //! ```text
 //! cargo run --release --example worker_pool            # run, or resume an interrupted run
 //! cargo run --release --example worker_pool -- --help  # flags
+//! cargo run --release --features postgres --example worker_pool -- --postgres URL
 //! ```
 //!
 //! - Producers enqueue jobs with unique ids `(producer, seq)` a few per transaction. Each
@@ -32,7 +33,9 @@
 //! adds its own, and accounts for both. Leases do not survive a restart: the jobs leased when
 //! the process died are visible again at the next open, their attempts counted (a poison job
 //! still ends in the dead letters after 5 attempts in all); a retry waiting out its backoff
-//! stays delayed until its due time.
+//! stays delayed until its due time. On PostgreSQL (`--postgres`) a lease outlives its
+//! holder: the jobs a killed run had leased come back when their 30 s lease ends, and this run
+//! waits for them.
 
 use std::collections::btree_map::{BTreeMap, Entry};
 use std::error::Error;
@@ -59,7 +62,15 @@ struct Args {
     /// Directory of the store.
     #[arg(long, default_value = "./worker-pool-data")]
     dir: PathBuf,
-    /// Delete the store first and start from nothing.
+    /// Run on a PostgreSQL database instead (libpq URL, e.g. `postgresql://app@db/app`;
+    /// build with `--features postgres`). Then `rq --postgres URL stats --watch` follows the
+    /// run live from another terminal.
+    #[arg(long, conflicts_with = "dir")]
+    postgres: Option<String>,
+    /// The PostgreSQL schema of the store (with --postgres).
+    #[arg(long, default_value = "reliable_queue", requires = "postgres")]
+    schema: String,
+    /// Delete the store first and start from nothing (with --postgres: drop its schema).
     #[arg(long)]
     reset: bool,
     /// New jobs to produce in this run.
@@ -176,10 +187,10 @@ fn run(args: &Args) -> Result<bool, BoxError> {
         return Err("--poison-rate must be in [0, 1]".into());
     }
     if args.reset {
-        reset(&args.dir)?;
+        reset(args)?;
     }
 
-    let store = Store::open(&args.dir)?;
+    let store = open(args)?;
     let jobs = store.blocking_queue::<Job>("jobs")?;
     let done = store.blocking_queue::<JobId>("done")?;
     // Kept in the store; setting it again on every run is harmless.
@@ -204,7 +215,7 @@ fn run(args: &Args) -> Result<bool, BoxError> {
     println!(
         "store {} (durability {:?}): {} jobs produced by earlier runs, {} done, {} dead letters, \
          {} waiting ({} of them in backoff)",
-        args.dir.display(),
+        place(args),
         store.durability(),
         produced_before,
         done_before,
@@ -330,7 +341,7 @@ fn run(args: &Args) -> Result<bool, BoxError> {
     closed?;
 
     // Check what a new process would find: reopen the store.
-    let store = Store::open(&args.dir)?;
+    let store = open(args)?;
     let report = verify(&store)?;
     store.blocking_close()?;
 
@@ -398,8 +409,8 @@ fn run(args: &Args) -> Result<bool, BoxError> {
         + processed
         + failed;
     println!(
-        "\nsummary (checked against the store in {}, reopened):",
-        args.dir.display()
+        "\nsummary (checked against the store {}, reopened):",
+        place(args)
     );
     println!("  enqueued this run             {enqueued:>9}");
     println!(
@@ -643,7 +654,7 @@ fn join_finished(threads: &mut Vec<JoinHandle<Result<(), BoxError>>>) -> Vec<Res
 /// The cursor queues of every producer any run had.
 fn open_cursors(store: &Store) -> Result<BTreeMap<u32, ReliableConcurrentQueue<u64>>, BoxError> {
     let mut cursors = BTreeMap::new();
-    for name in store.queue_names() {
+    for name in store.blocking_list_queues()? {
         if let Some(n) = name.strip_prefix(CURSOR_PREFIX) {
             let n: u32 = n
                 .parse()
@@ -708,8 +719,8 @@ struct Seen {
     queued: u32,
 }
 
-/// Reads the cursors, the whole of `done` (dequeue, then abort), the dead letters of `jobs`
-/// (paging by id) and what is left in `jobs` (browsing), without consuming anything, and
+/// Reads the cursors, the whole of `done` (browsing), the dead letters of `jobs` (paging by
+/// id) and what is left in `jobs` (browsing), without consuming anything, and
 /// checks that every produced id is done exactly once or a dead letter exactly once.
 fn verify(store: &Store) -> Result<Report, BoxError> {
     let jobs = store.blocking_queue::<Job>("jobs")?;
@@ -729,13 +740,17 @@ fn verify(store: &Store) -> Result<Report, BoxError> {
         None => unexpected += 1,
     };
 
-    let mut tx = store.begin();
     let mut done_len = 0;
-    while let Some(id) = done.blocking_try_dequeue(&mut tx)? {
-        mark(id, |s| s.done += 1);
-        done_len += 1;
+    let mut after = None;
+    loop {
+        let page = done.blocking_browse(after, 1000)?;
+        let Some(last) = page.last() else { break };
+        after = Some(last.id);
+        for entry in page {
+            mark(entry.item, |s| s.done += 1);
+            done_len += 1;
+        }
     }
-    tx.blocking_abort()?;
 
     let (mut dead_len, mut dead_unlucky, mut sample) = (0, 0, None);
     let mut after = None;
@@ -808,8 +823,66 @@ fn verify(store: &Store) -> Result<Report, BoxError> {
     })
 }
 
+/// Opens the store: the directory, or the PostgreSQL database with `--postgres`.
+fn open(args: &Args) -> Result<Store, BoxError> {
+    match &args.postgres {
+        None => Ok(Store::open(&args.dir)?),
+        #[cfg(feature = "postgres")]
+        Some(url) => Ok(Store::builder()
+            .postgres(url)
+            .postgres_schema(&args.schema)
+            // A connection per thread: consumers commit while producers do.
+            .postgres_pool_size(args.consumers as usize + args.producers as usize + 2)
+            .open()?),
+        #[cfg(not(feature = "postgres"))]
+        Some(_) => Err(
+            "--postgres needs the engine: cargo run --release --features postgres \
+                        --example worker_pool -- --postgres URL"
+                .into(),
+        ),
+    }
+}
+
+/// The store, as the output names it.
+fn place(args: &Args) -> String {
+    match &args.postgres {
+        None => args.dir.display().to_string(),
+        Some(_) => format!("in PostgreSQL schema {:?}", args.schema),
+    }
+}
+
+/// Starts from nothing: deletes the directory, or drops the PostgreSQL schema.
+fn reset(args: &Args) -> Result<(), BoxError> {
+    if args.postgres.is_none() {
+        return reset_dir(&args.dir);
+    }
+    reset_schema(args)
+}
+
+#[cfg(not(feature = "postgres"))]
+fn reset_schema(args: &Args) -> Result<(), BoxError> {
+    open(args).map(drop)
+}
+
+/// Drops the store's schema, through the store's own connection: the example needs no
+/// database client of its own.
+#[cfg(feature = "postgres")]
+fn reset_schema(args: &Args) -> Result<(), BoxError> {
+    let store = open(args)?;
+    let mut tx = store.begin();
+    let drop = format!(
+        "DROP SCHEMA \"{}\" CASCADE",
+        args.schema.replace('"', "\"\"")
+    );
+    tx.blocking_execute(&drop, &[])?;
+    tx.blocking_commit()?;
+    store.blocking_close()?;
+    println!("dropped schema {:?}", args.schema);
+    Ok(())
+}
+
 /// Deletes the store directory, refusing anything that does not look like a store.
-fn reset(dir: &Path) -> Result<(), BoxError> {
+fn reset_dir(dir: &Path) -> Result<(), BoxError> {
     if !dir.exists() {
         return Ok(());
     }

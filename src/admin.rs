@@ -134,9 +134,28 @@ impl RawItem {
     }
 
     /// The item's text when it looks like a string or byte string of UTF-8 text (a length,
-    /// then exactly that many bytes), else `None`.
+    /// then exactly that many bytes, none of them a control character but tab, line feed and
+    /// carriage return), else `None`.
+    ///
+    /// A guess: other types can encode to the same bytes (a struct of two small integers
+    /// `{ 1, 4 }` is a one-byte string `"\u{4}"` by shape, which the control-character rule
+    /// turns away; `{ 1, 65 }` would still read as `"A"`).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use reliable_queue::RawItem;
+    /// assert_eq!(RawItem::encode(&"hello".to_owned())?.text(), Some("hello"));
+    /// assert_eq!(RawItem::encode(&b"bytes too".to_vec())?.text(), Some("bytes too"));
+    /// assert_eq!(RawItem::encode(&(1u32, 4u64))?.text(), None);
+    /// # Ok::<(), reliable_queue::Error>(())
+    /// ```
     pub fn text(&self) -> Option<&str> {
-        codec::as_text(&self.0)
+        codec::as_text(&self.0).filter(|text| {
+            !text
+                .chars()
+                .any(|c| c.is_control() && !matches!(c, '\t' | '\n' | '\r'))
+        })
     }
 
     /// The item's bytes after the envelope's version byte, in lowercase hex.
@@ -269,6 +288,13 @@ mod tests {
         assert_eq!(number.display(), "0xac02");
         let empty = RawItem::encode(&String::new()).unwrap();
         assert_eq!(empty.text(), Some(""));
+        // A struct { producer: 1, seq: 4 } has the shape of a one-byte string "\u{4}".
+        let pair = RawItem::encode(&(1u32, 4u64)).unwrap();
+        assert_eq!((pair.text(), pair.display().as_str()), (None, "0x0104"));
+        let lines = RawItem::encode(&"a\tb\r\nc".to_owned()).unwrap();
+        assert_eq!(lines.text(), Some("a\tb\r\nc"));
+        let bell = RawItem::encode(&"ding\u{7}".to_owned()).unwrap();
+        assert_eq!(bell.text(), None);
     }
 
     #[test]
@@ -282,6 +308,64 @@ mod tests {
         let odd = RawItem::from_envelope(vec![1u8, 0x80]).unwrap();
         assert_eq!(odd.text(), None);
         assert!(odd.decode::<String>().is_err());
+    }
+
+    #[test]
+    fn an_envelope_over_the_item_limit_is_a_typed_error_and_stays_with_the_caller() {
+        let store = crate::Store::builder().max_item_size(16).open().unwrap();
+        let raw = store.blocking_queue::<RawItem>("q").unwrap();
+        let big = RawItem::encode(&"x".repeat(100)).unwrap();
+        let mut tx = store.begin();
+        match raw.enqueue(&mut tx, &big) {
+            Err(Error::ItemTooLarge { size, limit, .. }) => {
+                assert_eq!((size, limit), (big.envelope().len(), 16));
+            }
+            other => panic!("expected ItemTooLarge, got {other:?}"),
+        }
+        let small = RawItem::encode(&"ok".to_owned()).unwrap();
+        raw.enqueue(&mut tx, &small).unwrap();
+        tx.blocking_commit().unwrap();
+        let mut tx = store.begin();
+        let back = raw.blocking_try_dequeue(&mut tx).unwrap().unwrap();
+        assert_eq!(back.envelope(), small.envelope(), "moved verbatim");
+    }
+
+    #[test]
+    fn a_raw_item_inside_another_type_goes_through_serde_as_bytes() {
+        let inner = RawItem::encode(&"inner".to_owned()).unwrap();
+        let outer = RawItem::encode(&("label".to_owned(), inner.clone())).unwrap();
+        let (label, back) = outer.decode::<(String, RawItem)>().unwrap();
+        assert_eq!((label.as_str(), back), ("label", inner));
+        // Bytes that are not an envelope inside: a decode error, not a panic.
+        let bad = RawItem::encode(&("label".to_owned(), vec![9u8, 9])).unwrap();
+        assert!(matches!(
+            bad.decode::<(String, RawItem)>(),
+            Err(Error::Deserialize { .. })
+        ));
+    }
+
+    #[test]
+    fn decoders_fall_back_to_the_guess_when_an_item_is_not_the_registered_type() {
+        #[derive(Debug, serde::Deserialize)]
+        #[allow(dead_code)] // read through Debug only
+        struct Pair(u8, u8);
+        let decoders = Decoders::new()
+            .with::<Pair>("pairs")
+            .with_fn("custom", |raw| {
+                Some(format!("{} bytes", raw.envelope().len()))
+            });
+        let pair = RawItem::encode(&(1u8, 2u8)).unwrap();
+        assert_eq!(decoders.show("pairs", &pair), "Pair(1, 2)");
+        let text = RawItem::encode(&"free text".to_owned()).unwrap();
+        // Not a Pair (trailing bytes are not checked by postcard, so pick one that fails).
+        let short = RawItem::from_envelope(vec![1u8, 7]).unwrap();
+        assert_eq!(decoders.show("pairs", &short), "0x07");
+        assert_eq!(decoders.show("custom", &text), "11 bytes");
+        assert_eq!(decoders.show("other", &text), "free text");
+        assert_eq!(
+            format!("{decoders:?}"),
+            r#"Decoders { queues: ["custom", "pairs"] }"#
+        );
     }
 
     #[test]

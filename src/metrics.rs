@@ -1,39 +1,179 @@
 //! The store's metrics, through the [`metrics`](https://docs.rs/metrics) facade: whatever
 //! recorder the service installs (Prometheus, StatsD, ...) receives them; with none installed
-//! each costs an atomic load. ARCHITECTURE.md ("Metrics and tracing") has the table.
+//! each costs an atomic load. ARCHITECTURE.md ("Metrics and tracing") has the table of names,
+//! types, labels and where each is recorded; the constants below are those names.
 //!
 //! Names follow Prometheus's conventions: counters end in `_total`, durations are histograms
 //! in seconds. Labels are static strings on the hot paths (no allocation per commit); the
-//! per-queue ones are only where the call is per queue, not per item.
+//! per-queue ones are only where the call is per queue or per failure, not per commit.
+//!
+//! Queue depths are not tracked on every commit: [`Store::report_metrics`] reads every
+//! queue's [`stats`](crate::ReliableConcurrentQueue::stats) and sets the gauges, as often as
+//! the service wants (every scrape, every few seconds). [`describe`] gives the recorder each
+//! metric's unit and help text.
+//!
+//! # Examples
+//!
+//! Read the counters back with a recorder of one's own (`metrics-util`'s debugging
+//! recorder here; a service installs a Prometheus exporter, see `examples/prometheus.rs`):
+//!
+//! ```
+//! use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+//! use reliable_queue::{metrics as m, Store};
+//!
+//! let recorder = DebuggingRecorder::new();
+//! let snapshotter = recorder.snapshotter();
+//! metrics::with_local_recorder(&recorder, || -> Result<(), reliable_queue::Error> {
+//!     let store = Store::in_memory()?;
+//!     let q = store.blocking_queue::<u32>("jobs")?;
+//!     let mut tx = store.begin();
+//!     q.enqueue(&mut tx, 1)?;
+//!     q.enqueue(&mut tx, 2)?;
+//!     tx.blocking_commit()?;
+//!     store.blocking_report_metrics()?;
+//!     Ok(())
+//! })?;
+//! let values = snapshotter.snapshot().into_vec();
+//! let value = |name: &str| {
+//!     values
+//!         .iter()
+//!         .filter(|(key, ..)| key.key().name() == name)
+//!         .map(|(.., v)| v)
+//!         .collect::<Vec<_>>()
+//! };
+//! assert_eq!(value(m::ENQUEUED), [&DebugValue::Counter(2)]);
+//! assert_eq!(value(m::COMMITS), [&DebugValue::Counter(1)]); // outcome="ok"
+//! assert!(value(m::DEPTH).contains(&&DebugValue::Gauge(2.0.into()))); // state="visible"
+//! # Ok::<(), reliable_queue::Error>(())
+//! ```
 
-/// Transactions committed, labelled `outcome` = `ok` | `error` (every engine; an empty
-/// transaction counts too).
+use metrics::Unit;
+
+#[cfg(doc)]
+use crate::Store;
+
+/// Counter: transactions committed, labelled `outcome` = `ok` | `error`. Every engine counts
+/// [`Transaction::commit`](crate::Transaction::commit) and its `blocking_` form (an empty
+/// transaction too) and [`Lease::complete`](crate::Lease::complete); a lease's own
+/// settlements (`fail`, `release`) are counted by what they did instead.
 pub const COMMITS: &str = "reliable_queue_commits_total";
-/// Items enqueued by committed transactions (every engine; delayed and keyed enqueues, and
+/// Counter: items enqueued by committed transactions (delayed and keyed enqueues, and
 /// imports, included).
 pub const ENQUEUED: &str = "reliable_queue_items_enqueued_total";
-/// Items dequeued by committed transactions (every engine; acknowledged leases included).
+/// Counter: items taken out for good by committed transactions: dequeued, or leased and
+/// acknowledged ([`Lease::ack`](crate::Lease::ack), [`Lease::complete`](crate::Lease::complete)).
 pub const DEQUEUED: &str = "reliable_queue_items_dequeued_total";
-/// Time from `commit` to its outcome, seconds (sled and PostgreSQL: the durable engines).
+/// Histogram, seconds: from `commit` to its outcome, on the durable engines (sled and
+/// PostgreSQL). A memory commit is not timed: it does no I/O, and reading the clock twice
+/// would be a good part of its cost.
 pub const COMMIT_SECONDS: &str = "reliable_queue_commit_seconds";
-/// Transactions written together by one group commit (sled).
+/// Histogram: transactions written together by one group commit (sled).
 pub const GROUP_SIZE: &str = "reliable_queue_commit_group_transactions";
-/// Time to write a commit group and make it durable (flush and fsync), seconds (sled).
+/// Histogram, bytes: the log records one group commit wrote (sled).
+pub const GROUP_BYTES: &str = "reliable_queue_commit_group_bytes";
+/// Histogram, seconds: one flush of sled and fsync of its files, which makes what was
+/// written durable (after each group under `Durability::Sync`, at each periodic flush under
+/// `Durability::Buffered`, and at close).
 pub const FSYNC_SECONDS: &str = "reliable_queue_fsync_seconds";
-/// Leases that ran out before their holder settled them, labelled `queue` (embedded engines;
-/// on PostgreSQL an expiry is the database clock passing a column and is counted when the
-/// maintenance pass or a lease buries one at the maximum attempts, under dead-letter moves).
+/// Counter: leases that ran out before their holder settled them, labelled `queue` (the
+/// embedded engines, whose timers end them). On PostgreSQL a lease ends when the database's
+/// clock passes a column, seen by no one; an expired lease at the maximum attempts is counted
+/// when it is moved, under [`DEAD_LETTER_MOVES`] with `cause="expired"`.
 pub const LEASE_EXPIRIES: &str = "reliable_queue_lease_expiries_total";
-/// Failed leases scheduled for another attempt, labelled `queue` (every engine).
+/// Counter: failed leases ([`Lease::fail`](crate::Lease::fail)) scheduled for another
+/// attempt, labelled `queue` (every engine).
 pub const RETRIES: &str = "reliable_queue_retries_total";
-/// Items moved to the dead letters, labelled `queue` and `cause` = `failed` | `expired`
-/// (every engine).
+/// Counter: items moved to the dead letters, labelled `queue` and `cause` = `failed` (failed
+/// at the maximum attempts) | `expired` (the last lease ran out). Every engine.
 pub const DEAD_LETTER_MOVES: &str = "reliable_queue_dead_letter_moves_total";
-/// Records of the log set aside as damaged, at the last open or an earlier one (sled).
+/// Gauge: records of the log set aside as damaged, at the last open or an earlier one (sled;
+/// set at each open from what recovery reports; see
+/// [`Store::set_aside_records`](crate::Store::set_aside_records)).
 pub const QUARANTINED: &str = "reliable_queue_quarantined_records";
-/// Items of a queue in a state, labelled `queue` and `state` = `visible` | `delayed` |
-/// `leased` | `held` | `dead`: set by [`Store::report_metrics`](crate::Store::report_metrics).
+/// Gauge: items of a queue in a state, labelled `queue` and `state` = `visible` | `delayed`
+/// | `leased` | `held` | `dead`: set by [`Store::report_metrics`].
 pub const DEPTH: &str = "reliable_queue_queue_depth";
+/// Gauge, seconds: how long ago the item at the front of a queue (the next one out) was
+/// enqueued, 0 when nothing is visible; labelled `queue`, set by [`Store::report_metrics`].
+pub const FRONT_AGE_SECONDS: &str = "reliable_queue_queue_front_age_seconds";
+
+/// Gives the installed recorder every metric's unit and help text (Prometheus shows them as
+/// `# HELP` lines). Call it once, after installing the recorder; the metrics are recorded
+/// whether or not it is called.
+///
+/// # Examples
+///
+/// ```
+/// let recorder = metrics_util::debugging::DebuggingRecorder::new();
+/// let snapshotter = recorder.snapshotter();
+/// metrics::with_local_recorder(&recorder, reliable_queue::metrics::describe);
+/// // The descriptions go with the metrics' values once they are recorded.
+/// # drop(snapshotter);
+/// ```
+pub fn describe() {
+    use metrics::{describe_counter, describe_gauge, describe_histogram};
+    describe_counter!(COMMITS, Unit::Count, "Transactions committed, by outcome.");
+    describe_counter!(
+        ENQUEUED,
+        Unit::Count,
+        "Items enqueued by committed transactions."
+    );
+    describe_counter!(
+        DEQUEUED,
+        Unit::Count,
+        "Items dequeued or acknowledged by committed transactions."
+    );
+    describe_histogram!(
+        COMMIT_SECONDS,
+        Unit::Seconds,
+        "Commit latency on the durable engines."
+    );
+    describe_histogram!(
+        GROUP_SIZE,
+        Unit::Count,
+        "Transactions written by one group commit."
+    );
+    describe_histogram!(
+        GROUP_BYTES,
+        Unit::Bytes,
+        "Log bytes written by one group commit."
+    );
+    describe_histogram!(
+        FSYNC_SECONDS,
+        Unit::Seconds,
+        "Time to flush and fsync the log."
+    );
+    describe_counter!(
+        LEASE_EXPIRIES,
+        Unit::Count,
+        "Leases that ran out before being settled, by queue."
+    );
+    describe_counter!(
+        RETRIES,
+        Unit::Count,
+        "Failed leases scheduled for another attempt, by queue."
+    );
+    describe_counter!(
+        DEAD_LETTER_MOVES,
+        Unit::Count,
+        "Items moved to the dead letters, by queue and cause."
+    );
+    describe_gauge!(
+        QUARANTINED,
+        Unit::Count,
+        "Log records set aside as damaged."
+    );
+    describe_gauge!(
+        DEPTH,
+        Unit::Count,
+        "Items per queue and state, as of the last report_metrics."
+    );
+    describe_gauge!(
+        FRONT_AGE_SECONDS,
+        Unit::Seconds,
+        "Age of the item at the front of each queue, as of the last report_metrics."
+    );
+}
 
 /// A commit's outcome, with what it moved; `started` when it was timed (durable engines).
 #[inline]
@@ -46,10 +186,10 @@ pub(crate) fn commit(
     if ok {
         metrics::counter!(COMMITS, "outcome" => "ok").increment(1);
         if enqueued > 0 {
-            metrics::counter!(ENQUEUED).increment(enqueued as u64);
+            metrics::counter!(ENQUEUED).increment(count(enqueued));
         }
         if dequeued > 0 {
-            metrics::counter!(DEQUEUED).increment(dequeued as u64);
+            metrics::counter!(DEQUEUED).increment(count(dequeued));
         }
     } else {
         metrics::counter!(COMMITS, "outcome" => "error").increment(1);
@@ -59,33 +199,43 @@ pub(crate) fn commit(
     }
 }
 
-/// A sled commit group of `transactions`, written and synced in `seconds`.
-pub(crate) fn group(transactions: usize, seconds: f64) {
+/// A sled commit group: `transactions` written as `bytes` of records.
+#[inline]
+pub(crate) fn group(transactions: usize, bytes: usize) {
     metrics::histogram!(GROUP_SIZE).record(transactions as f64);
-    metrics::histogram!(FSYNC_SECONDS).record(seconds);
+    metrics::histogram!(GROUP_BYTES).record(bytes as f64);
 }
 
+/// A flush and fsync of the sled store that began at `started`.
+#[inline]
+pub(crate) fn fsync(started: std::time::Instant) {
+    metrics::histogram!(FSYNC_SECONDS).record(started.elapsed().as_secs_f64());
+}
+
+/// A lease of `queue` ran out (embedded engines).
 pub(crate) fn lease_expired(queue: &str) {
     metrics::counter!(LEASE_EXPIRIES, "queue" => queue.to_owned()).increment(1);
 }
 
+/// A failed lease of `queue` is due again after its backoff.
 pub(crate) fn retried(queue: &str) {
     metrics::counter!(RETRIES, "queue" => queue.to_owned()).increment(1);
 }
 
-/// An item moved to `queue`'s dead letters; `expired` when its last lease ran out.
+/// `n` items moved to `queue`'s dead letters; `expired` when their last lease ran out.
 pub(crate) fn buried(queue: &str, expired: bool, n: u64) {
     let cause = if expired { "expired" } else { "failed" };
     metrics::counter!(DEAD_LETTER_MOVES, "queue" => queue.to_owned(), "cause" => cause)
         .increment(n);
 }
 
+/// The records set aside by this open or an earlier one.
 pub(crate) fn quarantined(n: usize) {
     metrics::gauge!(QUARANTINED).set(n as f64);
 }
 
-/// A queue's depth per state.
-pub(crate) fn depth(queue: &str, stats: &crate::QueueStats) {
+/// A queue's depth per state, and its front item's age at `now_ms` (the store's clock).
+pub(crate) fn depth(queue: &str, stats: &crate::QueueStats, now_ms: u64) {
     for (state, n) in [
         ("visible", stats.visible),
         ("delayed", stats.delayed),
@@ -95,4 +245,16 @@ pub(crate) fn depth(queue: &str, stats: &crate::QueueStats) {
     ] {
         metrics::gauge!(DEPTH, "queue" => queue.to_owned(), "state" => state).set(n as f64);
     }
+    let age = stats.front_enqueued_at.map_or(0.0, |front| {
+        crate::clock::system_time(now_ms)
+            .duration_since(front)
+            .map_or(0.0, |age| age.as_secs_f64())
+    });
+    metrics::gauge!(FRONT_AGE_SECONDS, "queue" => queue.to_owned()).set(age);
+}
+
+/// A count as a counter's increment (saturating; a `usize` fits on every supported target).
+#[inline]
+fn count(n: usize) -> u64 {
+    u64::try_from(n).unwrap_or(u64::MAX)
 }

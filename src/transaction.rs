@@ -181,7 +181,7 @@ impl Transaction {
         let mut dequeued = work.held();
         for mv in &work.moves {
             match mv.kind {
-                MoveKind::Enqueue { .. } | MoveKind::Import { .. } => enqueued += 1,
+                MoveKind::Enqueue { .. } | MoveKind::Import { reason: None, .. } => enqueued += 1,
                 MoveKind::Ack { .. } => dequeued += 1,
                 _ => {}
             }

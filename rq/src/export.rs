@@ -360,14 +360,39 @@ pub(crate) fn read(path: &Path) -> Res<Export> {
 }
 
 /// Imports `export` into `store`, resuming after what an earlier run took.
-pub(crate) fn import(store: &Store, export: &Export, batch: usize) -> Res<Summary> {
+///
+/// The queue `rq.import.<source>` holds one marker: how many lines of the export are in the
+/// store. Each transaction dequeues it, takes the lines after it and enqueues the new count,
+/// so the count a batch starts from is always the one its own transaction holds: a run
+/// started again, or two runs at once (the second finds the marker held and stops), never
+/// take a line twice. The first marker is made once: on PostgreSQL under a transaction-level
+/// advisory lock on the marker queue's name (two processes could otherwise both see no
+/// marker and make one each); an embedded store is open in this process only.
+pub(crate) fn import(
+    store: &Store,
+    export: &Export,
+    batch: usize,
+    on_postgres: bool,
+) -> Res<Summary> {
     let marker_name = format!("{MARKER_PREFIX}{}", export.source);
     let marker = store.blocking_queue::<u64>(&marker_name)?;
-    let done = match marker.blocking_browse(None, 2)?.as_slice() {
-        [] => 0,
-        [only] => usize::try_from(only.item).unwrap_or(usize::MAX),
-        _ => return Err(format!("queue {marker_name:?} holds more than its one marker").into()),
-    };
+    {
+        let mut tx = store.begin();
+        if on_postgres {
+            tx.blocking_execute(
+                "SELECT pg_advisory_xact_lock(hashtext($1))",
+                &[&marker_name],
+            )?;
+        }
+        // Counted after the lock: a marker another run made under it is committed by now.
+        let s = marker.blocking_stats()?;
+        if s.visible + s.delayed + s.leased + s.held == 0 {
+            marker.enqueue(&mut tx, 0)?;
+            tx.blocking_commit()?;
+        } else {
+            tx.blocking_abort()?;
+        }
+    }
     let mut queues = Queues {
         store,
         open: HashMap::new(),
@@ -380,7 +405,6 @@ pub(crate) fn import(store: &Store, export: &Export, batch: usize) -> Res<Summar
     }
     let mut summary = Summary {
         source: export.source.clone(),
-        skipped: done.min(export.body.len()) as u64,
         ..Summary::default()
     };
     summary.queues = export
@@ -389,15 +413,26 @@ pub(crate) fn import(store: &Store, export: &Export, batch: usize) -> Res<Summar
         .filter(|l| matches!(l, Line::Queue { .. }))
         .count() as u64;
     let bar = progress(export.body.len() as u64, "importing");
-    bar.set_position(summary.skipped);
-    let mut at = done;
-    while at < export.body.len() {
+    let mut first = true;
+    loop {
         let mut tx = store.begin();
-        if at > 0 && marker.blocking_try_dequeue(&mut tx)?.is_none() {
+        let Some(done) = marker.blocking_try_dequeue(&mut tx)? else {
             return Err(format!(
-                "another import of this export is running (queue {marker_name:?} is held)"
+                "another import of this export is running (queue {marker_name:?} is held): \
+                 run this one again once it stopped"
             )
             .into());
+        };
+        let mut at = usize::try_from(done).unwrap_or(usize::MAX);
+        if first {
+            summary.skipped = at.min(export.body.len()) as u64;
+            bar.set_position(summary.skipped);
+            first = false;
+        }
+        if at >= export.body.len() {
+            // Finished (now or by an earlier run): nothing is written.
+            tx.blocking_abort()?;
+            break;
         }
         let mut bytes = 0;
         let start = at;

@@ -9,7 +9,7 @@ use std::io::{IsTerminal, Write};
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -17,6 +17,7 @@ use reliable_queue::{
     Error, ItemState, QueueStats, RawItem, ReliableConcurrentQueue, Replay, Store,
 };
 use serde::Serialize;
+use tokio::signal::unix::{signal, SignalKind};
 
 mod export;
 
@@ -24,6 +25,9 @@ type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
 /// What `main` returns for a store found damaged (`rq verify`); other failures return 1.
 const DAMAGED: u8 = 2;
+
+/// How long `verify` waits for a store's lock, as `Store::open` does.
+const LOCK_PATIENCE: Duration = Duration::from_secs(2);
 
 #[derive(Parser, Debug)]
 #[command(
@@ -50,7 +54,7 @@ const DAMAGED: u8 = 2;
 )]
 struct Cli {
     /// An embedded (sled) store's directory.
-    #[arg(long, global = true, env = "RQ_STORE", conflicts_with = "postgres")]
+    #[arg(long, global = true, env = "RQ_STORE")]
     store: Option<PathBuf>,
     /// A PostgreSQL store's database URL (libpq form, e.g. postgresql://user@host/db).
     #[arg(long, global = true, env = "RQ_POSTGRES_URL")]
@@ -72,7 +76,7 @@ enum Command {
                             On sled, --watch works only on a store no service has open: watch a \
                             PostgreSQL store live, a sled one after its service stopped.")]
     Stats {
-        /// Redraw every --interval seconds until interrupted.
+        /// Redraw every --interval seconds until Ctrl-C (the store is then closed cleanly).
         #[arg(long)]
         watch: bool,
         /// Seconds between redraws with --watch.
@@ -122,12 +126,15 @@ enum Command {
                             the store's lock during the copy, so no service can open it \
                             meanwhile) and opens the copy: the open reads every record of the \
                             log, checks every checksum, the high and low marks and the log's \
-                            invariants, and sets aside records that fail. rq then reads every \
-                            item and dead letter of every queue. The store itself is never \
+                            invariants, and sets aside records that fail. When records are \
+                            missing, rq notes them and opens the copy as Builder::salvage \
+                            would, to check the rest. rq then reads every item and dead letter \
+                            of every queue that is not fenced. The store itself is never \
                             opened or written.\n\n\
                             Exit codes: 0 healthy, 2 damaged (records set aside now or at an \
-                            earlier open, records missing, or the open refused the store), 1 \
-                            could not check.",
+                            earlier open, records missing, queues fenced, items that cannot be \
+                            read, or the open refused the store), 1 could not check (for \
+                            example: a service has the store open).",
         after_help = "Examples:\n  rq --store ./data verify\n  \
                             rq --store ./data verify --json"
     )]
@@ -162,7 +169,9 @@ enum Command {
                             how far the import got, in a queue named rq.import.<source id>, so \
                             an import that stopped half way can be run again: it takes only \
                             the rest, never an item twice, and an import that finished does \
-                            nothing when run again. Items keep their attempts, due times and \
+                            nothing when run again; of two runs of one import at once, the one \
+                            that finds the other holding the record stops with an error. \
+                            Items keep their attempts, due times and \
                             enqueue times; each gets a new id, at the tail of its queue. A sled \
                             store that does not exist yet is created.",
         after_help = "Example:\n  rq --postgres postgresql://app@db/app import backup.jsonl"
@@ -261,7 +270,10 @@ enum StateFilter {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match parse() {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
     match run(&cli) {
         Ok(code) => code,
         Err(e) => {
@@ -269,6 +281,36 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Parses the command line. `--store` and `--postgres` exclude each other, and one given on
+/// the command line overrides the other's environment variable (`RQ_POSTGRES_URL` exported
+/// for a PostgreSQL store does not stop `rq --store DIR import FILE`).
+fn parse() -> Result<Cli, clap::Error> {
+    use clap::parser::ValueSource;
+    use clap::{CommandFactory, FromArgMatches};
+    let mut command = Cli::command();
+    let matches = command.get_matches_mut();
+    let mut cli = Cli::from_arg_matches(&matches)?;
+    let typed = |id: &str| matches.value_source(id) == Some(ValueSource::CommandLine);
+    match (typed("store"), typed("postgres")) {
+        (true, true) => {
+            return Err(command.error(
+                clap::error::ErrorKind::ArgumentConflict,
+                "--store and --postgres name two stores: give one",
+            ))
+        }
+        (true, false) => cli.postgres = None,
+        (false, true) => cli.store = None,
+        (false, false) if cli.store.is_some() && cli.postgres.is_some() => {
+            return Err(command.error(
+                clap::error::ErrorKind::ArgumentConflict,
+                "RQ_STORE and RQ_POSTGRES_URL are both set: give --store or --postgres",
+            ))
+        }
+        (false, false) => {}
+    }
+    Ok(cli)
 }
 
 fn run(cli: &Cli) -> Res<ExitCode> {
@@ -314,7 +356,8 @@ fn run(cli: &Cli) -> Res<ExitCode> {
         Command::Import { file, batch, json } => {
             let export = export::read(file)?;
             let store = open(cli, true)?;
-            let summary = export::import(&store, &export, *batch as usize)?;
+            let on_postgres = cli.postgres.is_some();
+            let summary = export::import(&store, &export, *batch as usize, on_postgres)?;
             close(store)?;
             summary.print(*json, "imported", file);
         }
@@ -467,6 +510,19 @@ fn stats(store: &Store, watch: bool, interval: f64, count: Option<u64>, json: bo
     }
     let interval = Duration::from_secs_f64(interval.min(86_400.0));
     let terminal = std::io::stdout().is_terminal();
+    // Ctrl-C (or a TERM) ends the watch and the store is closed as after any command; the
+    // handlers are in place before the first draw, so a signal during a draw is not lost.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .enable_time()
+        .build()?;
+    let (mut interrupt, mut terminate) = {
+        let _entered = runtime.enter();
+        (
+            signal(SignalKind::interrupt())?,
+            signal(SignalKind::terminate())?,
+        )
+    };
     let mut drawn = 0u64;
     loop {
         let rows = stats_rows(store)?;
@@ -477,7 +533,11 @@ fn stats(store: &Store, watch: bool, interval: f64, count: Option<u64>, json: bo
                 // Clear the screen and go home, so the table redraws in place.
                 print!("\x1b[2J\x1b[H");
             }
-            println!("every {} — {:?}", human(interval), humantime_now());
+            println!(
+                "every {} at {} (Ctrl-C to stop)",
+                human(interval),
+                utc(SystemTime::now())
+            );
             print!("{}", stats_table(&rows));
         }
         std::io::stdout().flush()?;
@@ -485,14 +545,40 @@ fn stats(store: &Store, watch: bool, interval: f64, count: Option<u64>, json: bo
         if count.is_some_and(|n| drawn >= n) {
             return Ok(());
         }
-        // A command-line loop paced for a person: nothing waits on it.
-        std::thread::sleep(interval);
+        // Paced for a person; a signal ends the wait at once.
+        let stopped = runtime.block_on(async {
+            tokio::select! {
+                _ = interrupt.recv() => true,
+                _ = terminate.recv() => true,
+                () = tokio::time::sleep(interval) => false,
+            }
+        });
+        if stopped {
+            return Ok(());
+        }
     }
 }
 
-/// This machine's time, seconds since the epoch (no time zone database needed).
-fn humantime_now() -> String {
-    format!("{} s since the epoch", millis(SystemTime::now()) / 1000)
+/// `t` as `YYYY-MM-DD HH:MM:SS UTC` (no time zone database needed).
+fn utc(t: SystemTime) -> String {
+    let secs = t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let (days, rem) = (i64::try_from(secs / 86_400).unwrap_or(0), secs % 86_400);
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02} UTC",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60
+    )
 }
 
 #[derive(Serialize, Debug)]
@@ -594,11 +680,16 @@ fn shown(text: Option<&str>, hex: &str) -> String {
         Some(text) => text.escape_debug().to_string(),
         None => format!("0x{hex}"),
     };
-    if full.chars().count() > 80 {
-        let cut: String = full.chars().take(77).collect();
-        format!("{cut}...")
+    cut(full, 80)
+}
+
+/// `text` in at most `width` characters (at least 4), `...` marking a cut.
+fn cut(text: String, width: usize) -> String {
+    if text.chars().count() > width {
+        let kept: String = text.chars().take(width.saturating_sub(3)).collect();
+        format!("{kept}...")
     } else {
-        full
+        text
     }
 }
 
@@ -656,7 +747,7 @@ fn dead_letters(store: &Store, command: &DeadCommand) -> Res<()> {
                     r.id,
                     r.attempts,
                     died,
-                    shown(Some(&r.reason), ""),
+                    cut(r.reason.escape_debug().to_string(), 30),
                     shown(r.text.as_deref(), &r.hex)
                 );
             }
@@ -672,7 +763,10 @@ fn dead_letters(store: &Store, command: &DeadCommand) -> Res<()> {
             yes,
         } => {
             let q = raw_queue(store, queue)?;
-            let what = describe(&q, which)?;
+            let Some(what) = describe(&q, which)? else {
+                println!("no dead letters in {queue:?}: nothing to replay");
+                return Ok(());
+            };
             confirm(*yes, &format!("Replay {what} of queue {queue:?}"))?;
             let n = q.blocking_replay(which.replay(), *reset_attempts)?;
             println!("replayed {n} dead letters of {queue:?} to the tail of the queue");
@@ -680,7 +774,10 @@ fn dead_letters(store: &Store, command: &DeadCommand) -> Res<()> {
         }
         DeadCommand::Purge { queue, which, yes } => {
             let q = raw_queue(store, queue)?;
-            let what = describe(&q, which)?;
+            let Some(what) = describe(&q, which)? else {
+                println!("no dead letters in {queue:?}: nothing to purge");
+                return Ok(());
+            };
             confirm(*yes, &format!("Delete {what} of queue {queue:?} for good"))?;
             let n = q.blocking_purge(which.replay())?;
             println!("purged {n} dead letters of {queue:?}");
@@ -689,14 +786,18 @@ fn dead_letters(store: &Store, command: &DeadCommand) -> Res<()> {
     }
 }
 
-/// "all 12 dead letters", "the oldest 5 dead letters (of 12)", "3 dead letters by id".
-fn describe(q: &ReliableConcurrentQueue<RawItem>, which: &Which) -> Res<String> {
+/// "all 12 dead letters", "the oldest 5 dead letters (of 12)", "3 dead letters by id";
+/// `None` when the queue has no dead letters (nothing to ask about).
+fn describe(q: &ReliableConcurrentQueue<RawItem>, which: &Which) -> Res<Option<String>> {
     let dead = q.blocking_stats()?.dead;
-    Ok(match which.replay() {
+    if dead == 0 {
+        return Ok(None);
+    }
+    Ok(Some(match which.replay() {
         Replay::Ids(ids) => format!("{} dead letters by id (of {dead})", ids.len()),
         Replay::First(n) => format!("the oldest {} dead letters (of {dead})", dead.min(n as u64)),
         _ => format!("all {dead} dead letters"),
-    })
+    }))
 }
 
 /// Asks on the terminal unless `yes`; refuses when there is no terminal to ask on.
@@ -721,7 +822,8 @@ fn confirm(yes: bool, question: &str) -> Res<()> {
     }
 }
 
-/// A progress bar on stderr with counts and rate; hidden when stderr is not a terminal.
+/// A progress bar on stderr with counts and rate; hidden unless both stdout and stderr are
+/// terminals (a script reading stdout, or logging stderr, gets no bar).
 fn progress(total: u64, what: &str) -> ProgressBar {
     let bar = ProgressBar::new(total);
     let style = ProgressStyle::with_template(&format!(
@@ -729,7 +831,7 @@ fn progress(total: u64, what: &str) -> ProgressBar {
     ))
     .unwrap_or_else(|_| ProgressStyle::default_bar());
     bar.set_style(style);
-    if !std::io::stderr().is_terminal() {
+    if !(std::io::stderr().is_terminal() && std::io::stdout().is_terminal()) {
         bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
     }
     bar
@@ -746,6 +848,8 @@ struct VerifyReport {
     dead_letters: u64,
     set_aside: Vec<SetAside>,
     missing_records: Vec<(u64, u64)>,
+    /// Queues refused until `Store::unfence`: touched by a record set aside or missing.
+    fenced: Vec<String>,
     unreadable: Vec<String>,
     copied_bytes: u64,
 }
@@ -774,17 +878,25 @@ fn verify(cli: &Cli, json: bool) -> Res<ExitCode> {
         // sled's lock is an advisory lock on its `db` file: held here, no service can open
         // the store while it is copied, and one that has it open makes this fail.
         let lock = File::open(dir.join("db"))?;
-        match lock.try_lock() {
-            Ok(()) => {}
-            Err(std::fs::TryLockError::WouldBlock) => {
-                return Err(format!(
-                    "the store at {} is open in another process: stop it first, or copy the \
-                     directory yourself and verify the copy",
-                    dir.display()
-                )
-                .into())
+        // As patient as `Store::open`: sled's threads keep the lock for a moment after a
+        // store closed.
+        let give_up = Instant::now() + LOCK_PATIENCE;
+        loop {
+            match lock.try_lock() {
+                Ok(()) => break,
+                Err(std::fs::TryLockError::WouldBlock) if Instant::now() < give_up => {
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+                Err(std::fs::TryLockError::WouldBlock) => {
+                    return Err(format!(
+                        "the store at {} is open in another process: stop it first, or copy \
+                         the directory yourself and verify the copy",
+                        dir.display()
+                    )
+                    .into())
+                }
+                Err(std::fs::TryLockError::Error(e)) => return Err(e.into()),
             }
-            Err(std::fs::TryLockError::Error(e)) => return Err(e.into()),
         }
         let total = dir_size(dir)?;
         let bar = progress(total, "copying");
@@ -798,7 +910,18 @@ fn verify(cli: &Cli, json: bool) -> Res<ExitCode> {
         copied_bytes: copied,
         ..VerifyReport::default()
     };
-    match Store::open(&target) {
+    let opened = match Store::open(&target) {
+        // Records missing: note them, then open the copy as `salvage` would, to check the rest.
+        Err(Error::MissingRecords {
+            missing, queues, ..
+        }) => {
+            report.missing_records = missing.iter().map(|r| (*r.start(), *r.end())).collect();
+            report.fenced = queues;
+            Store::builder().path(&target).salvage(true).open()
+        }
+        opened => opened,
+    };
+    match opened {
         Err(e) => report.refused = Some(e.to_string()),
         Ok(store) => {
             report.set_aside = store
@@ -810,11 +933,11 @@ fn verify(cli: &Cli, json: bool) -> Res<ExitCode> {
                     reason: r.reason,
                 })
                 .collect();
-            report.missing_records = store
-                .missing_records()
-                .into_iter()
-                .map(|r| (*r.start(), *r.end()))
-                .collect();
+            for r in store.missing_records() {
+                if !report.missing_records.contains(&(*r.start(), *r.end())) {
+                    report.missing_records.push((*r.start(), *r.end()));
+                }
+            }
             let names = store.blocking_list_queues()?;
             report.queues = names.len();
             let bar = progress(0, "reading");
@@ -827,9 +950,12 @@ fn verify(cli: &Cli, json: bool) -> Res<ExitCode> {
             }
         }
     }
+    report.fenced.sort();
+    report.fenced.dedup();
     report.healthy = report.refused.is_none()
         && report.set_aside.is_empty()
         && report.missing_records.is_empty()
+        && report.fenced.is_empty()
         && report.unreadable.is_empty();
     if json {
         println!("{}", serde_json::to_string(&report)?);
@@ -847,6 +973,10 @@ fn verify(cli: &Cli, json: bool) -> Res<ExitCode> {
 fn read_queue(store: &Store, name: &str, report: &mut VerifyReport, bar: &ProgressBar) {
     let q = match store.blocking_queue::<RawItem>(name) {
         Ok(q) => q,
+        Err(Error::Fenced { .. }) => {
+            report.fenced.push(name.to_owned());
+            return;
+        }
         Err(e) => {
             report.unreadable.push(format!("queue {name:?}: {e}"));
             return;
@@ -916,6 +1046,12 @@ fn print_verify(r: &VerifyReport) {
     for (from, to) in &r.missing_records {
         println!("DAMAGED: records {from}..={to} missing");
     }
+    if !r.fenced.is_empty() {
+        println!(
+            "DAMAGED: queues fenced (not read; the store refuses them until unfenced): {}",
+            r.fenced.join(", ")
+        );
+    }
     for u in &r.unreadable {
         println!("DAMAGED: cannot read {u}");
     }
@@ -959,4 +1095,18 @@ fn copy_dir(from: &Path, to: &Path, bar: &ProgressBar) -> Res<u64> {
         }
     }
     Ok(copied)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn utc_formats_known_instants() {
+        let at = |secs| utc(UNIX_EPOCH + Duration::from_secs(secs));
+        assert_eq!(at(0), "1970-01-01 00:00:00 UTC");
+        assert_eq!(at(951_782_400), "2000-02-29 00:00:00 UTC");
+        assert_eq!(at(1_700_000_000), "2023-11-14 22:13:20 UTC");
+        assert_eq!(at(4_102_444_799), "2099-12-31 23:59:59 UTC");
+    }
 }

@@ -7,7 +7,14 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{contents, fill, json, ok, rq, snapshot, stderr, stdout};
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{
+    contents, damage_record, fill, json, json_exit, ok, rq, rq_with, snapshot, stderr, stdout,
+    RecordDamage,
+};
 use reliable_queue::Store;
 
 /// A closed store with [`fill`]'s contents, in a temporary directory.
@@ -22,6 +29,42 @@ fn filled() -> (tempfile::TempDir, PathBuf) {
 
 fn s(path: &Path) -> &str {
     path.to_str().unwrap()
+}
+
+#[test]
+fn a_store_on_the_command_line_wins_over_the_other_engines_variable() {
+    let (_dir, path) = filled();
+    // An unreachable URL: were it used, the command would fail.
+    let elsewhere = [("RQ_POSTGRES_URL", "host=/nonexistent dbname=none")];
+    let out = rq_with(&["--store", s(&path), "stats", "--json"], &elsewhere);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&stdout(&out)).unwrap()[0]["queue"],
+        "jobs"
+    );
+    // The directory from the environment is used when nothing else names a store.
+    let out = rq_with(&["stats", "--json"], &[("RQ_STORE", s(&path))]);
+    assert!(out.status.success(), "{}", stderr(&out));
+
+    // Two stores named the same way is a usage error.
+    let both = rq(&[
+        "--store",
+        s(&path),
+        "--postgres",
+        "host=/nonexistent",
+        "stats",
+    ]);
+    assert_eq!(both.status.code(), Some(2));
+    assert!(stderr(&both).contains("give one"), "{}", stderr(&both));
+    let both = rq_with(
+        &["stats"],
+        &[
+            ("RQ_STORE", s(&path)),
+            ("RQ_POSTGRES_URL", "host=/nonexistent"),
+        ],
+    );
+    assert_eq!(both.status.code(), Some(2));
+    assert!(stderr(&both).contains("both set"), "{}", stderr(&both));
 }
 
 #[test]
@@ -198,6 +241,18 @@ fn dead_letters_list_replay_and_purge_ask_first() {
         (&stats[0]["dead"], &stats[0]["ready"]),
         (&0.into(), &4.into())
     );
+    // Nothing left: nothing to ask about, even without a terminal or --yes.
+    for command in ["replay", "purge"] {
+        let nothing = ok(&[
+            "--store",
+            s(&path),
+            "dead-letters",
+            command,
+            "jobs",
+            "--all",
+        ]);
+        assert!(nothing.contains("no dead letters"), "{nothing}");
+    }
 }
 
 #[test]
@@ -339,4 +394,142 @@ fn help_explains_every_command_with_an_example() {
             "rq dead-letters {sub} --help: {help}"
         );
     }
+}
+
+/// A closed store: queues `good` (10 items) and `victim` (one item in a record of its own,
+/// then the item "victim-damaged" in another), and queue `later` (3 items) created after
+/// both.
+fn with_victim() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store");
+    let store = Store::open(&path).unwrap();
+    let good = store.blocking_queue::<String>("good").unwrap();
+    let victim = store.blocking_queue::<String>("victim").unwrap();
+    let commit = |queue: &reliable_queue::ReliableConcurrentQueue<String>, items: &[&str]| {
+        let mut tx = store.begin();
+        for item in items {
+            queue.enqueue(&mut tx, (*item).to_owned()).unwrap();
+        }
+        tx.blocking_commit().unwrap();
+    };
+    commit(&good, &["g0", "g1", "g2", "g3", "g4"]);
+    commit(&victim, &["victim-kept"]);
+    commit(&victim, &["victim-damaged"]);
+    commit(&good, &["g5", "g6", "g7", "g8", "g9"]);
+    let later = store.blocking_queue::<String>("later").unwrap();
+    commit(&later, &["l0", "l1", "l2"]);
+    store.blocking_close().unwrap();
+    (dir, path)
+}
+
+#[test]
+fn verify_reports_a_record_that_fails_its_checksum_and_the_queue_it_fences() {
+    let (_dir, path) = with_victim();
+    let seq = damage_record(&path, b"victim-damaged", RecordDamage::FlipBody);
+    let damaged = snapshot(&path);
+
+    let out = rq(&["--store", s(&path), "verify"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stdout(&out));
+    let text = stdout(&out);
+    assert!(
+        text.contains(&format!("DAMAGED: record {seq} set aside (victim)")),
+        "{text}"
+    );
+    assert!(text.contains("queues fenced"), "{text}");
+
+    let report = json_exit(&["--store", s(&path), "verify", "--json"], 2);
+    assert_eq!(report["healthy"], false);
+    assert_eq!(report["set_aside"][0]["record"], seq);
+    assert_eq!(
+        report["set_aside"][0]["queues"],
+        serde_json::json!(["victim"])
+    );
+    assert_eq!(report["fenced"], serde_json::json!(["victim"]));
+    assert_eq!(report["missing_records"], serde_json::json!([]));
+    // The unfenced queues were read whole.
+    assert_eq!(
+        (&report["queues"], &report["items"]),
+        (&3.into(), &13.into())
+    );
+    assert_eq!(
+        snapshot(&path),
+        damaged,
+        "verify set the record aside in the store itself"
+    );
+}
+
+#[test]
+fn verify_reports_missing_records_and_checks_the_rest() {
+    let (_dir, path) = with_victim();
+    let seq = damage_record(&path, b"victim-damaged", RecordDamage::Remove);
+    let damaged = snapshot(&path);
+
+    let out = rq(&["--store", s(&path), "verify"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stdout(&out));
+    assert!(
+        stdout(&out).contains(&format!("DAMAGED: records {seq}..={seq} missing")),
+        "{}",
+        stdout(&out)
+    );
+    let report = json_exit(&["--store", s(&path), "verify", "--json"], 2);
+    assert_eq!(report["healthy"], false);
+    assert_eq!(report["refused"], serde_json::Value::Null);
+    assert_eq!(report["missing_records"], serde_json::json!([[seq, seq]]));
+    // Every queue that existed before the missing record is fenced; `later` is read.
+    assert_eq!(report["fenced"], serde_json::json!(["good", "victim"]));
+    assert_eq!(report["items"], 3);
+    assert_eq!(snapshot(&path), damaged, "verify salvaged the store itself");
+    // The store itself still refuses a plain open.
+    assert!(matches!(
+        Store::open(&path),
+        Err(reliable_queue::Error::MissingRecords { .. })
+    ));
+}
+
+#[test]
+fn stats_watch_stops_at_ctrl_c_and_closes_the_store() {
+    let (_dir, path) = filled();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_rq"))
+        .args([
+            "--store",
+            s(&path),
+            "stats",
+            "--watch",
+            "--interval",
+            "3600",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The first table is drawn after the signal handlers are in place.
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let drawn = lines
+        .by_ref()
+        .map(|l| l.unwrap())
+        .any(|l| l.starts_with("numbers"));
+    assert!(drawn, "no table drawn");
+    let sent = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    // Bounded: an hour's interval that the signal did not end would fail here.
+    let give_up = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > give_up {
+            child.kill().unwrap();
+            panic!("rq stats --watch did not stop at SIGINT");
+        }
+        std::thread::yield_now();
+    };
+    assert_eq!(status.code(), Some(0), "stopped by the signal, not killed");
+    // Closed: the store opens again at once, as it was.
+    let store = Store::open(&path).unwrap();
+    assert_eq!(store.blocking_list_queues().unwrap().len(), 2);
+    store.blocking_close().unwrap();
 }

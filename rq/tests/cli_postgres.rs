@@ -120,14 +120,11 @@ fn an_export_from_sled_imported_into_postgres_and_back_is_the_same(server: &PgSe
     back.blocking_close().unwrap();
 }
 
-/// An import killed with `kill -9` after some of its transactions committed, run again:
-/// every item arrives exactly once.
-fn an_import_killed_half_way_and_run_again_takes_every_item_once(server: &PgServer) {
-    let dir = tempfile::tempdir().unwrap();
-    let sled_path = dir.path().join("big");
+/// An export of queue `bulk` holding the `u64`s `0..n`, made from a sled store in `dir`.
+fn bulk_export(dir: &Path, n: u64) -> std::path::PathBuf {
+    let sled_path = dir.join("big");
     let sled = Store::open(&sled_path).unwrap();
     let q = sled.blocking_queue::<u64>("bulk").unwrap();
-    let n = 20_000u64;
     for chunk in (0..n).collect::<Vec<_>>().chunks(1000) {
         let mut tx = sled.begin();
         for i in chunk {
@@ -136,8 +133,89 @@ fn an_import_killed_half_way_and_run_again_takes_every_item_once(server: &PgServ
         tx.blocking_commit().unwrap();
     }
     sled.blocking_close().unwrap();
-    let file = dir.path().join("bulk.jsonl");
+    let file = dir.join("bulk.jsonl");
     ok(&["--store", s(&sled_path), "export", s(&file)]);
+    file
+}
+
+/// The items of queue `bulk` in `schema`, sorted.
+fn bulk_items(server: &PgServer, schema: &str) -> Vec<u64> {
+    let on_pg = store(server, schema);
+    let bulk = on_pg.blocking_queue::<u64>("bulk").unwrap();
+    let mut seen: Vec<u64> = bulk
+        .blocking_browse(None, 100_000)
+        .unwrap()
+        .into_iter()
+        .map(|b| b.item)
+        .collect();
+    on_pg.blocking_close().unwrap();
+    seen.sort_unstable();
+    seen
+}
+
+/// Two runs of the same import at once: whichever way they interleave, each batch starts
+/// from the marker its own transaction took, so every item arrives once; a run that finds
+/// the marker held stops with a clear error, and one more run afterwards takes nothing.
+fn two_imports_of_one_export_at_once_take_every_item_once(server: &PgServer) {
+    let dir = tempfile::tempdir().unwrap();
+    let n = 5_000u64;
+    let file = bulk_export(dir.path(), n);
+    let schema = "cli_concurrent";
+    let spawn = || {
+        Command::new(env!("CARGO_BIN_EXE_rq"))
+            .args([
+                "--postgres",
+                server.url(),
+                "--schema",
+                schema,
+                "import",
+                s(&file),
+                "--batch",
+                "20",
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let (a, b) = (spawn(), spawn());
+    let outs = [a.wait_with_output().unwrap(), b.wait_with_output().unwrap()];
+    assert!(
+        outs.iter().any(|o| o.status.success()),
+        "neither import finished: {:?}",
+        outs.iter().map(stderr).collect::<Vec<_>>()
+    );
+    for out in outs.iter().filter(|o| !o.status.success()) {
+        assert!(
+            stderr(out).contains("another import of this export is running"),
+            "{}",
+            stderr(out)
+        );
+    }
+    assert_eq!(bulk_items(server, schema), (0..n).collect::<Vec<_>>());
+    let again = json(&[
+        "--postgres",
+        server.url(),
+        "--schema",
+        schema,
+        "import",
+        s(&file),
+        "--json",
+    ]);
+    assert_eq!(
+        (&again["items"], &again["skipped"]),
+        (&0.into(), &(n + 1).into())
+    );
+    assert_eq!(bulk_items(server, schema).len() as u64, n);
+}
+
+/// An import killed with `kill -9` after some of its transactions committed, run again:
+/// every item arrives exactly once.
+fn an_import_killed_half_way_and_run_again_takes_every_item_once(server: &PgServer) {
+    let dir = tempfile::tempdir().unwrap();
+    let n = 20_000u64;
+    let file = bulk_export(dir.path(), n);
 
     let schema = "cli_resume";
     let mut child = Command::new(env!("CARGO_BIN_EXE_rq"))
@@ -193,23 +271,17 @@ fn an_import_killed_half_way_and_run_again_takes_every_item_once(server: &PgServ
         s(&file),
         "--json",
     ]);
-    let on_pg = store(server, schema);
-    let bulk = on_pg.blocking_queue::<u64>("bulk").unwrap();
-    let mut seen: Vec<u64> = bulk
-        .blocking_browse(None, 100_000)
-        .unwrap()
-        .into_iter()
-        .map(|b| b.item)
-        .collect();
-    seen.sort_unstable();
-    assert_eq!(seen, (0..n).collect::<Vec<_>>(), "every item exactly once");
+    assert_eq!(
+        bulk_items(server, schema),
+        (0..n).collect::<Vec<_>>(),
+        "every item exactly once"
+    );
     assert_eq!(
         again["skipped"].as_u64().unwrap() + again["items"].as_u64().unwrap(),
         n + 1,
         "the second run resumed where the first stopped (the queue line counts): {again}"
     );
     assert!(again["skipped"].as_u64().unwrap() > 0, "{again}");
-    on_pg.blocking_close().unwrap();
 }
 
 fn main() -> std::process::ExitCode {
@@ -221,6 +293,10 @@ fn main() -> std::process::ExitCode {
         (
             "an_export_from_sled_imported_into_postgres_and_back_is_the_same",
             an_export_from_sled_imported_into_postgres_and_back_is_the_same,
+        ),
+        (
+            "two_imports_of_one_export_at_once_take_every_item_once",
+            two_imports_of_one_export_at_once_take_every_item_once,
         ),
         (
             "an_import_killed_half_way_and_run_again_takes_every_item_once",

@@ -388,14 +388,15 @@ impl Engine {
         }
     }
 
-    /// Is this store on a remote engine (every item operation a round trip)?
-    #[inline]
     /// Does the engine write its commits somewhere (sled, PostgreSQL), so that their
     /// latency is worth measuring?
+    #[inline]
     pub(crate) fn is_durable(&self) -> bool {
         !matches!(self.flavor, Flavor::Memory(_))
     }
 
+    /// Is this store on a remote engine (every item operation a round trip)?
+    #[inline]
     pub(crate) fn is_remote(&self) -> bool {
         #[cfg(feature = "postgres")]
         if matches!(self.flavor, Flavor::Postgres(_)) {

@@ -895,11 +895,14 @@ impl Timers {
     /// had its attempts.
     fn expired(&self, proc: &Arc<Proc>, entry: Entry) {
         crate::metrics::lease_expired(proc.core.name());
-        tracing::debug!(
+        let span = tracing::debug_span!(
+            "lease_expiry",
             queue = proc.core.name(),
-            attempts = entry.attempts,
-            "a lease expired"
+            item = entry.id,
+            attempts = entry.attempts
         );
+        let _entered = span.enter();
+        tracing::debug!("a lease expired");
         if entry.attempts < proc.policy().attempts_allowed() {
             proc.core.restore(std::iter::once(entry));
             return;
@@ -1123,6 +1126,10 @@ impl Engine {
                 proc.core.release_key(key);
             }
         });
+        // Counted as the one-ack commit it stands for on the other engines.
+        if done.is_ok() {
+            crate::metrics::commit(true, 0, 1, None);
+        }
         Some(done)
     }
 

@@ -9,10 +9,19 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use reliable_queue::{ItemState, RawItem, RetryPolicy, Store};
 
-/// Runs `rq` with `args`, stdin closed (no terminal), and returns its output.
+/// Runs `rq` with `args`, stdin closed (no terminal), and returns its output. The store
+/// variables of the caller's environment are not passed on.
 pub fn rq(args: &[&str]) -> Output {
+    rq_with(args, &[])
+}
+
+/// [`rq`] with these environment variables set.
+pub fn rq_with(args: &[&str], vars: &[(&str, &str)]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_rq"))
         .args(args)
+        .env_remove("RQ_STORE")
+        .env_remove("RQ_POSTGRES_URL")
+        .envs(vars.iter().copied())
         .stdin(Stdio::null())
         .output()
         .expect("run rq")
@@ -36,6 +45,19 @@ pub fn ok(args: &[&str]) -> String {
         stdout(&out)
     );
     stdout(&out)
+}
+
+/// Runs `rq`, expects exit code `code` and JSON on stdout.
+pub fn json_exit(args: &[&str], code: i32) -> serde_json::Value {
+    let out = rq(args);
+    assert_eq!(
+        out.status.code(),
+        Some(code),
+        "rq {args:?}: {}",
+        stderr(&out)
+    );
+    let text = stdout(&out);
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("rq {args:?} printed {text:?}: {e}"))
 }
 
 pub fn json(args: &[&str]) -> serde_json::Value {
@@ -160,4 +182,66 @@ pub fn snapshot(dir: &Path) -> Vec<(String, Vec<u8>)> {
     }
     files.sort();
     files
+}
+
+/// Opens the sled database of a closed store directly (to damage it), waiting up to 2 s for
+/// sled's lock as `Store::open` does: sled's threads may hold it a moment after a close.
+pub fn open_raw_sled(path: &Path) -> sled::Db {
+    let give_up = std::time::Instant::now() + Duration::from_secs(2);
+    loop {
+        match sled::open(path) {
+            Ok(db) => return db,
+            Err(sled::Error::Io(e))
+                if e.to_string().contains("could not acquire lock")
+                    && std::time::Instant::now() < give_up =>
+            {
+                // Polls the lock; the deadline bounds it.
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            Err(e) => panic!("open the store's sled database at {path:?}: {e:?}"),
+        }
+    }
+}
+
+/// The fixed part of a log record's header (see `src/engine/sled/record.rs`).
+const RECORD_FIXED: usize = 24;
+
+/// What to do to the one log record that holds a marker.
+pub enum RecordDamage {
+    /// Flip bits in its body: its checksum fails, the open sets it aside.
+    FlipBody,
+    /// Delete it from the log: the marks say it was durable, so it is missing.
+    Remove,
+}
+
+/// Damages the one record of the closed store at `path` whose bytes contain `marker`;
+/// returns its sequence number.
+pub fn damage_record(path: &Path, marker: &[u8], damage: RecordDamage) -> u64 {
+    let db = open_raw_sled(path);
+    let log = db.open_tree("log").unwrap();
+    let mut found: Vec<(u64, Vec<u8>)> = log
+        .iter()
+        .map(|kv| kv.unwrap())
+        .filter(|(_, v)| v.windows(marker.len()).any(|w| w == marker))
+        .map(|(k, v)| {
+            (
+                u64::from_be_bytes(k.as_ref().try_into().unwrap()),
+                v.to_vec(),
+            )
+        })
+        .collect();
+    assert_eq!(found.len(), 1, "exactly one record holds the marker");
+    let (seq, mut bytes) = found.pop().unwrap();
+    match damage {
+        RecordDamage::FlipBody => {
+            let header_len = u32::from_le_bytes(bytes[8..12].try_into().unwrap()) as usize;
+            bytes[RECORD_FIXED + header_len + 7] ^= 0x5a;
+            log.insert(seq.to_be_bytes(), bytes).unwrap();
+        }
+        RecordDamage::Remove => {
+            log.remove(seq.to_be_bytes()).unwrap();
+        }
+    }
+    db.flush().unwrap();
+    seq
 }

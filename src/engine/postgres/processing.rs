@@ -28,7 +28,9 @@ use crate::sync::process::Mutex;
 #[derive(Debug)]
 pub(super) struct ProcSql {
     /// `$1` queue, `$2` n, `$3` now, `$4` ttl: leases up to n visible rows at the head
-    /// (burying on the way up to 100 expired at the maximum attempts).
+    /// (burying on the way up to 100 expired at the maximum attempts). One row per lease,
+    /// or one of NULLs when none; each row also has how many were buried, and the queue's
+    /// name when some were (for the metrics).
     lease: String,
     /// `$1` tokens: leases handed to nobody (an item that did not decode) given back as
     /// they were, their attempt not counted.
@@ -96,15 +98,21 @@ impl ProcSql {
             .replace("{s}", &s);
         ProcSql {
             lease: format!(
-                "WITH {t}, {bury} \
-                 UPDATE {s}.items i SET attempts = i.attempts + 1, \
+                "WITH {t}, {bury}, \
+                 got AS (UPDATE {s}.items i SET attempts = i.attempts + 1, \
                    leased_until = {NOW_T} + $4::int8, \
                    lease_token = nextval('{s}.lease_tokens'), \
                    first_attempt_ms = coalesce(i.first_attempt_ms, {NOW_T}), \
                    last_attempt_ms = {NOW_T} \
                  WHERE i.{rows} \
                  RETURNING i.id, i.payload, i.attempts, i.lease_token, i.leased_until, \
-                   i.enqueued_ms, i.first_attempt_ms, i.last_attempt_ms, i.ready_ms, i.dedup_key",
+                   i.enqueued_ms, i.first_attempt_ms, i.last_attempt_ms, i.ready_ms, \
+                   i.dedup_key), \
+                 dead_count AS (SELECT count(*) AS buried FROM buried) \
+                 SELECT got.*, dead_count.buried, \
+                   CASE WHEN dead_count.buried > 0 \
+                     THEN (SELECT name FROM {s}.queues WHERE id = $1) END \
+                 FROM dead_count LEFT JOIN got ON true",
                 t = t("$3"),
                 bury = bury_cte("LIMIT 100"),
                 rows = head_rows(&s, "$1", "$2::int8"),
@@ -364,6 +372,15 @@ fn granted(row: &Row) -> Result<Granted> {
     read().map_err(|e| pg("lease", e))
 }
 
+/// Counts and traces `buried` items of queue `name` moved to the dead letters because their
+/// last lease expired (by the lease statement or the maintenance pass).
+fn buried_expired(name: &str, buried: i64) {
+    crate::metrics::buried(name, true, u64::try_from(buried).unwrap_or(0));
+    let span = tracing::debug_span!("dead_letter_moves", queue = name, buried);
+    let _entered = span.enter();
+    tracing::debug!("items whose last lease expired moved to the dead letters");
+}
+
 /// Leases up to `n` rows of `queue` on `client` (in its open transaction, if any).
 pub(super) async fn lease_on(
     client: &Object,
@@ -381,7 +398,23 @@ pub(super) async fn lease_on(
         .query(&statement, &[&queue, &n, &now, &ttl])
         .await
         .map_err(|e| pg("lease", e))?;
-    let mut granted = rows.iter().map(granted).collect::<Result<Vec<_>>>()?;
+    if let Some(first) = rows.first() {
+        let buried: i64 = first.try_get(10).unwrap_or(0);
+        if buried > 0 {
+            let name: String = first
+                .try_get::<_, Option<String>>(11)
+                .ok()
+                .flatten()
+                .unwrap_or_default();
+            buried_expired(&name, buried);
+        }
+    }
+    // A lease of nothing is one row of NULLs (it carries the count above).
+    let mut granted = rows
+        .iter()
+        .filter(|row| matches!(row.try_get::<_, Option<i64>>(0), Ok(Some(_))))
+        .map(granted)
+        .collect::<Result<Vec<_>>>()?;
     // Queue order: readiness, then id (an expired lease kept its place at the head).
     granted.sort_unstable_by_key(|g| (g.entry.not_before, g.entry.id));
     for g in &mut granted {
@@ -656,12 +689,7 @@ impl Postgres {
         let buried: i64 = row.try_get(0).unwrap_or(0);
         if buried > 0 {
             let name: String = row.try_get(2).unwrap_or_default();
-            crate::metrics::buried(&name, true, u64::try_from(buried).unwrap_or(0));
-            tracing::debug!(
-                queue = name,
-                buried,
-                "items whose last lease expired moved to the dead letters"
-            );
+            buried_expired(&name, buried);
         }
         Ok(())
     }

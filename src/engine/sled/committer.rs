@@ -374,8 +374,10 @@ impl Committer {
         self.flush_due = None;
         let end = self.next_seq;
         let trees = self.usable()?;
+        let started = std::time::Instant::now();
         trees.db.flush()?;
         self.storage.disk.sync_flushed()?;
+        crate::metrics::fsync(started);
         self.made_durable(end)
     }
 
@@ -538,20 +540,22 @@ impl Committer {
             .map(|p| (p.ids.clone(), p.record.len()))
             .collect();
         let end = seq + u64::try_from(records.len()).unwrap_or(u64::MAX);
-        let span = tracing::trace_span!("commit_group", transactions = group.len(), seq);
+        let bytes: usize = sizes.iter().map(|(_, bytes)| bytes).sum();
+        let span = tracing::trace_span!("commit_group", transactions = group.len(), bytes, seq);
         let _entered = span.enter();
-        let started = std::time::Instant::now();
+        crate::metrics::group(group.len(), bytes);
         let written = self
             .write(seq, records)
             .map_err(Error::from)
             .and_then(|()| {
                 if self.durability == Durability::Sync {
+                    let started = std::time::Instant::now();
                     self.storage.trees.db.flush()?;
                     self.storage.disk.sync_flushed()?;
+                    crate::metrics::fsync(started);
                 }
                 Ok(())
             });
-        crate::metrics::group(group.len(), started.elapsed().as_secs_f64());
         if let Err(e) = written {
             tracing::error!(error = %e, seq, "writing a commit group failed; the store stops writing");
             self.stop(&e);

@@ -27,6 +27,7 @@ impl Committer {
         let mut batch = sled::Batch::default();
         let mut changed = false;
         let mut moved_bytes = 0;
+        let (mut deleted, mut rewritten) = (0u64, 0u64);
         while let Some(front) = self.liveness.front() {
             if front.is_last || front.seq >= self.delete_below {
                 break;
@@ -35,6 +36,7 @@ impl Committer {
                 batch.remove(&front.seq.to_be_bytes()[..]);
                 self.liveness.pop_front();
                 changed = true;
+                deleted += 1;
                 continue;
             }
             let log = self.liveness.log_bytes();
@@ -46,6 +48,7 @@ impl Committer {
                 Ok(bytes) => {
                     moved_bytes += u64::try_from(bytes).unwrap_or(u64::MAX);
                     changed = true;
+                    rewritten += 1;
                 }
                 Err(e) => {
                     tracing::error!(seq = front.seq, error = %e, "compaction stopped: a record cannot be read");
@@ -56,6 +59,22 @@ impl Committer {
         }
         self.want_start(false);
         if changed {
+            // Only a round that did something is traced (one runs after every group): at
+            // DEBUG when it moved live items, at TRACE when it only deleted settled records.
+            let span = tracing::debug_span!(
+                "compaction",
+                deleted,
+                rewritten,
+                moved_bytes,
+                log_bytes = self.liveness.log_bytes(),
+                live_bytes = self.liveness.live_bytes()
+            );
+            let _entered = span.enter();
+            if rewritten > 0 {
+                tracing::debug!("compaction moved live items forward");
+            } else {
+                tracing::trace!("compaction deleted settled records");
+            }
             // The batch becomes durable with the next flush, which syncs any blob file it
             // made as well.
             let applied = self

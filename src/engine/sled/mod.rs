@@ -113,10 +113,30 @@ impl Sled {
             salvage: config.salvage,
             now: timers.clock().now(),
         };
-        let span = tracing::info_span!("open", store = %path.display());
+        // The open, with what recovery found as fields once it is known; one INFO line.
+        let span = tracing::info_span!(
+            "open",
+            store = %path.display(),
+            records = tracing::field::Empty,
+            elapsed_ms = tracing::field::Empty
+        );
         let _entered = span.enter();
         let started = std::time::Instant::now();
-        let (trees, disk, recovered) = open_and_recover(&path, config, opening)?;
+        let (trees, disk, recovered) = {
+            let recovery = tracing::debug_span!(
+                "recovery",
+                records = tracing::field::Empty,
+                log_bytes = tracing::field::Empty
+            );
+            let _entered = recovery.enter();
+            let opened = open_and_recover(&path, config, opening)?;
+            let liveness = &opened.2.log.liveness;
+            recovery.record("records", liveness.groups());
+            recovery.record("log_bytes", liveness.log_bytes());
+            opened
+        };
+        // The log's records (liveness keeps one group per record).
+        let records = recovered.log.liveness.groups();
         let Recovered {
             queues,
             mut delayed,
@@ -159,10 +179,19 @@ impl Sled {
                 }
             })
             .collect::<Vec<RecoveredQueue>>();
+        let elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        span.record("records", records);
+        span.record("elapsed_ms", elapsed_ms);
         tracing::info!(
             queues = recovered_queues.len(),
             items = recovered_queues.iter().map(|q| q.core.count()).sum::<u64>(),
-            elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+            delayed = recovered_queues
+                .iter()
+                .map(|q| q.delayed.len())
+                .sum::<usize>(),
+            dead_letters = recovered_queues.iter().map(|q| q.dead.len()).sum::<usize>(),
+            records,
+            elapsed_ms,
             "store opened"
         );
         let (sender, receiver) = crossbeam_channel::unbounded();
