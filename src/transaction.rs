@@ -169,7 +169,9 @@ impl Transaction {
     pub async fn commit(mut self) -> Result<()> {
         let (enqueued, dequeued, started) = self.tally();
         let outcome = self.engine.commit(&mut self.work).await;
-        crate::metrics::commit(outcome.is_ok(), enqueued, dequeued, started);
+        self.engine
+            .metrics
+            .commit(outcome.is_ok(), enqueued, dequeued, started);
         outcome
     }
 
@@ -211,7 +213,9 @@ impl Transaction {
     pub fn blocking_commit(mut self) -> Result<()> {
         let (enqueued, dequeued, started) = self.tally();
         let outcome = self.engine.blocking_commit(&mut self.work);
-        crate::metrics::commit(outcome.is_ok(), enqueued, dequeued, started);
+        self.engine
+            .metrics
+            .commit(outcome.is_ok(), enqueued, dequeued, started);
         outcome
     }
 

@@ -769,7 +769,10 @@ fn dead_letters(store: &Store, command: &DeadCommand) -> Res<()> {
             };
             confirm(*yes, &format!("Replay {what} of queue {queue:?}"))?;
             let n = q.blocking_replay(which.replay(), *reset_attempts)?;
-            println!("replayed {n} dead letters of {queue:?} to the tail of the queue");
+            println!(
+                "replayed {} of {queue:?} to the tail of the queue",
+                letters(n)
+            );
             Ok(())
         }
         DeadCommand::Purge { queue, which, yes } => {
@@ -780,9 +783,17 @@ fn dead_letters(store: &Store, command: &DeadCommand) -> Res<()> {
             };
             confirm(*yes, &format!("Delete {what} of queue {queue:?} for good"))?;
             let n = q.blocking_purge(which.replay())?;
-            println!("purged {n} dead letters of {queue:?}");
+            println!("purged {} of {queue:?}", letters(n));
             Ok(())
         }
+    }
+}
+
+/// "1 dead letter", "12 dead letters".
+fn letters(n: usize) -> String {
+    match n {
+        1 => "1 dead letter".to_owned(),
+        n => format!("{n} dead letters"),
     }
 }
 

@@ -223,6 +223,8 @@ pub(crate) struct Engine {
     pub(crate) timers: Arc<Timers>,
     /// The processing-layer state of each queue opened or recovered, by queue id.
     procs: Mutex<HashMap<QueueId, Arc<Proc>>>,
+    /// The per-commit metrics, registered when the store opened.
+    pub(crate) metrics: crate::metrics::Handles,
 }
 
 /// The engine's state read on every call and (almost) never written.
@@ -306,6 +308,7 @@ impl Engine {
             flavor,
             timers,
             procs: Mutex::new(procs),
+            metrics: crate::metrics::Handles::register(),
         });
         engine.timers.start(Arc::downgrade(&engine))?;
         Ok(engine)

@@ -1128,7 +1128,7 @@ impl Engine {
         });
         // Counted as the one-ack commit it stands for on the other engines.
         if done.is_ok() {
-            crate::metrics::commit(true, 0, 1, None);
+            self.metrics.commit(true, 0, 1, None);
         }
         Some(done)
     }

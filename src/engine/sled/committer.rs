@@ -162,6 +162,8 @@ pub(crate) struct Committer {
     pub(super) failed: Option<Error>,
     /// Set when compaction met a record it could not read; it then stops for this run.
     pub(super) compaction_stopped: bool,
+    /// Group sizes and fsync times, registered when the store opened.
+    metrics: crate::metrics::Handles,
 }
 
 /// Answers waiting for the flush that ends the current round.
@@ -200,6 +202,7 @@ impl Committer {
             builder: RecordBuilder::default(),
             failed: None,
             compaction_stopped: false,
+            metrics: crate::metrics::Handles::register(),
         }
     }
 
@@ -377,7 +380,7 @@ impl Committer {
         let started = std::time::Instant::now();
         trees.db.flush()?;
         self.storage.disk.sync_flushed()?;
-        crate::metrics::fsync(started);
+        self.metrics.fsync(started);
         self.made_durable(end)
     }
 
@@ -543,7 +546,7 @@ impl Committer {
         let bytes: usize = sizes.iter().map(|(_, bytes)| bytes).sum();
         let span = tracing::trace_span!("commit_group", transactions = group.len(), bytes, seq);
         let _entered = span.enter();
-        crate::metrics::group(group.len(), bytes);
+        self.metrics.group(group.len(), bytes);
         let written = self
             .write(seq, records)
             .map_err(Error::from)
@@ -552,7 +555,7 @@ impl Committer {
                     let started = std::time::Instant::now();
                     self.storage.trees.db.flush()?;
                     self.storage.disk.sync_flushed()?;
-                    crate::metrics::fsync(started);
+                    self.metrics.fsync(started);
                 }
                 Ok(())
             });
