@@ -70,6 +70,18 @@ fn reopen(clock: &ManualClock, path: &PathBuf) -> Store {
         .unwrap()
 }
 
+/// The store as the next process finds it: closed and reopened when it is on disk, the same
+/// store in memory.
+fn restarted(store: Store, clock: &ManualClock, dir: &Dir) -> Store {
+    match dir {
+        Some((_guard, path)) => {
+            store.blocking_close().unwrap();
+            reopen(clock, path)
+        }
+        None => store,
+    }
+}
+
 /// Waits (bounded) until `done` holds: for what an engine does in the background, such as
 /// PostgreSQL's rollback of a dropped transaction or release of a dropped lease (sent
 /// without blocking the dropper).
@@ -465,13 +477,7 @@ fn p6_delayed_items_are_invisible_until_due_then_come_in_due_order_and_survive_r
             vec![0],
             "{name}: a zero delay is plain"
         );
-        let store = match &dir {
-            Some((_guard, path)) => {
-                store.blocking_close().unwrap();
-                reopen(&clock, path)
-            }
-            None => store,
-        };
+        let store = restarted(store, &clock, &dir);
         let q = store.blocking_queue::<u64>("q").unwrap();
         assert_eq!(
             q.blocking_stats().unwrap().delayed,
@@ -516,13 +522,7 @@ fn p7_dead_letters_replay_and_purge() {
                 .unwrap();
         }
         assert_eq!(q.blocking_stats().unwrap().dead, 3, "{name}");
-        let store = match &dir {
-            Some((_guard, path)) => {
-                store.blocking_close().unwrap();
-                reopen(&clock, path)
-            }
-            None => store,
-        };
+        let store = restarted(store, &clock, &dir);
         let q = store.blocking_queue::<u64>("q").unwrap();
         let dead = q.blocking_dead_letters(None, 10).unwrap();
         assert_eq!(
@@ -715,13 +715,7 @@ fn an_import_keeps_attempts_due_times_and_dead_letters_and_survives_restart() {
         );
         tx.blocking_commit().unwrap();
 
-        let store = match &dir {
-            Some((_guard, path)) => {
-                store.blocking_close().unwrap();
-                reopen(&clock, path)
-            }
-            None => store,
-        };
+        let store = restarted(store, &clock, &dir);
         let q = store.blocking_queue::<u64>("q").unwrap();
         let stats = q.blocking_stats().unwrap();
         assert_eq!(
@@ -988,13 +982,7 @@ fn p11_an_enqueue_whose_key_is_in_the_queue_is_a_no_op_and_says_so() {
             Ok(Enqueued)
         ));
         tx.blocking_commit().unwrap();
-        let store = match &dir {
-            Some((_guard, path)) => {
-                store.blocking_close().unwrap();
-                reopen(&clock, path)
-            }
-            None => store,
-        };
+        let store = restarted(store, &clock, &dir);
         let q = store.blocking_queue::<u64>("q").unwrap();
         let mut tx = store.begin();
         // (On PostgreSQL the keys are in the database: the call answers `Enqueued`, and this

@@ -163,16 +163,10 @@ fn two_imports_of_one_export_at_once_take_every_item_once(server: &PgServer) {
     let schema = "cli_concurrent";
     let spawn = || {
         Command::new(env!("CARGO_BIN_EXE_rq"))
-            .args([
-                "--postgres",
-                server.url(),
-                "--schema",
-                schema,
-                "import",
-                s(&file),
-                "--batch",
-                "20",
-            ])
+            .args(with(
+                pg_args(server, schema),
+                &["import", s(&file), "--batch", "20"],
+            ))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -194,15 +188,10 @@ fn two_imports_of_one_export_at_once_take_every_item_once(server: &PgServer) {
         );
     }
     assert_eq!(bulk_items(server, schema), (0..n).collect::<Vec<_>>());
-    let again = json(&[
-        "--postgres",
-        server.url(),
-        "--schema",
-        schema,
-        "import",
-        s(&file),
-        "--json",
-    ]);
+    let again = json(&with(
+        pg_args(server, schema),
+        &["import", s(&file), "--json"],
+    ));
     assert_eq!(
         (&again["items"], &again["skipped"]),
         (&0.into(), &(n + 1).into())
@@ -219,14 +208,7 @@ fn an_import_killed_half_way_and_run_again_takes_every_item_once(server: &PgServ
 
     let schema = "cli_resume";
     let mut child = Command::new(env!("CARGO_BIN_EXE_rq"))
-        .args([
-            "--postgres",
-            server.url(),
-            "--schema",
-            schema,
-            "import",
-            s(&file),
-        ])
+        .args(with(pg_args(server, schema), &["import", s(&file)]))
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -262,15 +244,10 @@ fn an_import_killed_half_way_and_run_again_takes_every_item_once(server: &PgServ
     );
     assert!(taken < 20_000, "killed half way: {taken} items in");
 
-    let again = json(&[
-        "--postgres",
-        server.url(),
-        "--schema",
-        schema,
-        "import",
-        s(&file),
-        "--json",
-    ]);
+    let again = json(&with(
+        pg_args(server, schema),
+        &["import", s(&file), "--json"],
+    ));
     assert_eq!(
         bulk_items(server, schema),
         (0..n).collect::<Vec<_>>(),

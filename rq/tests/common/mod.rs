@@ -9,6 +9,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use reliable_queue::{ItemState, RawItem, RetryPolicy, Store};
 
+#[path = "../../../tests/common/raw_sled.rs"]
+mod raw_sled;
+pub use raw_sled::open_raw_sled;
+
 /// Runs `rq` with `args`, stdin closed (no terminal), and returns its output. The store
 /// variables of the caller's environment are not passed on.
 pub fn rq(args: &[&str]) -> Output {
@@ -182,25 +186,6 @@ pub fn snapshot(dir: &Path) -> Vec<(String, Vec<u8>)> {
     }
     files.sort();
     files
-}
-
-/// Opens the sled database of a closed store directly (to damage it), waiting up to 2 s for
-/// sled's lock as `Store::open` does: sled's threads may hold it a moment after a close.
-pub fn open_raw_sled(path: &Path) -> sled::Db {
-    let give_up = std::time::Instant::now() + Duration::from_secs(2);
-    loop {
-        match sled::open(path) {
-            Ok(db) => return db,
-            Err(sled::Error::Io(e))
-                if e.to_string().contains("could not acquire lock")
-                    && std::time::Instant::now() < give_up =>
-            {
-                // Polls the lock; the deadline bounds it.
-                std::thread::sleep(Duration::from_millis(2));
-            }
-            Err(e) => panic!("open the store's sled database at {path:?}: {e:?}"),
-        }
-    }
 }
 
 /// The fixed part of a log record's header (see `src/engine/sled/record.rs`).
