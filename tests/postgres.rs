@@ -21,11 +21,7 @@ mod cases {
 
     /// A store on the test's own schema.
     fn store(server: &PgServer, schema: &str) -> Store {
-        Store::builder()
-            .postgres(server.url())
-            .postgres_schema(schema)
-            .open()
-            .expect("connect to the test server")
+        server.store(schema)
     }
 
     /// Runs `sql` with `params` on a connection of its own: the first column of its first

@@ -19,12 +19,9 @@ mod cases {
 
     pub(crate) const WORKER_VAR: &str = "RQ_PG_OPS_WORKER_URL";
 
+    /// A store on the test's own schema.
     fn store(server: &PgServer, schema: &str) -> Store {
-        Store::builder()
-            .postgres(server.url())
-            .postgres_schema(schema)
-            .open()
-            .expect("connect to the test server")
+        server.store(schema)
     }
 
     fn sql(url: &str, statements: &str) {

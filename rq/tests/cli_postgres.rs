@@ -16,12 +16,9 @@ use common::{contents, fill, json, ok, rq, stderr};
 use pg::{block_on, connect, PgServer};
 use reliable_queue::Store;
 
+/// A store on the test's own schema.
 fn store(server: &PgServer, schema: &str) -> Store {
-    Store::builder()
-        .postgres(server.url())
-        .postgres_schema(schema)
-        .open()
-        .expect("connect to the test server")
+    server.store(schema)
 }
 
 fn pg_args<'a>(server: &'a PgServer, schema: &'a str) -> Vec<&'a str> {

@@ -133,6 +133,16 @@ impl PgServer {
         &self.url
     }
 
+    /// A store on this server, in `schema`.
+    #[cfg(feature = "postgres")]
+    pub fn store(&self, schema: &str) -> reliable_queue::Store {
+        reliable_queue::Store::builder()
+            .postgres(self.url())
+            .postgres_schema(schema)
+            .open()
+            .expect("connect to the test server")
+    }
+
     /// Whether this harness started the server (rather than using `RQ_TEST_POSTGRES_URL`).
     pub fn started_here(&self) -> bool {
         self.cluster.is_some()
