@@ -16,7 +16,9 @@
 //!   commits. Throughput counts moves. Clients are tasks on a tokio runtime with two worker
 //!   threads.
 //!   - `reliable-queue`: `try_dequeue`, `enqueue`, `commit` (async), a pool of as many
-//!     connections as clients.
+//!     connections as clients, on the store's own runtime thread (the default).
+//!   - `reliable-queue-on-caller-runtime`: the same with `Builder::postgres_runtime` set to the
+//!     bench's runtime, as a tokio service would.
 //!   - `tokio-postgres`: each client its own connection and prepared statements: `BEGIN`;
 //!     `DELETE ... WHERE id = (SELECT id ... ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED)
 //!     RETURNING payload`; `INSERT`; `COMMIT`, on a table of the same shape and index.
@@ -301,14 +303,17 @@ async fn baseline_batches(url: &str, txs: u64) -> Duration {
     start.elapsed()
 }
 
-async fn on_postgres(url: &str, schema_name: &str, pool: usize) -> Store {
-    Store::builder()
+/// The engine on PostgreSQL; `on_caller_runtime`: with `Builder::postgres_runtime` set to the
+/// bench's own runtime, else on the store's own runtime thread (the default).
+async fn on_postgres(url: &str, schema_name: &str, pool: usize, on_caller_runtime: bool) -> Store {
+    let mut builder = Store::builder()
         .postgres(url)
         .postgres_schema(schema_name)
-        .postgres_pool_size(pool)
-        .connect()
-        .await
-        .expect("connect the engine")
+        .postgres_pool_size(pool);
+    if on_caller_runtime {
+        builder = builder.postgres_runtime(tokio::runtime::Handle::current());
+    }
+    builder.connect().await.expect("connect the engine")
 }
 
 fn on_sled(dir: &std::path::Path) -> Store {
@@ -356,14 +361,20 @@ fn bench(c: &mut Criterion) {
         let mut group = c.benchmark_group(format!("postgres/move/{clients}-clients"));
         group.throughput(Throughput::Elements(1));
         group.sampling_mode(SamplingMode::Flat);
-        group.bench_function("reliable-queue", |b| {
-            b.iter_custom(|moves| {
-                rt.block_on(async {
-                    let store = on_postgres(&url, &schema("rq"), clients).await;
-                    engine_moves(store, clients, moves).await
+        for (name, on_caller_runtime) in [
+            ("reliable-queue", false),
+            ("reliable-queue-on-caller-runtime", true),
+        ] {
+            group.bench_function(name, |b| {
+                b.iter_custom(|moves| {
+                    rt.block_on(async {
+                        let store =
+                            on_postgres(&url, &schema("rq"), clients, on_caller_runtime).await;
+                        engine_moves(store, clients, moves).await
+                    })
                 })
-            })
-        });
+            });
+        }
         group.bench_function("tokio-postgres", |b| {
             b.iter_custom(|moves| rt.block_on(baseline_moves(&url, clients, moves)))
         });
@@ -380,14 +391,19 @@ fn bench(c: &mut Criterion) {
     let mut group = c.benchmark_group("postgres/64-item-tx");
     group.throughput(Throughput::Elements(64));
     group.sampling_mode(SamplingMode::Flat);
-    group.bench_function("reliable-queue", |b| {
-        b.iter_custom(|txs| {
-            rt.block_on(async {
-                let store = on_postgres(&url, &schema("rqbatch"), 16).await;
-                engine_batches(store, txs).await
+    for (name, on_caller_runtime) in [
+        ("reliable-queue", false),
+        ("reliable-queue-on-caller-runtime", true),
+    ] {
+        group.bench_function(name, |b| {
+            b.iter_custom(|txs| {
+                rt.block_on(async {
+                    let store = on_postgres(&url, &schema("rqbatch"), 16, on_caller_runtime).await;
+                    engine_batches(store, txs).await
+                })
             })
-        })
-    });
+        });
+    }
     group.bench_function("tokio-postgres", |b| {
         b.iter_custom(|txs| rt.block_on(baseline_batches(&url, txs)))
     });

@@ -537,6 +537,122 @@ mod cases {
             });
     }
 
+    /// On the service's own runtime (`Builder::postgres_runtime`): tasks moving items with
+    /// aborts and drops lose and duplicate nothing, a waiting consumer is woken by a commit,
+    /// the blocking forms work from a thread outside the runtime, and `close` ends the
+    /// store's sessions while the runtime runs on. A current-thread runtime is refused.
+    pub(crate) fn a_store_on_the_callers_runtime_keeps_every_item_and_ends_its_sessions(
+        server: &PgServer,
+    ) {
+        const APP: &str = "rq-caller-runtime";
+        const ITEMS: u64 = 200;
+        const TASKS: u64 = 8;
+        let url = format!("{} application_name={APP}", server.url());
+        let single = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        assert!(matches!(
+            Store::builder()
+                .postgres(&url)
+                .postgres_runtime(single.handle().clone())
+                .open(),
+            Err(Error::InvalidConfig {
+                setting: "postgres_runtime",
+                ..
+            })
+        ));
+
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let store = rt.block_on(async {
+            Store::builder()
+                .postgres(&url)
+                .postgres_schema("callerruntime")
+                .postgres_pool_size(TASKS as usize + 2)
+                .postgres_runtime(tokio::runtime::Handle::current())
+                .connect()
+                .await
+                .unwrap()
+        });
+        // The blocking forms, from this thread.
+        let a = store.blocking_queue::<u64>("a").unwrap();
+        let b = store.blocking_queue::<u64>("b").unwrap();
+        fill(&store, &a, 0..ITEMS);
+
+        rt.block_on(async {
+            // A consumer waiting on an empty queue, woken by the first commit to it.
+            let waiting = {
+                let (store, q) = (store.clone(), store.queue::<u64>("w").await.unwrap());
+                tokio::spawn(async move {
+                    let mut tx = store.begin();
+                    let item = q.dequeue(&mut tx).await.unwrap();
+                    tx.commit().await.unwrap();
+                    item
+                })
+            };
+            let movers: Vec<_> = (0..TASKS)
+                .map(|t| {
+                    let (store, a, b) = (store.clone(), a.clone(), b.clone());
+                    tokio::spawn(async move {
+                        let (mut moved, mut round) = (0, t);
+                        while moved < ITEMS / TASKS {
+                            round += 1;
+                            let mut tx = store.begin();
+                            let Some(item) = a.try_dequeue(&mut tx).await.unwrap() else {
+                                // The rest are held by other tasks, or on their way back.
+                                drop(tx);
+                                tokio::task::yield_now().await;
+                                continue;
+                            };
+                            b.enqueue(&mut tx, item).unwrap();
+                            match round % 5 {
+                                0 => tx.abort().await.unwrap(),
+                                1 => drop(tx),
+                                _ => {
+                                    tx.commit().await.unwrap();
+                                    moved += 1;
+                                }
+                            }
+                        }
+                    })
+                })
+                .collect();
+            for mover in movers {
+                mover.await.unwrap();
+            }
+            let w = store.queue::<u64>("w").await.unwrap();
+            let mut tx = store.begin();
+            w.enqueue(&mut tx, 7).unwrap();
+            tx.commit().await.unwrap();
+            assert_eq!(waiting.await.unwrap(), 7);
+        });
+        assert_eq!(a.blocking_count().unwrap(), 0);
+        let mut moved = drain(&store, &b);
+        moved.sort_unstable();
+        assert_eq!(
+            moved,
+            (0..ITEMS).collect::<Vec<_>>(),
+            "none lost, none twice"
+        );
+
+        assert!(sessions(server.url(), APP) > 0);
+        store.blocking_close().unwrap();
+        // The pool's connections and the listener's end with the store, not the runtime.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while sessions(server.url(), APP) > 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the store's sessions outlive its close"
+            );
+            std::thread::yield_now();
+        }
+        drop(rt);
+    }
+
     /// Bad settings and an unreachable server are typed errors, never a panic.
     pub(crate) fn bad_urls_schemas_and_unreachable_servers_are_typed_errors(server: &PgServer) {
         assert!(matches!(
@@ -797,6 +913,10 @@ fn main() -> std::process::ExitCode {
         (
             "the_async_forms_work_under_tokio",
             the_async_forms_work_under_tokio,
+        ),
+        (
+            "a_store_on_the_callers_runtime_keeps_every_item_and_ends_its_sessions",
+            a_store_on_the_callers_runtime_keeps_every_item_and_ends_its_sessions,
         ),
         (
             "bad_urls_schemas_and_unreachable_servers_are_typed_errors",

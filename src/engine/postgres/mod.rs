@@ -100,7 +100,7 @@ impl LockKeys {
 }
 
 /// Where a PostgreSQL store lives.
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone)]
 pub(crate) struct PgConfig {
     /// A libpq-style URL or key-value connection string.
     pub(crate) url: String,
@@ -114,6 +114,9 @@ pub(crate) struct PgConfig {
     pub(crate) dead_letter_retention: Option<Duration>,
     /// PEM certificates to trust for TLS instead of the system's.
     pub(crate) tls_roots: Option<Vec<u8>>,
+    /// The caller's multi-thread tokio runtime, to run the store's connections and tasks on
+    /// instead of a runtime thread of the store's own.
+    pub(crate) runtime: Option<Handle>,
 }
 
 impl fmt::Debug for PgConfig {
@@ -122,6 +125,7 @@ impl fmt::Debug for PgConfig {
         f.debug_struct("PgConfig")
             .field("schema", &self.schema)
             .field("pool_size", &self.pool_size)
+            .field("own_runtime", &self.runtime.is_none())
             .finish_non_exhaustive()
     }
 }
@@ -135,6 +139,7 @@ impl PgConfig {
             idle_transaction_timeout: None,
             dead_letter_retention: None,
             tls_roots: None,
+            runtime: None,
         }
     }
 
@@ -160,6 +165,15 @@ impl PgConfig {
                 setting: "postgres_pool_size",
                 expected: "between 1 and 1024 connections",
             });
+        }
+        if let Some(handle) = &self.runtime {
+            if handle.runtime_flavor() != tokio::runtime::RuntimeFlavor::MultiThread {
+                return Err(Error::InvalidConfig {
+                    setting: "postgres_runtime",
+                    expected: "a handle of a multi-thread tokio runtime (a current-thread \
+                               runtime runs tasks only while its owner polls it)",
+                });
+            }
         }
         Ok(())
     }
@@ -587,6 +601,9 @@ pub(crate) struct Postgres {
     /// Ends the runtime's thread (at close).
     stop: Mutex<Option<oneshot::Sender<()>>>,
     thread: Mutex<Option<JoinHandle<()>>>,
+    /// The maintenance pass and the listener: ended at close (on the caller's runtime
+    /// nothing else would end them).
+    background: Mutex<Vec<tokio::task::JoinHandle<()>>>,
     pool: Pool,
     sql: Arc<Sql>,
     /// The queues this process has opened: their local cores (for the handles and, later,
@@ -638,19 +655,28 @@ impl Postgres {
             );
             pg_config.options(options.trim());
         }
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(Error::storage)?;
-        let rt = runtime.handle().clone();
         let (stop, stopped) = oneshot::channel::<()>();
-        let thread = std::thread::Builder::new()
-            .name("reliable-queue-postgres".into())
-            .spawn(move || {
-                // Ends when `stop` fires or is dropped; tasks still running are dropped.
-                let _ = runtime.block_on(stopped);
-            })
-            .map_err(Error::storage)?;
+        let (rt, thread) = match &config.runtime {
+            // Checked by `validate`: a multi-thread runtime, whose workers run the tasks
+            // whoever polls what.
+            Some(handle) => (handle.clone(), None),
+            None => {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .map_err(Error::storage)?;
+                let rt = runtime.handle().clone();
+                let thread = std::thread::Builder::new()
+                    .name("reliable-queue-postgres".into())
+                    .spawn(move || {
+                        // Ends when `stop` fires or is dropped; tasks still running are
+                        // dropped.
+                        let _ = runtime.block_on(stopped);
+                    })
+                    .map_err(Error::storage)?;
+                (rt, Some(thread))
+            }
+        };
         let (commands, listened) = mpsc::unbounded_channel();
         let waiters = Arc::new(Waiters {
             queues: Mutex::new(HashMap::new()),
@@ -678,7 +704,8 @@ impl Postgres {
         let store = Postgres {
             rt,
             stop: Mutex::new(Some(stop)),
-            thread: Mutex::new(Some(thread)),
+            thread: Mutex::new(thread),
+            background: Mutex::new(Vec::new()),
             pool,
             sql: Arc::new(Sql::new(&config.schema)),
             catalog: Catalog::default(),
@@ -695,20 +722,21 @@ impl Postgres {
         let pool = store.pool.clone();
         let sql = Arc::clone(&store.sql);
         store.run(async move { migrate(&pool, &sql).await }).await?;
-        store.rt.spawn(processing::maintain(
+        let maintain = store.rt.spawn(processing::maintain(
             store.pool.clone(),
             Arc::clone(&store.sql),
             Arc::clone(&store.maintained),
             store.now_source(),
             store.retention,
         ));
-        store.rt.spawn(listen(
+        let listen = store.rt.spawn(listen(
             pg_config,
             tls,
             Arc::clone(&store.sql),
             waiters,
             listened,
         ));
+        store.background.lock().extend([maintain, listen]);
         Ok(store)
     }
 
@@ -1089,6 +1117,9 @@ impl Postgres {
     /// by the server when their connections close.
     pub(crate) fn close(&self) {
         self.pool.close();
+        for task in self.background.lock().drain(..) {
+            task.abort();
+        }
         self.waiters.wake_all();
         drop(self.stop.lock().take());
         let thread = self.thread.lock().take();
