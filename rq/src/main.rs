@@ -100,15 +100,8 @@ enum Command {
         /// Only items in this state.
         #[arg(long, value_enum)]
         state: Option<StateFilter>,
-        /// At most this many items.
-        #[arg(long, default_value_t = 50)]
-        limit: usize,
-        /// Start after this item id (the last id of the previous page).
-        #[arg(long)]
-        after: Option<u64>,
-        /// Print JSON instead of a table.
-        #[arg(long)]
-        json: bool,
+        #[command(flatten)]
+        page: Page,
     },
     /// List, replay or purge a queue's dead letters.
     #[command(
@@ -188,6 +181,20 @@ enum Command {
     },
 }
 
+/// A page of a listing: `browse` and `dead-letters list`.
+#[derive(Args, Debug)]
+struct Page {
+    /// At most this many.
+    #[arg(long, default_value_t = 50)]
+    limit: usize,
+    /// Start after this id (the last id of the previous page).
+    #[arg(long)]
+    after: Option<u64>,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
 #[derive(Subcommand, Debug)]
 enum DeadCommand {
     /// List a queue's dead letters, oldest first.
@@ -195,15 +202,8 @@ enum DeadCommand {
     List {
         /// The queue.
         queue: String,
-        /// At most this many.
-        #[arg(long, default_value_t = 50)]
-        limit: usize,
-        /// Start after this dead letter id.
-        #[arg(long)]
-        after: Option<u64>,
-        /// Print JSON instead of a table.
-        #[arg(long)]
-        json: bool,
+        #[command(flatten)]
+        page: Page,
     },
     /// Put dead letters back at the tail of their queue (asks first; --yes skips that).
     #[command(
@@ -325,15 +325,9 @@ fn run(cli: &Cli) -> Res<ExitCode> {
             stats(&store, *watch, *interval, *count, *json)?;
             close(store)?;
         }
-        Command::Browse {
-            queue,
-            state,
-            limit,
-            after,
-            json,
-        } => {
+        Command::Browse { queue, state, page } => {
             let store = open(cli, false)?;
-            browse(&store, queue, *state, *limit, *after, *json)?;
+            browse(&store, queue, *state, page)?;
             close(store)?;
         }
         Command::DeadLetters(command) => {
@@ -602,14 +596,8 @@ fn state_of(state: &ItemState) -> (&'static str, Option<SystemTime>) {
     }
 }
 
-fn browse(
-    store: &Store,
-    queue: &str,
-    state: Option<StateFilter>,
-    limit: usize,
-    after: Option<u64>,
-    json: bool,
-) -> Res<()> {
+fn browse(store: &Store, queue: &str, state: Option<StateFilter>, page: &Page) -> Res<()> {
+    let Page { limit, after, json } = *page;
     let q = raw_queue(store, queue)?;
     let wanted = state.map(|s| match s {
         StateFilter::Ready => "ready",
@@ -706,17 +694,16 @@ struct DeadRow {
 
 fn dead_letters(store: &Store, command: &DeadCommand) -> Res<()> {
     match command {
-        DeadCommand::List {
-            queue,
-            limit,
-            after,
-            json,
-        } => {
+        DeadCommand::List { queue, page } => {
+            let Page {
+                limit,
+                mut after,
+                json,
+            } = *page;
             let q = raw_queue(store, queue)?;
             let mut rows = Vec::new();
-            let mut after = *after;
-            while rows.len() < *limit {
-                let page = q.blocking_dead_letters(after, (*limit - rows.len()).min(500))?;
+            while rows.len() < limit {
+                let page = q.blocking_dead_letters(after, (limit - rows.len()).min(500))?;
                 let Some(last) = page.last() else { break };
                 after = Some(last.id);
                 rows.extend(page.into_iter().map(|d| DeadRow {
@@ -729,7 +716,7 @@ fn dead_letters(store: &Store, command: &DeadCommand) -> Res<()> {
                     hex: d.item.hex(),
                 }));
             }
-            if *json {
+            if json {
                 println!("{}", serde_json::to_string(&rows)?);
                 return Ok(());
             }
