@@ -485,26 +485,19 @@ impl PgSlot {
 
     fn end_call(&mut self, mut tx: Box<PgTx>) {
         if tx.failed {
-            // Out of the slot, it rolls back as it drops.
-            let rt = tx.rt.clone();
+            // Kept with its connection, so that the commit or abort that ends the
+            // transaction returns only once the server has rolled back and the items are
+            // back (S4); dropped instead, it rolls back as it drops.
             tx.aborted = Some(Aborted::Failed);
-            drop(tx);
-            self.0 = Some(Box::new(PgTx::aborted(rt, Aborted::Failed)));
-        } else {
-            self.0 = Some(tx);
         }
+        self.0 = Some(tx);
     }
 
-    /// The transaction's `PgTx` for its commit or abort: `None` if it has none,
-    /// [`Error::TransactionAborted`] if it was rolled back already.
-    fn take(self) -> Result<Option<Box<PgTx>>> {
-        match self.0 {
-            Some(tx) => match tx.aborted {
-                Some(why) => Err(why.error()),
-                None => Ok(Some(tx)),
-            },
-            None => Ok(None),
-        }
+    /// The transaction's `PgTx` for its commit or abort (`None` if it has none), and why it
+    /// can no longer commit if a call aborted it.
+    fn take(self) -> (Option<Box<PgTx>>, Option<Aborted>) {
+        let aborted = self.0.as_ref().and_then(|tx| tx.aborted);
+        (self.0, aborted)
     }
 }
 
@@ -977,7 +970,14 @@ impl Postgres {
         enqueues: Vec<(Arc<QueueCore>, Box<[u8]>)>,
         extra: Extra,
     ) -> Result<Vec<Granted>> {
-        let tx = slot.take()?;
+        let (tx, aborted) = slot.take();
+        if let Some(why) = aborted {
+            if let Some(held) = tx {
+                // Whatever the rollback gives, the commit's answer is that it did not commit.
+                let _rolled_back = self.end(held).await;
+            }
+            return Err(why.error());
+        }
         let mut queues = Vec::with_capacity(enqueues.len());
         let mut payloads = Vec::with_capacity(enqueues.len());
         for (core, bytes) in enqueues {
@@ -992,7 +992,16 @@ impl Postgres {
         let sql = Arc::clone(&self.sql);
         let now = self.now_param();
         let (granted, notified) = self
-            .run(async move { finish(&pool, &sql, held, queues, payloads, extra, now).await })
+            .run(async move {
+                let mut held = held;
+                let finished = finish(&pool, &sql, &mut held, queues, payloads, extra, now).await;
+                if finished.is_err() && held.open && !held.discard {
+                    // Failed before its `COMMIT`: rolled back before the error is returned,
+                    // so that the items are back when the caller sees it (S4).
+                    let _rolled_back = roll_back(&mut held).await;
+                }
+                finished
+            })
             .await?;
         self.notify(notified);
         Ok(granted)
@@ -1053,26 +1062,20 @@ impl Postgres {
 
     /// Rolls back `tx`'s database transaction, if one is open, and waits for the server.
     pub(crate) async fn rollback(&self, slot: PgSlot) -> Result<()> {
-        let Ok(Some(mut held)) = slot.take() else {
-            // Nothing open, or rolled back already.
-            return Ok(());
-        };
-        if !held.open {
+        match slot.take() {
+            (Some(held), _) => self.end(held).await,
+            (None, _) => Ok(()),
+        }
+    }
+
+    /// Rolls back `held`'s database transaction if one is open, waiting for the server. A
+    /// connection past its transaction deadline is left to be closed as it drops (its server
+    /// process is being ended, which rolls back).
+    async fn end(&self, mut held: Box<PgTx>) -> Result<()> {
+        if !held.open || held.discard {
             return Ok(());
         }
-        self.run(async move {
-            let rolled_back = held.client()?.batch_execute("ROLLBACK").await;
-            held.open = false;
-            if let Err(e) = rolled_back {
-                // The connection is broken; the server rolls back when it notices.
-                if let Some(client) = held.client.take() {
-                    drop(Object::take(client));
-                }
-                return Err(pg("abort", e));
-            }
-            Ok(())
-        })
-        .await
+        self.run(async move { roll_back(&mut held).await }).await
     }
 
     /// Items visible in `core`'s queue now: rows not held by an open transaction.
@@ -1637,13 +1640,27 @@ fn entry(id: i64, payload: Vec<u8>) -> Entry {
     )
 }
 
-/// The end of a commit: the `INSERT` and the `COMMIT`. A failure before `COMMIT` rolls back
-/// (the `PgTx` is dropped); a connection lost during `COMMIT` is
-/// [`Error::CommitOutcomeUnknown`].
+/// `ROLLBACK` on `held`'s connection, awaited. A connection that cannot roll back is broken:
+/// it leaves the pool (closed, so the server rolls back when it notices).
+async fn roll_back(held: &mut PgTx) -> Result<()> {
+    let rolled_back = held.client()?.batch_execute("ROLLBACK").await;
+    held.open = false;
+    if let Err(e) = rolled_back {
+        if let Some(client) = held.client.take() {
+            drop(Object::take(client));
+        }
+        return Err(pg("abort", e));
+    }
+    Ok(())
+}
+
+/// The end of a commit: the `INSERT` and the `COMMIT`. After a failure before `COMMIT` the
+/// database transaction is still open (`held.open`), for the caller to roll back; a
+/// connection lost during `COMMIT` is [`Error::CommitOutcomeUnknown`].
 async fn finish(
     pool: &Pool,
     sql: &Sql,
-    mut held: Box<PgTx>,
+    held: &mut PgTx,
     queues: Vec<i32>,
     payloads: Vec<Vec<u8>>,
     extra: Extra,
@@ -1721,7 +1738,7 @@ async fn finish(
             Err(e) => Err(pg("commit", e)),
         };
     }
-    // On any failure below `held` is dropped with the error, which rolls back.
+    // On any failure below the caller rolls back (`held.open` is still set).
     if let Some(insert) = &insert {
         client
             .execute(insert, params)
