@@ -703,7 +703,7 @@ mod cases {
         {
             Err(Error::SchemaVersion {
                 found, supported, ..
-            }) => assert_eq!((found, supported), (99, 2)),
+            }) => assert_eq!((found, supported), (99, 3)),
             other => panic!("expected SchemaVersion, got {other:?}"),
         }
     }

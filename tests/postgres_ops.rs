@@ -38,9 +38,78 @@ mod cases {
         })
     }
 
+    /// Foreign keys in `schema`.
+    fn foreign_keys(server: &PgServer, schema: &str) -> i64 {
+        one_i64(
+            server.url(),
+            &format!(
+                "SELECT count(*) FROM pg_constraint c JOIN pg_namespace n ON n.oid = c.connamespace \
+                 WHERE n.nspname = '{schema}' AND c.contype = 'f'"
+            ),
+        )
+    }
+
+    /// A schema of version 2 (foreign keys from the items and the dead letters to the
+    /// queues) is migrated to version 3 when a store connects: the keys are dropped, its items
+    /// and dead letters stay, and a version-3 store connecting again changes nothing.
+    pub(crate) fn a_schema_of_version_2_is_migrated_with_its_items(server: &PgServer) {
+        let store = store(server, "migrate_v2");
+        let q = store.blocking_queue::<String>("q").unwrap();
+        q.blocking_set_retry_policy(RetryPolicy::default().max_attempts(1))
+            .unwrap();
+        let mut tx = store.begin();
+        for item in ["poison", "first", "second"] {
+            q.enqueue(&mut tx, item.to_owned()).unwrap();
+        }
+        tx.blocking_commit().unwrap();
+        let lease = q.blocking_lease(Duration::from_secs(30)).unwrap();
+        assert_eq!(lease.item().as_str(), "poison");
+        assert!(matches!(lease.blocking_fail("bad").unwrap(), Failed::Dead));
+        drop(q);
+        store.blocking_close().unwrap();
+        // Version 2 is version 3 with the two foreign keys.
+        sql(
+            server.url(),
+            "ALTER TABLE migrate_v2.items ADD CONSTRAINT items_queue_fkey \
+               FOREIGN KEY (queue) REFERENCES migrate_v2.queues (id); \
+             ALTER TABLE migrate_v2.dead_letters ADD CONSTRAINT dead_letters_queue_fkey \
+               FOREIGN KEY (queue) REFERENCES migrate_v2.queues (id); \
+             UPDATE migrate_v2.meta SET value = '2' WHERE key = 'schema_version';",
+        );
+        assert_eq!(foreign_keys(server, "migrate_v2"), 2);
+
+        for _ in 0..2 {
+            let store = self::store(server, "migrate_v2");
+            assert_eq!(
+                one_i64(
+                    server.url(),
+                    "SELECT value::int8 FROM migrate_v2.meta WHERE key = 'schema_version'"
+                ),
+                3
+            );
+            assert_eq!(foreign_keys(server, "migrate_v2"), 0);
+            let q = store.blocking_queue::<String>("q").unwrap();
+            let dead = q.blocking_dead_letters(None, 10).unwrap();
+            assert_eq!(dead.len(), 1);
+            assert_eq!(
+                (dead[0].item.as_str(), dead[0].reason.as_str()),
+                ("poison", "bad")
+            );
+            let browsed: Vec<String> = q
+                .blocking_browse(None, 10)
+                .unwrap()
+                .into_iter()
+                .map(|b| b.item)
+                .collect();
+            assert_eq!(browsed, ["first", "second"]);
+            drop(q);
+            store.blocking_close().unwrap();
+        }
+    }
+
     /// A schema left by the first release of the engine (version 1: no processing layer)
-    /// is migrated to version 2 when a store connects: its items stay, in order, and the
-    /// processing layer works on them.
+    /// is migrated to the current version when a store connects: its items stay, in order,
+    /// and the processing layer works on them.
     pub(crate) fn a_schema_of_version_1_is_migrated_with_its_items(server: &PgServer) {
         let s = "\"migrate_v1\"";
         // Version 1's tables, as that release created them, with two queued items whose
@@ -80,8 +149,9 @@ mod cases {
                 server.url(),
                 "SELECT value::int8 FROM \"migrate_v1\".meta WHERE key = 'schema_version'"
             ),
-            2
+            3
         );
+        assert_eq!(foreign_keys(server, "migrate_v1"), 0);
         let q = store.blocking_queue::<String>("q").unwrap();
         assert_eq!(q.blocking_count().unwrap(), 2);
         let lease = q.blocking_lease(Duration::from_secs(30)).unwrap();
@@ -94,7 +164,7 @@ mod cases {
         );
         tx.blocking_commit().unwrap();
         assert_eq!(q.blocking_count().unwrap(), 0);
-        // Connecting again finds version 2 and changes nothing.
+        // Connecting again finds version 3 and changes nothing.
         drop(q);
         store.blocking_close().unwrap();
         let again = self::store(server, "migrate_v1");
@@ -320,6 +390,10 @@ fn main() -> std::process::ExitCode {
         (
             "a_schema_of_version_1_is_migrated_with_its_items",
             a_schema_of_version_1_is_migrated_with_its_items,
+        ),
+        (
+            "a_schema_of_version_2_is_migrated_with_its_items",
+            a_schema_of_version_2_is_migrated_with_its_items,
         ),
         (
             "dead_letters_past_the_retention_are_deleted",

@@ -46,7 +46,7 @@ use crate::processing::RetryPolicy;
 use crate::sync::process::Mutex;
 
 /// The schema version this build reads and writes.
-pub(crate) const SCHEMA_VERSION: i64 = 2;
+pub(crate) const SCHEMA_VERSION: i64 = 3;
 
 /// The database's clock in milliseconds since the epoch: the time of every statement unless
 /// the store runs on an injected clock (tests), whose time is then passed instead.
@@ -261,7 +261,8 @@ impl Sql {
         }
     }
 
-    /// The schema's tables, version 2 (see ARCHITECTURE.md, "The PostgreSQL engine").
+    /// The schema's tables, version 3 (see ARCHITECTURE.md, "The PostgreSQL engine"): built
+    /// by the same steps a migrated schema went through, so both end the same.
     fn create(&self) -> String {
         let s = format!("\"{}\"", self.schema);
         format!(
@@ -275,8 +276,25 @@ impl Sql {
                attempts int4 NOT NULL DEFAULT 0, \
                lease_token int8, \
                dedup_key bytea); \
-             {v2}",
-            v2 = self.to_v2(false)
+             {v2}{v3}",
+            v2 = self.to_v2(false),
+            v3 = self.to_v3()
+        )
+    }
+
+    /// From version 2 to version 3: no foreign keys from `items` and `dead_letters` to
+    /// `queues`. The check of one takes a `FOR KEY SHARE` lock on the queue's row in every
+    /// inserting transaction; concurrent committers to one queue share that lock through a
+    /// multixact, written to the queue's row (and logged) at each commit, and every dequeue
+    /// that reads the queue's row resolves it. Queues are never deleted, and the engine only
+    /// writes queue ids it read from `queues`, so the keys held without them.
+    fn to_v3(&self) -> String {
+        let s = format!("\"{}\"", self.schema);
+        format!(
+            "ALTER TABLE {s}.items DROP CONSTRAINT IF EXISTS items_queue_fkey; \
+             ALTER TABLE {s}.dead_letters DROP CONSTRAINT IF EXISTS dead_letters_queue_fkey; \
+             INSERT INTO {s}.meta (key, value) VALUES ('schema_version', '3') \
+               ON CONFLICT (key) DO UPDATE SET value = '3';"
         )
     }
 
@@ -1516,8 +1534,13 @@ async fn migrate(pool: &Pool, sql: &Sql) -> Result<()> {
         Some(row) => {
             let text: String = row.get(0);
             let version = text.trim().parse::<i64>().unwrap_or(-1);
-            if version == 1 {
-                tx.batch_execute(&sql.to_v2(true))
+            let steps = match version {
+                1 => format!("{}{}", sql.to_v2(true), sql.to_v3()),
+                2 => sql.to_v3(),
+                _ => String::new(),
+            };
+            if !steps.is_empty() {
+                tx.batch_execute(&steps)
                     .await
                     .map_err(|e| pg("migrate", e))?;
             } else if version != SCHEMA_VERSION {
