@@ -479,6 +479,50 @@ mod cases {
         assert_eq!(drain(&second, &q), (0..100).collect::<Vec<_>>());
     }
 
+    /// Stores opening the same new queues at the same moment (workers starting together on a
+    /// fresh schema) each get the queue, the same one: never an error because another store
+    /// created its row while this one was asking.
+    pub(crate) fn stores_opening_one_new_queue_at_once_share_it(server: &PgServer) {
+        let stores: Vec<Store> = (0..4).map(|_| store(server, "opened_at_once")).collect();
+        let names: Vec<String> = (0..50).map(|i| format!("q{i}")).collect();
+        let start = Arc::new(Barrier::new(stores.len()));
+        let threads: Vec<_> = stores
+            .iter()
+            .map(|store| {
+                let (store, names, start) = (store.clone(), names.clone(), start.clone());
+                std::thread::spawn(move || {
+                    let mut failed = Vec::new();
+                    for name in &names {
+                        // All four ask for each name at the same moment.
+                        start.wait();
+                        if let Err(e) = store.blocking_queue::<u64>(name) {
+                            failed.push(format!("opening {name}: {e}"));
+                        }
+                    }
+                    failed
+                })
+            })
+            .collect();
+        for t in threads {
+            assert_eq!(t.join().unwrap(), Vec::<String>::new());
+        }
+        // One row per name, and an item enqueued through one store is taken through another.
+        for (i, name) in names.iter().enumerate() {
+            let (from, to) = (&stores[i % 4], &stores[(i + 1) % 4]);
+            fill(from, &from.blocking_queue::<u64>(name).unwrap(), [i as u64]);
+            assert_eq!(
+                drain(to, &to.blocking_queue::<u64>(name).unwrap()),
+                [i as u64]
+            );
+        }
+        let rows = run_sql(
+            server.url(),
+            "SELECT count(*) FROM opened_at_once.queues",
+            &[],
+        );
+        assert_eq!(rows, Some(names.len() as i64));
+    }
+
     /// Many consumers at once, each in its own transaction: every item is taken exactly once
     /// (SKIP LOCKED never hands a held row to a second transaction).
     pub(crate) fn concurrent_consumers_take_each_item_once(server: &PgServer) {
@@ -865,6 +909,10 @@ fn main() -> std::process::ExitCode {
         return std::process::ExitCode::SUCCESS;
     }
     pg::run_suite(vec![
+        (
+            "stores_opening_one_new_queue_at_once_share_it",
+            stores_opening_one_new_queue_at_once_share_it,
+        ),
         (
             "processes_moving_items_under_kill_9_lose_and_duplicate_nothing",
             processes_moving_items_under_kill_9_lose_and_duplicate_nothing,

@@ -196,7 +196,8 @@ struct Sql {
     insert: String,
     /// `$1` the queue's id: visible rows, not counting those held by open transactions.
     count: String,
-    /// `$1` the queue's name: its id, the row created if need be.
+    /// `$1` the queue's name: its id, the row created if need be (no row at all when another
+    /// session created it while the statement ran: run it again).
     queue: String,
     /// `$1` the channel, `$2` queue ids a commit enqueued to: notifies those that some store
     /// has consumers waiting on. Sent after the commit, never inside it. "Someone waits" is
@@ -920,10 +921,22 @@ impl Postgres {
         let (db_id, policy) = self
             .run(async move {
                 let client = pool.get().await.map_err(|e| pg("queue", e))?;
-                let row = client
-                    .query_one(&sql.queue, &[&owned])
-                    .await
-                    .map_err(|e| pg("queue", e))?;
+                // No row when another session created the queue while the statement ran: its
+                // `INSERT` waited for that session's and did nothing, and its `SELECT` reads
+                // the snapshot from before. The statement's next run sees the row.
+                let mut found = None;
+                for _ in 0..3 {
+                    found = client
+                        .query_opt(&sql.queue, &[&owned])
+                        .await
+                        .map_err(|e| pg("queue", e))?;
+                    if found.is_some() {
+                        break;
+                    }
+                }
+                let row = found.ok_or(Error::Bug {
+                    invariant: "a queue's row, once created, is found by the next statement",
+                })?;
                 let read = || -> std::result::Result<(i32, RetryPolicy), tokio_postgres::Error> {
                     Ok((
                         row.try_get(0)?,
