@@ -49,6 +49,16 @@ mod cases {
         )
     }
 
+    /// `schema` records the current version (3) and has its shape: no foreign keys.
+    fn assert_current(server: &PgServer, schema: &str) {
+        let version = one_i64(
+            server.url(),
+            &format!("SELECT value::int8 FROM {schema}.meta WHERE key = 'schema_version'"),
+        );
+        assert_eq!(version, 3, "{schema}'s recorded version");
+        assert_eq!(foreign_keys(server, schema), 0, "{schema}'s foreign keys");
+    }
+
     /// A schema of version 2 (foreign keys from the items and the dead letters to the
     /// queues) is migrated to version 3 when a store connects: the keys are dropped, its items
     /// and dead letters stay, and a version-3 store connecting again changes nothing.
@@ -80,14 +90,7 @@ mod cases {
 
         for _ in 0..2 {
             let store = self::store(server, "migrate_v2");
-            assert_eq!(
-                one_i64(
-                    server.url(),
-                    "SELECT value::int8 FROM migrate_v2.meta WHERE key = 'schema_version'"
-                ),
-                3
-            );
-            assert_eq!(foreign_keys(server, "migrate_v2"), 0);
+            assert_current(server, "migrate_v2");
             let q = store.blocking_queue::<String>("q").unwrap();
             let dead = q.blocking_dead_letters(None, 10).unwrap();
             assert_eq!(dead.len(), 1);
@@ -144,14 +147,7 @@ mod cases {
         probe.blocking_close().unwrap();
 
         let store = store(server, "migrate_v1");
-        assert_eq!(
-            one_i64(
-                server.url(),
-                "SELECT value::int8 FROM \"migrate_v1\".meta WHERE key = 'schema_version'"
-            ),
-            3
-        );
-        assert_eq!(foreign_keys(server, "migrate_v1"), 0);
+        assert_current(server, "migrate_v1");
         let q = store.blocking_queue::<String>("q").unwrap();
         assert_eq!(q.blocking_count().unwrap(), 2);
         let lease = q.blocking_lease(Duration::from_secs(30)).unwrap();
