@@ -508,7 +508,7 @@ mod cases {
         }
         // One row per name, and an item enqueued through one store is taken through another.
         for (i, name) in names.iter().enumerate() {
-            let (from, to) = (&stores[i % 4], &stores[(i + 1) % 4]);
+            let (from, to) = (&stores[i % stores.len()], &stores[(i + 1) % stores.len()]);
             fill(from, &from.blocking_queue::<u64>(name).unwrap(), [i as u64]);
             assert_eq!(
                 drain(to, &to.blocking_queue::<u64>(name).unwrap()),

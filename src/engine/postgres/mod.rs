@@ -196,8 +196,9 @@ struct Sql {
     insert: String,
     /// `$1` the queue's id: visible rows, not counting those held by open transactions.
     count: String,
-    /// `$1` the queue's name: its id, the row created if need be (no row at all when another
-    /// session created it while the statement ran: run it again).
+    /// `$1` the queue's name: its id and retry policy, the row created if need be. Always
+    /// one row: `DO UPDATE` (of nothing) returns the row another session created while the
+    /// statement ran, which a read in the statement's snapshot would miss.
     queue: String,
     /// `$1` the channel, `$2` queue ids a commit enqueued to: notifies those that some store
     /// has consumers waiting on. Sent after the commit, never inside it. "Someone waits" is
@@ -252,12 +253,9 @@ impl Sql {
             proc: processing::ProcSql::new(schema, item_key),
             pids: Mutex::new(HashMap::new()),
             queue: format!(
-                "WITH made AS (\
-                   INSERT INTO {s}.queues (name) VALUES ($1) ON CONFLICT (name) DO NOTHING \
-                   RETURNING id, max_attempts, initial_backoff_ms, max_backoff_ms, jitter_per_mille) \
-                 SELECT * FROM made UNION ALL \
-                 SELECT id, max_attempts, initial_backoff_ms, max_backoff_ms, jitter_per_mille \
-                 FROM {s}.queues WHERE name = $1 LIMIT 1"
+                "INSERT INTO {s}.queues (name) VALUES ($1) \
+                 ON CONFLICT (name) DO UPDATE SET name = EXCLUDED.name \
+                 RETURNING id, max_attempts, initial_backoff_ms, max_backoff_ms, jitter_per_mille"
             ),
         }
     }
@@ -288,7 +286,7 @@ impl Sql {
     /// inserting transaction; concurrent committers to one queue share that lock through a
     /// multixact, written to the queue's row (and logged) at each commit, and every dequeue
     /// that reads the queue's row resolves it. Queues are never deleted, and the engine only
-    /// writes queue ids it read from `queues`, so the keys held without them.
+    /// writes queue ids it read from `queues`, so the keys hold without them.
     fn to_v3(&self) -> String {
         let s = format!("\"{}\"", self.schema);
         format!(
@@ -512,11 +510,10 @@ impl PgSlot {
         self.0 = Some(tx);
     }
 
-    /// The transaction's `PgTx` for its commit or abort (`None` if it has none), and why it
-    /// can no longer commit if a call aborted it.
-    fn take(self) -> (Option<Box<PgTx>>, Option<Aborted>) {
-        let aborted = self.0.as_ref().and_then(|tx| tx.aborted);
-        (self.0, aborted)
+    /// The transaction's `PgTx` for its commit or abort (`None` if it has none; its
+    /// `aborted` says whether a call aborted it).
+    fn take(self) -> Option<Box<PgTx>> {
+        self.0
     }
 }
 
@@ -566,6 +563,13 @@ impl PgTx {
         let mut tx = PgTx::new(rt);
         tx.aborted = Some(why);
         tx
+    }
+
+    /// Is a database transaction open that this side must end? Not past its deadline: that
+    /// connection is closed as it drops, and its server process is being ended, which rolls
+    /// back.
+    fn must_roll_back(&self) -> bool {
+        self.open && !self.discard
     }
 
     fn client(&self) -> Result<&Object> {
@@ -921,22 +925,10 @@ impl Postgres {
         let (db_id, policy) = self
             .run(async move {
                 let client = pool.get().await.map_err(|e| pg("queue", e))?;
-                // No row when another session created the queue while the statement ran: its
-                // `INSERT` waited for that session's and did nothing, and its `SELECT` reads
-                // the snapshot from before. The statement's next run sees the row.
-                let mut found = None;
-                for _ in 0..3 {
-                    found = client
-                        .query_opt(&sql.queue, &[&owned])
-                        .await
-                        .map_err(|e| pg("queue", e))?;
-                    if found.is_some() {
-                        break;
-                    }
-                }
-                let row = found.ok_or(Error::Bug {
-                    invariant: "a queue's row, once created, is found by the next statement",
-                })?;
+                let row = client
+                    .query_one(&sql.queue, &[&owned])
+                    .await
+                    .map_err(|e| pg("queue", e))?;
                 let read = || -> std::result::Result<(i32, RetryPolicy), tokio_postgres::Error> {
                     Ok((
                         row.try_get(0)?,
@@ -1001,12 +993,10 @@ impl Postgres {
         enqueues: Vec<(Arc<QueueCore>, Box<[u8]>)>,
         extra: Extra,
     ) -> Result<Vec<Granted>> {
-        let (tx, aborted) = slot.take();
-        if let Some(why) = aborted {
-            if let Some(held) = tx {
-                // Whatever the rollback gives, the commit's answer is that it did not commit.
-                let _rolled_back = self.end(held).await;
-            }
+        let tx = slot.take();
+        if let Some(why) = tx.as_ref().and_then(|held| held.aborted) {
+            // Whatever the rollback gives, the commit's answer is that it did not commit.
+            let _rolled_back = self.end(tx).await;
             return Err(why.error());
         }
         let mut queues = Vec::with_capacity(enqueues.len());
@@ -1026,9 +1016,10 @@ impl Postgres {
             .run(async move {
                 let mut held = held;
                 let finished = finish(&pool, &sql, &mut held, queues, payloads, extra, now).await;
-                if finished.is_err() && held.open && !held.discard {
-                    // Failed before its `COMMIT`: rolled back before the error is returned,
-                    // so that the items are back when the caller sees it (S4).
+                if finished.is_err() {
+                    // Failed before its `COMMIT` (else nothing is open): rolled back before
+                    // the error is returned, so that the items are back when the caller
+                    // sees it (S4).
                     let _rolled_back = roll_back(&mut held).await;
                 }
                 finished
@@ -1093,20 +1084,18 @@ impl Postgres {
 
     /// Rolls back `tx`'s database transaction, if one is open, and waits for the server.
     pub(crate) async fn rollback(&self, slot: PgSlot) -> Result<()> {
-        match slot.take() {
-            (Some(held), _) => self.end(held).await,
-            (None, _) => Ok(()),
-        }
+        self.end(slot.take()).await
     }
 
-    /// Rolls back `held`'s database transaction if one is open, waiting for the server. A
-    /// connection past its transaction deadline is left to be closed as it drops (its server
-    /// process is being ended, which rolls back).
-    async fn end(&self, mut held: Box<PgTx>) -> Result<()> {
-        if !held.open || held.discard {
-            return Ok(());
+    /// [`roll_back`] of `held`, if it has a database transaction to end (else without a
+    /// task).
+    async fn end(&self, held: Option<Box<PgTx>>) -> Result<()> {
+        match held {
+            Some(mut held) if held.must_roll_back() => {
+                self.run(async move { roll_back(&mut held).await }).await
+            }
+            _ => Ok(()),
         }
-        self.run(async move { roll_back(&mut held).await }).await
     }
 
     /// Items visible in `core`'s queue now: rows not held by an open transaction.
@@ -1548,20 +1537,21 @@ async fn migrate(pool: &Pool, sql: &Sql) -> Result<()> {
             let text: String = row.get(0);
             let version = text.trim().parse::<i64>().unwrap_or(-1);
             let steps = match version {
-                1 => format!("{}{}", sql.to_v2(true), sql.to_v3()),
-                2 => sql.to_v3(),
-                _ => String::new(),
+                SCHEMA_VERSION => None,
+                1 => Some(format!("{}{}", sql.to_v2(true), sql.to_v3())),
+                2 => Some(sql.to_v3()),
+                found => {
+                    return Err(Error::SchemaVersion {
+                        schema: sql.schema.clone(),
+                        found,
+                        supported: SCHEMA_VERSION,
+                    })
+                }
             };
-            if !steps.is_empty() {
+            if let Some(steps) = steps {
                 tx.batch_execute(&steps)
                     .await
                     .map_err(|e| pg("migrate", e))?;
-            } else if version != SCHEMA_VERSION {
-                return Err(Error::SchemaVersion {
-                    schema: sql.schema.clone(),
-                    found: version,
-                    supported: SCHEMA_VERSION,
-                });
             }
         }
     }
@@ -1676,9 +1666,13 @@ fn entry(id: i64, payload: Vec<u8>) -> Entry {
     )
 }
 
-/// `ROLLBACK` on `held`'s connection, awaited. A connection that cannot roll back is broken:
-/// it leaves the pool (closed, so the server rolls back when it notices).
+/// `ROLLBACK` on `held`'s connection, awaited, if it has a database transaction to end. A
+/// connection that cannot roll back is broken: it leaves the pool (closed, so the server
+/// rolls back when it notices).
 async fn roll_back(held: &mut PgTx) -> Result<()> {
+    if !held.must_roll_back() {
+        return Ok(());
+    }
     let rolled_back = held.client()?.batch_execute("ROLLBACK").await;
     held.open = false;
     if let Err(e) = rolled_back {
