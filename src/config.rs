@@ -68,6 +68,9 @@ pub(crate) const DEFAULT_MAX_TRANSACTION_SIZE: usize = 64 << 20;
 pub(crate) const DEFAULT_GROUP_SIZE: usize = 8 << 20;
 /// Hard ceiling on any size setting: one sled value must stay well under 4 GiB.
 const SIZE_CEILING: usize = 1 << 30;
+/// The longest timeout, in milliseconds, a store takes: PostgreSQL's timeouts are int4
+/// milliseconds.
+pub(crate) const MAX_TIMEOUT_MS: u64 = i32::MAX as u64;
 
 impl Default for Config {
     fn default() -> Self {
@@ -118,8 +121,16 @@ impl Config {
         if c.cache_capacity < (1 << 20) {
             return bad("cache_capacity", "at least 1 MiB");
         }
-        if c.transaction_timeout == Some(0) {
-            return bad("transaction_timeout", "at least 1 ms");
+        // The bound is PostgreSQL's for `idle_in_transaction_session_timeout` (an int4 of
+        // milliseconds, about 24.8 days), which the deadline becomes there; the same on every
+        // engine, so that a store's settings do not depend on where it runs.
+        if c.transaction_timeout
+            .is_some_and(|ms| ms == 0 || ms > MAX_TIMEOUT_MS)
+        {
+            return bad(
+                "transaction_timeout",
+                "between 1 ms and 2^31 - 1 ms (24.8 days)",
+            );
         }
         #[cfg(feature = "postgres")]
         if let Some(pg) = &mut c.postgres {

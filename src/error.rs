@@ -245,8 +245,9 @@ pub enum Error {
         source: Source,
     },
 
-    /// The connection to PostgreSQL was lost while `COMMIT` was in flight: the transaction
-    /// may have committed or not, and this process cannot tell. Its dequeued items are either
+    /// The connection to PostgreSQL was lost while the commit was in flight (its `COMMIT`, or
+    /// the one statement of a commit that only enqueues): the transaction may have committed
+    /// or not, and this process cannot tell. Its dequeued items are either
     /// gone for good or back in their queues, never both; its enqueues are either all in or
     /// all out. An enqueue made with a deduplication key can be retried safely.
     CommitOutcomeUnknown {
@@ -272,6 +273,15 @@ pub enum Error {
         found: i64,
         /// The version this build reads and writes.
         supported: i64,
+    },
+
+    /// The database has no schema for this store, and the store was told not to create one
+    /// ([`Builder::postgres_migrate`](crate::Builder::postgres_migrate)`(false)`, as `rq`'s
+    /// reading commands do): a mistyped schema or database, or a store never started with a
+    /// role allowed to create it. Nothing was changed.
+    SchemaMissing {
+        /// The PostgreSQL schema (namespace) looked for.
+        schema: String,
     },
 
     /// The operation is not available on this store's engine (yet): for example the
@@ -446,13 +456,17 @@ impl fmt::Display for Error {
                 write!(f, "store file {} is damaged: {detail}", path.display())
             }
             Error::Postgres { operation, source } => {
-                write!(f, "PostgreSQL failed during {operation}: {source}")
+                write!(f, "PostgreSQL failed during {operation}: ")?;
+                describe_chain(&**source, f)
             }
-            Error::CommitOutcomeUnknown { source } => write!(
-                f,
-                "the connection to PostgreSQL was lost during COMMIT; the transaction may or \
-                 may not have committed: {source}"
-            ),
+            Error::CommitOutcomeUnknown { source } => {
+                write!(
+                    f,
+                    "the connection to PostgreSQL was lost during COMMIT; the transaction may \
+                     or may not have committed: "
+                )?;
+                describe_chain(&**source, f)
+            }
             Error::TransactionAborted { reason } => write!(
                 f,
                 "the transaction was rolled back before its commit ({reason}); nothing of it \
@@ -467,6 +481,11 @@ impl fmt::Display for Error {
                 "PostgreSQL schema {schema:?} is at version {found}; this build supports \
                  version {supported}"
             ),
+            Error::SchemaMissing { schema } => write!(
+                f,
+                "no reliable-queue schema {schema:?} in this database (a mistyped schema or \
+                 database? a store connected once with a role allowed to create it makes it)"
+            ),
             Error::Unsupported { operation, engine } => {
                 write!(f, "{operation} is not available on the {engine} engine yet")
             }
@@ -480,6 +499,54 @@ impl fmt::Display for Error {
             ),
         }
     }
+}
+
+/// A client's error as a person reads it: every level of its chain (the client's own top
+/// line, such as "db error", says nothing alone), and for a server's refusal its severity,
+/// message, SQLSTATE, detail and hint. Levels that repeat the one above are left out.
+fn describe_chain(
+    error: &(dyn std::error::Error + 'static),
+    f: &mut fmt::Formatter<'_>,
+) -> fmt::Result {
+    let mut parts: Vec<String> = Vec::new();
+    let mut level = Some(error);
+    while let Some(e) = level {
+        #[cfg(feature = "postgres")]
+        if let Some(db) = e.downcast_ref::<tokio_postgres::error::DbError>() {
+            let mut text = format!(
+                "{}: {} (SQLSTATE {})",
+                db.severity(),
+                db.message(),
+                db.code().code()
+            );
+            if let Some(detail) = db.detail() {
+                text.push_str("; DETAIL: ");
+                text.push_str(detail);
+            }
+            if let Some(hint) = db.hint() {
+                text.push_str("; HINT: ");
+                text.push_str(hint);
+            }
+            parts.push(text);
+            break;
+        }
+        let text = e.to_string();
+        let text = text
+            .strip_suffix(": db error")
+            .map_or(text.clone(), str::to_owned);
+        let said = parts.last().is_some_and(|last| last.contains(&text));
+        #[cfg(feature = "postgres")]
+        let said = said
+            || e.downcast_ref::<tokio_postgres::Error>()
+                .is_some_and(|pg| pg.as_db_error().is_some());
+        if !said && !text.is_empty() {
+            // A level that quotes the one below it ("...: db error") is kept: the part below
+            // is what it lacked.
+            parts.push(text);
+        }
+        level = e.source();
+    }
+    f.write_str(&parts.join(": "))
 }
 
 impl std::error::Error for Error {

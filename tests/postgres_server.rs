@@ -9,14 +9,79 @@ use std::process::ExitCode;
 
 use pg::{block_on, connect, PgServer};
 
+/// Set in a child of this binary: start a cluster, print its data directory, and leave by
+/// `std::process::exit` without dropping it.
+const EXIT_CHILD_VAR: &str = "RQ_TEST_PG_EXIT_CHILD";
+
 fn main() -> ExitCode {
-    pg::run_suite(vec![
+    if std::env::var_os(EXIT_CHILD_VAR).is_some() {
+        let server = PgServer::start_cluster().expect("the binaries, as the parent found");
+        println!("{}", server.data_dir().expect("started here").display());
+        std::process::exit(0);
+    }
+    pg::run_suite_with(
+        vec![(
+            "a_test_process_that_exits_without_cleaning_up_leaves_no_server",
+            pg::Needs::OwnCluster,
+            a_test_process_that_exits_without_cleaning_up_leaves_no_server as pg::TestFn,
+        )]
+        .into_iter()
+        .chain(shared_tests())
+        .collect(),
+    )
+}
+
+fn shared_tests() -> Vec<(&'static str, pg::Needs, pg::TestFn)> {
+    let tests: Vec<(&'static str, pg::TestFn)> = vec![
         ("select_one", select_one),
         ("superuser_is_rq", superuser_is_rq),
         ("unix_socket_only", unix_socket_only),
         ("databases_are_independent", databases_are_independent),
         ("server_does_not_run_as_root", server_does_not_run_as_root),
-    ])
+    ];
+    tests
+        .into_iter()
+        .map(|(name, test)| (name, pg::Needs::SharedServer, test))
+        .collect()
+}
+
+/// A child of this binary starts a cluster and ends with `std::process::exit`, which runs no
+/// destructor: the cluster's watchdog must stop the server and remove its directory all the
+/// same. (The cluster handed to this test is not used: the child makes its own.)
+fn a_test_process_that_exits_without_cleaning_up_leaves_no_server(_: &PgServer) {
+    let output = std::process::Command::new(std::env::current_exe().unwrap())
+        .env(EXIT_CHILD_VAR, "1")
+        .env_remove(pg::URL_VAR)
+        .output()
+        .expect("run the child");
+    assert!(output.status.success(), "the child failed: {output:?}");
+    let data_dir = std::path::PathBuf::from(String::from_utf8(output.stdout).unwrap().trim());
+    assert!(
+        data_dir.is_absolute(),
+        "the child printed its data directory"
+    );
+    // Bounded: the watchdog waits up to a minute for the server to exit.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(90);
+    while data_dir.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the cluster of a process that exited is still at {}",
+            data_dir.display()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    // Its postmaster is gone: the directory went only after it had exited (or had none).
+    let needle = data_dir.to_string_lossy().into_owned();
+    let running: Vec<String> = std::fs::read_dir("/proc")
+        .expect("/proc")
+        .filter_map(|entry| std::fs::read(entry.ok()?.path().join("cmdline")).ok())
+        .map(|cmdline| String::from_utf8_lossy(&cmdline).replace('\0', " "))
+        .filter(|cmdline| cmdline.contains(&needle) && !cmdline.contains("rq-pg-watchdog"))
+        .collect();
+    assert!(
+        running.is_empty(),
+        "a server of the removed cluster still runs: {running:?}"
+    );
 }
 
 fn select_one(server: &PgServer) {

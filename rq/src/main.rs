@@ -368,10 +368,13 @@ fn open(cli: &Cli, create: bool) -> Res<Store> {
             }
             Store::open(dir).map_err(|e| opening(dir, e))
         }
+        // Only a command that writes items may create the schema: a reading one against a
+        // mistyped schema is an error, and runs under a role that may only read.
         (None, Some(url)) => Ok(Store::builder()
             .postgres(url)
             .postgres_schema(&cli.schema)
             .postgres_pool_size(4)
+            .postgres_migrate(create)
             .open()?),
         _ => Err("name a store: --store DIR (sled) or --postgres URL".into()),
     }

@@ -833,7 +833,7 @@ impl Engine {
         })?;
         let (watch, ack) = pg.watch(&queue.core)?;
         if let Some(ack) = ack {
-            pg.watched(ack, postgres::FALLBACK_POLL).await;
+            pg.watched(ack, pg.poll_interval()).await;
         }
         loop {
             if let Some(entry) = self.try_dequeue_remote(queue, work, 1).await?.pop() {
@@ -868,7 +868,7 @@ impl Engine {
         }
         let (watch, ack) = pg.watch(&queue.core)?;
         if let Some(ack) = ack {
-            pg.watched(ack, postgres::FALLBACK_POLL).await;
+            pg.watched(ack, pg.poll_interval()).await;
         }
         loop {
             self.check_open()?;
@@ -895,7 +895,7 @@ impl Engine {
         for queue in &queues {
             let (watch, ack) = pg.watch(&queue.core)?;
             if let Some(ack) = ack {
-                pg.watched(ack, postgres::FALLBACK_POLL).await;
+                pg.watched(ack, pg.poll_interval()).await;
             }
             watches.push(watch);
         }
@@ -918,7 +918,7 @@ impl Engine {
         queue: &QueueRef,
         deadline: Option<std::time::Instant>,
     ) -> Result<Option<std::time::Duration>> {
-        let mut wait = postgres::FALLBACK_POLL;
+        let mut wait = pg.poll_interval();
         if !self.config.clock.is_manual() {
             if let Some(due) = pg.next_due(&queue.core).await? {
                 wait = wait.min(std::time::Duration::from_millis(due.max(1)));
@@ -1065,7 +1065,7 @@ impl WatchSet<'_> {
             }
         }
         self.pg
-            .wait_any(&self.watches, wait.unwrap_or(postgres::FALLBACK_POLL))
+            .wait_any(&self.watches, wait.unwrap_or(self.pg.poll_interval()))
             .await;
         Ok(true)
     }

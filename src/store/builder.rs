@@ -204,7 +204,8 @@ impl Builder {
     }
 
     /// Gives every transaction from [`Store::begin`](crate::Store::begin) a deadline
-    /// `timeout` after it begins (none by default; at least 1 ms): past it the items it holds
+    /// `timeout` after it begins (none by default; from 1 ms to 2^31 - 1 ms, about 24.8 days,
+    /// on every engine, else [`Error::InvalidConfig`](crate::Error::InvalidConfig) at open): past it the items it holds
     /// go back to their queues at once, and its later calls and its commit fail with
     /// [`Error::TransactionExpired`](crate::Error::TransactionExpired). A transaction can set
     /// its own with [`Transaction::set_timeout`](crate::Transaction::set_timeout). Each such
@@ -404,7 +405,9 @@ impl Builder {
     /// [`Error::TransactionAborted`](crate::Error::TransactionAborted)). Off by default: a
     /// transaction may legitimately stay open while its items are processed; set it above the
     /// longest such processing. The store's connections also use TCP keepalives (30 s idle),
-    /// so a vanished peer is noticed within minutes. Whole milliseconds.
+    /// so a vanished peer is noticed within minutes. Whole milliseconds, from 1 ms to 2^31 - 1
+    /// ms (about 24.8 days, the server's limit): a longer one is
+    /// [`Error::InvalidConfig`](crate::Error::InvalidConfig) at connect.
     #[cfg(feature = "postgres")]
     pub fn postgres_idle_transaction_timeout(mut self, timeout: std::time::Duration) -> Self {
         let pg = self
@@ -412,6 +415,65 @@ impl Builder {
             .postgres
             .get_or_insert_with(|| crate::engine::postgres::PgConfig::new(""));
         pg.idle_transaction_timeout = Some(timeout);
+        self
+    }
+
+    /// How long a consumer waiting on PostgreSQL (`dequeue`, `lease`, a queue set) waits for a
+    /// notification before it looks for an item anyway (1 s by default, from 1 ms to 24
+    /// hours). Commits wake waiting consumers at once, in this store and in others, through
+    /// the server's notifications; this poll only bounds the delay when one was lost (the
+    /// store's listening connection was down when it was sent). Shorter costs one statement
+    /// per waiting queue and interval; longer delays such consumers after a lost
+    /// notification.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let store = reliable_queue::Store::builder()
+    ///     .postgres("postgresql://app@db.internal/app")
+    ///     .postgres_poll_interval(std::time::Duration::from_secs(5))
+    ///     .open()?;
+    /// # Ok::<(), reliable_queue::Error>(())
+    /// ```
+    #[cfg(feature = "postgres")]
+    pub fn postgres_poll_interval(mut self, interval: std::time::Duration) -> Self {
+        let pg = self
+            .config
+            .postgres
+            .get_or_insert_with(|| crate::engine::postgres::PgConfig::new(""));
+        pg.poll_interval = interval;
+        self
+    }
+
+    /// Whether [`connect`](Builder::connect) may create the store's schema, or migrate an
+    /// older one to this build's version (`true` by default). A schema already at this
+    /// build's version is only read either way, so a role without the privilege to create
+    /// (workers' roles, in production) connects to it. With `false` connect changes nothing
+    /// in the database: for a tool that only looks (`rq stats`), where a mistyped schema must
+    /// be an error, not a new empty store.
+    ///
+    /// # Errors
+    ///
+    /// With `false`, at connect: [`Error::SchemaMissing`](crate::Error::SchemaMissing) when
+    /// the schema is not there, [`Error::SchemaVersion`](crate::Error::SchemaVersion) when it
+    /// is at another version.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let store = reliable_queue::Store::builder()
+    ///     .postgres("postgresql://readonly@db.internal/app")
+    ///     .postgres_migrate(false)
+    ///     .open()?;
+    /// # Ok::<(), reliable_queue::Error>(())
+    /// ```
+    #[cfg(feature = "postgres")]
+    pub fn postgres_migrate(mut self, migrate: bool) -> Self {
+        let pg = self
+            .config
+            .postgres
+            .get_or_insert_with(|| crate::engine::postgres::PgConfig::new(""));
+        pg.migrate = migrate;
         self
     }
 

@@ -41,6 +41,8 @@ use std::time::{Duration, Instant};
 
 use libtest_mimic::{Arguments, Completion, Failed, Trial};
 
+pub mod proxy;
+
 /// The connection string of an existing server to use instead of starting one.
 pub const URL_VAR: &str = "RQ_TEST_POSTGRES_URL";
 /// `1`: a missing PostgreSQL is a failure, not a skip.
@@ -88,6 +90,12 @@ struct Cluster {
     log_file: PathBuf,
     /// The unprivileged `(uid, gid)` the server runs as, when the tests run as root.
     run_as: Option<(u32, u32)>,
+    /// The standard input of the cluster's watchdog, a shell that waits for it to close
+    /// and then stops the server (SIGQUIT: an immediate shutdown) and removes the directory.
+    /// It closes when the cluster is dropped, and also when the test process ends without
+    /// dropping it (`std::process::exit`, a panic that aborts, SIGKILL): no test leaves a
+    /// server running.
+    watchdog: Option<std::process::ChildStdin>,
     /// Removed (with the data) after the server has stopped: the last field, dropped last.
     dir: tempfile::TempDir,
 }
@@ -461,13 +469,15 @@ impl Cluster {
                     .unwrap_or_else(|e| panic!("chown {} to {uid}:{gid}: {e}", path.display()));
             }
         }
-        let cluster = Cluster {
+        let mut cluster = Cluster {
             pg_ctl: bin_dir.join("pg_ctl"),
             data_dir,
             log_file,
             run_as,
+            watchdog: None,
             dir,
         };
+        cluster.watchdog = Some(cluster.watchdog());
 
         let initdb = cluster
             .command(&bin_dir.join("initdb"))
@@ -523,6 +533,31 @@ impl Cluster {
             url,
             cluster: Some(cluster),
         }
+    }
+
+    /// Starts the watchdog (see [`Cluster::watchdog`]'s field) and returns its standard
+    /// input. It runs as the tests' own user, which may signal the server and remove the
+    /// directory.
+    fn watchdog(&self) -> std::process::ChildStdin {
+        const SCRIPT: &str = "cat >/dev/null; \
+             pid=$(head -n 1 \"$1/postmaster.pid\" 2>/dev/null); \
+             if [ -n \"$pid\" ] && kill -QUIT \"$pid\" 2>/dev/null; then \
+               n=0; while kill -0 \"$pid\" 2>/dev/null && [ $n -lt 600 ]; do \
+                 sleep 0.1; n=$((n + 1)); done; \
+             fi; \
+             rm -rf \"$2\"";
+        let mut child = Command::new("sh")
+            .arg("-c")
+            .arg(SCRIPT)
+            .arg("rq-pg-watchdog")
+            .arg(&self.data_dir)
+            .arg(self.dir.path())
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting the test server's watchdog: {e}"));
+        child.stdin.take().expect("the watchdog's standard input")
     }
 
     /// A command run as the user the server runs as, from the temporary directory (the

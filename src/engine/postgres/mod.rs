@@ -26,7 +26,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod};
+use deadpool_postgres::{Manager, ManagerConfig, Object, PoolError, RecyclingMethod, TimeoutType};
 use tokio::runtime::Handle;
 use tokio::sync::{mpsc, oneshot, Notify};
 use tokio_postgres::config::SslMode;
@@ -64,13 +64,18 @@ pub(crate) const DEFAULT_SCHEMA: &str = "reliable_queue";
 /// How long a call waits for a pooled connection when every one is in use.
 pub(crate) const POOL_WAIT: Duration = Duration::from_secs(30);
 
+/// How long one connection attempt to one host may take, TCP connect, TLS and the
+/// server's startup included, when the URL sets no `connect_timeout`: a port that accepts
+/// connections but never answers as PostgreSQL would otherwise hold the caller for ever.
+pub(crate) const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Default number of pooled connections.
 pub(crate) const DEFAULT_POOL_SIZE: usize = 16;
 
-/// How often a waiting consumer looks for an item when no notification came: a lost
-/// notification (the listening connection was down when it was sent) delays a consumer by at
-/// most this.
-pub(crate) const FALLBACK_POLL: Duration = Duration::from_secs(1);
+/// How often a waiting consumer looks for an item when no notification came, by default: a
+/// lost notification (the listening connection was down when it was sent) delays a consumer
+/// by at most this.
+pub(crate) const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(1);
 
 /// The first keys of the schema's advisory locks (two-key form, objsubid 2 in `pg_locks`):
 /// `item` marks a row held by an open transaction (second key: the low 32 bits of its id),
@@ -117,6 +122,10 @@ pub(crate) struct PgConfig {
     /// The caller's multi-thread tokio runtime, to run the store's connections and tasks on
     /// instead of a runtime thread of the store's own.
     pub(crate) runtime: Option<Handle>,
+    /// How long a waiting consumer waits for a notification before it looks anyway.
+    pub(crate) poll_interval: Duration,
+    /// Connect may create the schema or migrate it (else it only checks its version).
+    pub(crate) migrate: bool,
 }
 
 impl fmt::Debug for PgConfig {
@@ -140,6 +149,8 @@ impl PgConfig {
             dead_letter_retention: None,
             tls_roots: None,
             runtime: None,
+            poll_interval: DEFAULT_POLL_INTERVAL,
+            migrate: true,
         }
     }
 
@@ -166,6 +177,23 @@ impl PgConfig {
                 expected: "between 1 and 1024 connections",
             });
         }
+        if self.idle_transaction_timeout.is_some_and(|t| {
+            t.is_zero() || t.as_millis() > u128::from(crate::config::MAX_TIMEOUT_MS)
+        }) {
+            // The server refuses every connection whose options carry a larger one.
+            return Err(Error::InvalidConfig {
+                setting: "postgres_idle_transaction_timeout",
+                expected: "between 1 ms and 2^31 - 1 ms (24.8 days)",
+            });
+        }
+        if self.poll_interval < Duration::from_millis(1)
+            || self.poll_interval > Duration::from_secs(24 * 3600)
+        {
+            return Err(Error::InvalidConfig {
+                setting: "postgres_poll_interval",
+                expected: "between 1 ms and 24 hours",
+            });
+        }
         if let Some(handle) = &self.runtime {
             if handle.runtime_flavor() != tokio::runtime::RuntimeFlavor::MultiThread {
                 return Err(Error::InvalidConfig {
@@ -177,6 +205,27 @@ impl PgConfig {
         }
         Ok(())
     }
+}
+
+/// A queue's row as the handles need it: its id and retry policy.
+const QUEUE_COLUMNS: &str =
+    "id, max_attempts, initial_backoff_ms, max_backoff_ms, jitter_per_mille";
+
+/// The channel every store of `schema` listens on: `rq_<schema>`, or where that is longer
+/// than the 63 bytes of a PostgreSQL identifier (`pg_notify` refuses it; `LISTEN` would
+/// truncate it) `rq_` and a 64-bit hash of the schema's name in hex.
+fn channel_of(schema: &str) -> String {
+    const MAX_IDENTIFIER: usize = 63;
+    let plain = format!("rq_{schema}");
+    if plain.len() <= MAX_IDENTIFIER {
+        return plain;
+    }
+    // FNV-1a, 64 bits: stable across builds and platforms.
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in schema.bytes() {
+        hash = (hash ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    format!("rq_{hash:016x}")
 }
 
 /// The statements, with the schema spliced in.
@@ -200,6 +249,8 @@ struct Sql {
     /// one row: `DO UPDATE` (of nothing) returns the row another session created while the
     /// statement ran, which a read in the statement's snapshot would miss.
     queue: String,
+    /// `$1` the queue's name: the columns of [`queue`](Self::queue), if its row exists.
+    queue_read: String,
     /// `$1` the channel, `$2` queue ids a commit enqueued to: notifies those that some store
     /// has consumers waiting on. Sent after the commit, never inside it. "Someone waits" is
     /// a listener's shared advisory lock on the queue's watch key: the statement tries the
@@ -249,14 +300,15 @@ impl Sql {
                 "SELECT pg_notify($1, t.q::text) FROM (SELECT DISTINCT unnest($2::int4[]) AS q) t \
                  WHERE NOT pg_try_advisory_xact_lock({watch_key}, t.q)"
             ),
-            channel: format!("rq_{schema}"),
+            channel: channel_of(schema),
             proc: processing::ProcSql::new(schema, item_key),
             pids: Mutex::new(HashMap::new()),
             queue: format!(
                 "INSERT INTO {s}.queues (name) VALUES ($1) \
                  ON CONFLICT (name) DO UPDATE SET name = EXCLUDED.name \
-                 RETURNING id, max_attempts, initial_backoff_ms, max_backoff_ms, jitter_per_mille"
+                 RETURNING {QUEUE_COLUMNS}"
             ),
+            queue_read: format!("SELECT {QUEUE_COLUMNS} FROM {s}.queues WHERE name = $1"),
         }
     }
 
@@ -611,6 +663,114 @@ fn pg(operation: &'static str, e: impl std::error::Error + Send + Sync + 'static
     }
 }
 
+/// The store's pooled connections, with where they go (named in the errors of a
+/// connection that could not be made).
+#[derive(Clone)]
+pub(crate) struct Pool {
+    inner: deadpool_postgres::Pool,
+    /// The hosts and ports of the URL, for people.
+    target: Arc<str>,
+    /// How long a new connection may take, all hosts tried.
+    bound: Duration,
+}
+
+impl Pool {
+    /// A connection: an idle one, or a new one made within the connect bound.
+    pub(crate) async fn get(&self) -> std::result::Result<Object, ConnectFailed> {
+        self.inner.get().await.map_err(|e| match e {
+            PoolError::Timeout(TimeoutType::Create) => ConnectFailed::NoAnswer {
+                target: Arc::clone(&self.target),
+                after: self.bound,
+            },
+            PoolError::Backend(source) => ConnectFailed::Refused {
+                target: Arc::clone(&self.target),
+                source,
+            },
+            other => ConnectFailed::Pool(other),
+        })
+    }
+
+    fn close(&self) {
+        self.inner.close();
+    }
+}
+
+/// Why the store got no connection.
+#[derive(Debug)]
+pub(crate) enum ConnectFailed {
+    /// Nothing answered as PostgreSQL within the connect bound: a silent or foreign
+    /// listener, or a host that drops packets.
+    NoAnswer { target: Arc<str>, after: Duration },
+    /// The connection was refused or failed (by the network, TLS or the server).
+    Refused {
+        target: Arc<str>,
+        source: tokio_postgres::Error,
+    },
+    /// The pool's own failure (every connection busy past the wait, or closed).
+    Pool(PoolError),
+}
+
+impl fmt::Display for ConnectFailed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ConnectFailed::NoAnswer { target, after } => write!(
+                f,
+                "no answer as PostgreSQL from {target} within {} ms (is it a PostgreSQL \
+                 server? the URL's connect_timeout sets the wait per host)",
+                after.as_millis()
+            ),
+            ConnectFailed::Refused { target, .. } => {
+                write!(f, "could not connect to {target}")
+            }
+            ConnectFailed::Pool(e) => e.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for ConnectFailed {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            ConnectFailed::NoAnswer { .. } => None,
+            ConnectFailed::Refused { source, .. } => Some(source),
+            ConnectFailed::Pool(e) => e.source(),
+        }
+    }
+}
+
+/// The hosts and ports a connection string names, for people: `db1:5432,db2:5433`, or a
+/// socket directory and port.
+fn target_of(config: &tokio_postgres::Config) -> String {
+    let ports = config.get_ports();
+    let port = |i: usize| ports.get(i).or(ports.first()).copied().unwrap_or(5432);
+    let hosts: Vec<String> = config
+        .get_hosts()
+        .iter()
+        .enumerate()
+        .map(|(i, host)| match host {
+            tokio_postgres::config::Host::Tcp(name) => format!("{name}:{}", port(i)),
+            #[cfg(unix)]
+            tokio_postgres::config::Host::Unix(dir) => {
+                format!("{}/.s.PGSQL.{}", dir.display(), port(i))
+            }
+        })
+        .collect();
+    if !hosts.is_empty() {
+        return hosts.join(",");
+    }
+    let addresses: Vec<String> = config
+        .get_hostaddrs()
+        .iter()
+        .enumerate()
+        .map(|(i, addr)| format!("{addr}:{}", port(i)))
+        .collect();
+    if addresses.is_empty() {
+        // tokio-postgres refuses to connect without a host: never what a connection used.
+        "(no host)".to_owned()
+    } else {
+        addresses.join(",")
+    }
+}
+
 /// One connected PostgreSQL store.
 pub(crate) struct Postgres {
     rt: Handle,
@@ -636,6 +796,8 @@ pub(crate) struct Postgres {
     tls: Tls,
     /// `PgConfig::dead_letter_retention`, in ms.
     retention: Option<i64>,
+    /// `PgConfig::poll_interval`.
+    poll_interval: Duration,
     /// The database ids of the queues this store has opened, for the maintenance pass.
     maintained: Arc<Mutex<Vec<i32>>>,
 }
@@ -671,6 +833,21 @@ impl Postgres {
             );
             pg_config.options(options.trim());
         }
+        // libpq's `connect_timeout` bounds a whole attempt on each host; tokio-postgres's
+        // only its TCP connect. Each host gets its timeout for the TCP connect, and every
+        // connection the whole of them for its startup.
+        let per_host = pg_config
+            .get_connect_timeout()
+            .copied()
+            .unwrap_or(DEFAULT_CONNECT_TIMEOUT);
+        pg_config.connect_timeout(per_host);
+        let hosts = pg_config
+            .get_hosts()
+            .len()
+            .max(pg_config.get_hostaddrs().len())
+            .max(1);
+        let connect_bound = per_host.saturating_mul(u32::try_from(hosts).unwrap_or(u32::MAX));
+        let target: Arc<str> = Arc::from(target_of(&pg_config));
         let (stop, stopped) = oneshot::channel::<()>();
         let (rt, thread) = match &config.runtime {
             // Checked by `validate`: a multi-thread runtime, whose workers run the tasks
@@ -709,13 +886,20 @@ impl Postgres {
         let pool = {
             let _in_runtime = rt.enter();
             // A call that finds every connection busy (held by open transactions) waits at
-            // most this long for one, then fails with `Error::Postgres`: never a hang.
-            Pool::builder(manager)
+            // most this long for one, then fails with `Error::Postgres`: never a hang. A new
+            // connection gets `connect_bound` for all of its hosts, startup included.
+            let inner = deadpool_postgres::Pool::builder(manager)
                 .max_size(config.pool_size)
                 .runtime(deadpool_postgres::Runtime::Tokio1)
                 .wait_timeout(Some(POOL_WAIT))
+                .create_timeout(Some(connect_bound))
                 .build()
-                .map_err(|e| pg("connect", e))?
+                .map_err(|e| pg("connect", e))?;
+            Pool {
+                inner,
+                target: target.clone(),
+                bound: connect_bound,
+            }
         };
         let store = Postgres {
             rt,
@@ -731,13 +915,17 @@ impl Postgres {
             pg_config: Arc::new(pg_config.clone()),
             tls: tls.clone(),
             maintained: Arc::new(Mutex::new(Vec::new())),
+            poll_interval: config.poll_interval,
             retention: config
                 .dead_letter_retention
                 .map(|r| i64::try_from(r.as_millis()).unwrap_or(i64::MAX)),
         };
         let pool = store.pool.clone();
         let sql = Arc::clone(&store.sql);
-        store.run(async move { migrate(&pool, &sql).await }).await?;
+        let create = config.migrate;
+        store
+            .run(async move { migrate(&pool, &sql, create).await })
+            .await?;
         let maintain = store.rt.spawn(processing::maintain(
             store.pool.clone(),
             Arc::clone(&store.sql),
@@ -747,6 +935,7 @@ impl Postgres {
         ));
         let listen = store.rt.spawn(listen(
             pg_config,
+            connect_bound,
             tls,
             Arc::clone(&store.sql),
             waiters,
@@ -783,6 +972,11 @@ impl Postgres {
             notify,
         };
         Ok((watch, ack))
+    }
+
+    /// How long a waiting consumer waits for a notification before it looks anyway.
+    pub(crate) fn poll_interval(&self) -> Duration {
+        self.poll_interval
     }
 
     /// This store's consumers waiting on `core`'s queue now.
@@ -925,10 +1119,19 @@ impl Postgres {
         let (db_id, policy) = self
             .run(async move {
                 let client = pool.get().await.map_err(|e| pg("queue", e))?;
-                let row = client
-                    .query_one(&sql.queue, &[&owned])
+                // Read first: opening a queue that exists writes nothing (a role that may
+                // only read opens it).
+                let found = client
+                    .query_opt(&sql.queue_read, &[&owned])
                     .await
                     .map_err(|e| pg("queue", e))?;
+                let row = match found {
+                    Some(row) => row,
+                    None => client
+                        .query_one(&sql.queue, &[&owned])
+                        .await
+                        .map_err(|e| pg("queue", e))?,
+                };
                 let read = || -> std::result::Result<(i32, RetryPolicy), tokio_postgres::Error> {
                     Ok((
                         row.try_get(0)?,
@@ -1190,10 +1393,17 @@ enum Command {
 impl Waiters {
     /// See [`Postgres::notify`].
     fn notify(&self, queues: Vec<i32>) {
-        if !queues.is_empty() {
-            // A listener gone (store closing) has nobody left to wake.
-            let _ = self.commands.send(Command::Notify(queues));
+        if queues.is_empty() {
+            return;
         }
+        // This store's own waiters at once: the notification the listener sends is for the
+        // other stores (its own lock on a queue this store waits on hides this store from
+        // the "anyone waiting?" check, and the listener drops what it sent itself).
+        for &queue in &queues {
+            self.wake_one(queue);
+        }
+        // A listener gone (store closing) has nobody left to wake.
+        let _ = self.commands.send(Command::Notify(queues));
     }
 
     fn wake_one(&self, queue: i32) {
@@ -1275,20 +1485,22 @@ impl Drop for Watch {
 /// closes (its command line closes).
 async fn listen(
     config: tokio_postgres::Config,
+    bound: Duration,
     tls: Tls,
     sql: Arc<Sql>,
     waiters: Arc<Waiters>,
     commands: mpsc::UnboundedReceiver<Command>,
 ) {
     match tls {
-        Tls::Off => listen_with(config, NoTls, sql, waiters, commands).await,
-        Tls::On(tls) => listen_with(config, tls, sql, waiters, commands).await,
+        Tls::Off => listen_with(config, bound, NoTls, sql, waiters, commands).await,
+        Tls::On(tls) => listen_with(config, bound, tls, sql, waiters, commands).await,
     }
 }
 
 /// [`listen`] with one kind of connection.
 async fn listen_with<T>(
     config: tokio_postgres::Config,
+    bound: Duration,
     tls: T,
     sql: Arc<Sql>,
     waiters: Arc<Waiters>,
@@ -1302,16 +1514,20 @@ async fn listen_with<T>(
     let (channel, watch_key, notify) = (&sql.channel, sql.keys.watch, &sql.notify);
     let mut backoff = Duration::from_millis(50);
     loop {
-        if let Ok((client, mut connection)) = config.connect(tls.clone()).await {
+        // A server that accepts the connection and never answers is given up on at the
+        // bound, and tried again after the backoff like one that refused.
+        let connected = tokio::time::timeout(bound, config.connect(tls.clone())).await;
+        if let Ok(Ok((client, mut connection))) = connected {
             backoff = Duration::from_millis(50);
-            let (noted, mut notes) = mpsc::unbounded_channel::<Option<i32>>();
+            let (noted, mut notes) = mpsc::unbounded_channel::<(i32, Option<i32>)>();
             let driver = tokio::spawn(async move {
                 while let Some(message) =
                     std::future::poll_fn(|cx| connection.poll_message(cx)).await
                 {
                     match message {
                         Ok(AsyncMessage::Notification(n)) => {
-                            if noted.send(n.payload().parse().ok()).is_err() {
+                            let note = (n.process_id(), n.payload().parse().ok());
+                            if noted.send(note).is_err() {
                                 return;
                             }
                         }
@@ -1325,9 +1541,14 @@ async fn listen_with<T>(
                 .batch_execute(&format!("LISTEN \"{channel}\""))
                 .await
                 .is_ok();
+            // Its own notifications come back to it; this store woke its waiters already.
+            let own_pid = match client.query_one("SELECT pg_backend_pid()", &[]).await {
+                Ok(row) => row.try_get::<_, i32>(0).ok(),
+                Err(_) => None,
+            };
             // Prepared once per connection: the listener sends every store's notifications.
             let notify_statement = client.prepare(notify).await.ok();
-            if listening && notify_statement.is_some() {
+            if listening && notify_statement.is_some() && own_pid.is_some() {
                 let mut up = true;
                 for queue in waiters.waited_queues() {
                     up = up && reconcile(&client, watch_key, &waiters, &mut locked, queue).await;
@@ -1337,8 +1558,10 @@ async fn listen_with<T>(
                 while up {
                     tokio::select! {
                         note = notes.recv() => match note {
-                            Some(Some(queue)) => waiters.wake_one(queue),
-                            Some(None) => {}
+                            Some((from, Some(queue))) if Some(from) != own_pid => {
+                                waiters.wake_one(queue);
+                            }
+                            Some(_) => {}
                             None => up = false,
                         },
                         command = commands.recv() => match command {
@@ -1503,9 +1726,58 @@ async fn reconcile(
     true
 }
 
-/// Creates the schema's tables, or checks their version, under an advisory lock.
-async fn migrate(pool: &Pool, sql: &Sql) -> Result<()> {
+/// The version of the store's schema in the database, read without a lock and without
+/// DDL; `None` when the schema or its `meta` table is not there.
+async fn schema_version(client: &Object, sql: &Sql) -> Result<Option<i64>> {
+    let s = format!("\"{}\"", sql.schema);
+    let exists = client
+        .query_one(
+            "SELECT to_regclass($1) IS NOT NULL",
+            &[&format!("{s}.meta")],
+        )
+        .await
+        .map_err(|e| pg("migrate", e))?;
+    if !exists.try_get::<_, bool>(0).map_err(|e| pg("migrate", e))? {
+        return Ok(None);
+    }
+    let found = client
+        .query_opt(
+            &format!("SELECT value FROM {s}.meta WHERE key = 'schema_version'"),
+            &[],
+        )
+        .await
+        .map_err(|e| pg("migrate", e))?;
+    Ok(match found {
+        None => None,
+        Some(row) => {
+            let text: String = row.try_get(0).map_err(|e| pg("migrate", e))?;
+            Some(text.trim().parse::<i64>().unwrap_or(-1))
+        }
+    })
+}
+
+/// Checks the schema's version and, when `create` allows, creates the schema's tables or
+/// migrates them under an advisory lock. A schema at this build's version is only read: a
+/// role without the privilege to create (a worker's, an operator's) connects to it.
+async fn migrate(pool: &Pool, sql: &Sql, create: bool) -> Result<()> {
     let mut client = pool.get().await.map_err(|e| pg("connect", e))?;
+    let version = schema_version(&client, sql).await?;
+    match version {
+        Some(SCHEMA_VERSION) => return Ok(()),
+        Some(found) if !create || !(1..SCHEMA_VERSION).contains(&found) => {
+            return Err(Error::SchemaVersion {
+                schema: sql.schema.clone(),
+                found,
+                supported: SCHEMA_VERSION,
+            })
+        }
+        None if !create => {
+            return Err(Error::SchemaMissing {
+                schema: sql.schema.clone(),
+            })
+        }
+        _ => {}
+    }
     let tx = client.transaction().await.map_err(|e| pg("migrate", e))?;
     // Two int4 keys (objsubid 2 in pg_locks): apart from the items' int8 keys.
     tx.execute(
@@ -1739,14 +2011,15 @@ async fn finish(
     let single: [&(dyn tokio_postgres::types::ToSql + Sync); 3] = [&queue_one, &payload_one, &now];
     let params: &[&(dyn tokio_postgres::types::ToSql + Sync)] = if one { &single } else { &many };
     if !held.open && extra.is_empty() {
-        // One statement, atomic on its own; the notification pipelined after it.
+        // One statement, atomic on its own: it commits as it completes, so a connection lost
+        // once it was sent leaves the outcome unknown, as a lost `COMMIT` does.
         let inserted = match &insert {
             Some(insert) => client.execute(insert, params).await.map(drop),
             None => Ok(()),
         };
         return inserted
             .map(|()| (Vec::new(), notified))
-            .map_err(|e| pg("commit", e));
+            .map_err(commit_error);
     }
     if extra.is_empty() {
         // The `INSERT` and `COMMIT` in one round trip. Should the `INSERT` fail, the server
@@ -1811,6 +2084,18 @@ mod tests {
             assert!(keys.item >= 0 && keys.watch >= 0);
             assert_ne!(keys.item, keys.watch);
         }
+    }
+
+    #[test]
+    fn channels_fit_an_identifier_and_differ_per_schema() {
+        let long_a = "a".repeat(63);
+        let long_b = format!("{}b", "a".repeat(62));
+        assert_eq!(channel_of("jobs"), "rq_jobs");
+        assert_eq!(channel_of(&"s".repeat(60)).len(), 63);
+        for schema in [&long_a, &long_b, &"x".repeat(61)] {
+            assert!(channel_of(schema).len() <= 63, "{schema}");
+        }
+        assert_ne!(channel_of(&long_a), channel_of(&long_b));
     }
 
     #[test]

@@ -933,7 +933,7 @@ const MAINTENANCE: std::time::Duration = std::time::Duration::from_secs(30);
 /// dead-letter retention. Runs until the store's runtime stops. Failures are logged and
 /// retried at the next pass.
 pub(super) async fn maintain(
-    pool: deadpool_postgres::Pool,
+    pool: super::Pool,
     sql: Arc<Sql>,
     queues: Arc<Mutex<Vec<i32>>>,
     clock: Option<Clock>,
