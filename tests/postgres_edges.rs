@@ -265,6 +265,31 @@ mod cases {
         }
     }
 
+    /// A consumer waiting for an item of `q` (for an hour at most) on a thread of its own;
+    /// what it took comes through the receiver.
+    fn waiting_consumer(
+        store: Store,
+        q: reliable_queue::ReliableConcurrentQueue<u64>,
+    ) -> mpsc::Receiver<u64> {
+        let (took, taken) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut tx = store.begin();
+            if let Some(item) = q.blocking_dequeue_timeout(&mut tx, NO_POLL).unwrap() {
+                tx.blocking_commit().unwrap();
+                let _ = took.send(item);
+            }
+        });
+        taken
+    }
+
+    /// What the consumer took, once a commit woke it: a failure past [`WAKE_BOUND`] (then
+    /// nothing woke it; its thread is left waiting).
+    fn woken(consumer: &mpsc::Receiver<u64>) -> u64 {
+        consumer
+            .recv_timeout(WAKE_BOUND)
+            .expect("the commit wakes the waiting consumer")
+    }
+
     /// Producer and consumer on one store: the commit wakes the waiting consumer at once.
     /// With an hour's poll interval nothing else would.
     pub(crate) fn a_waiting_consumer_is_woken_by_a_commit_of_its_own_store(server: &PgServer) {
@@ -273,20 +298,15 @@ mod cases {
         for round in 0..3u64 {
             let consumer = {
                 let (store, q) = (store.clone(), q.clone());
-                std::thread::spawn(move || {
-                    let mut tx = store.begin();
-                    let item = q.blocking_dequeue_timeout(&mut tx, WAKE_BOUND).unwrap();
-                    tx.blocking_commit().unwrap();
-                    item
-                })
+                waiting_consumer(store, q)
             };
             looked(server, "own_wake");
             let mut tx = store.begin();
             q.enqueue(&mut tx, round).unwrap();
             tx.blocking_commit().unwrap();
             assert_eq!(
-                consumer.join().unwrap(),
-                Some(round),
+                woken(&consumer),
+                round,
                 "round {round}: the commit woke the consumer of its own store"
             );
         }
@@ -299,19 +319,14 @@ mod cases {
         let q = store.blocking_queue::<u64>("q").unwrap();
         let consumer = {
             let (store, q) = (store.clone(), q.clone());
-            std::thread::spawn(move || {
-                let mut tx = store.begin();
-                let item = q.blocking_dequeue_timeout(&mut tx, WAKE_BOUND).unwrap();
-                tx.blocking_commit().unwrap();
-                item
-            })
+            waiting_consumer(store, q)
         };
         looked(server, "own_delay");
         let mut tx = store.begin();
         q.enqueue_after(&mut tx, 7, Duration::from_millis(200))
             .unwrap();
         tx.blocking_commit().unwrap();
-        assert_eq!(consumer.join().unwrap(), Some(7));
+        assert_eq!(woken(&consumer), 7);
     }
 
     /// A schema of 61 to 63 bytes: its channel would be longer than an identifier may be; the
@@ -324,19 +339,14 @@ mod cases {
         let q = consumer_store.blocking_queue::<u64>("q").unwrap();
         let consumer = {
             let (store, q) = (consumer_store.clone(), q.clone());
-            std::thread::spawn(move || {
-                let mut tx = store.begin();
-                let item = q.blocking_dequeue_timeout(&mut tx, WAKE_BOUND).unwrap();
-                tx.blocking_commit().unwrap();
-                item
-            })
+            waiting_consumer(store, q)
         };
         looked(server, &schema);
         let p = producer_store.blocking_queue::<u64>("q").unwrap();
         let mut tx = producer_store.begin();
         p.enqueue(&mut tx, 63).unwrap();
         tx.blocking_commit().unwrap();
-        assert_eq!(consumer.join().unwrap(), Some(63));
+        assert_eq!(woken(&consumer), 63);
     }
 
     /// A store told not to migrate changes nothing: a missing schema is
