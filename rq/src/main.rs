@@ -79,11 +79,11 @@ enum Command {
         /// Redraw every --interval seconds until Ctrl-C (the store is then closed cleanly).
         #[arg(long)]
         watch: bool,
-        /// Seconds between redraws with --watch.
-        #[arg(long, default_value_t = 1.0)]
-        interval: f64,
-        /// With --watch, stop after this many redraws.
-        #[arg(long)]
+        /// Seconds between redraws with --watch: from 0.1 to 86400 (a day).
+        #[arg(long, default_value = "1", value_parser = interval, requires = "watch")]
+        interval: Duration,
+        /// With --watch, stop after this many redraws (at least 1).
+        #[arg(long, value_parser = at_least_one::<u64>, requires = "watch")]
         count: Option<u64>,
         /// Print JSON instead of a table.
         #[arg(long)]
@@ -184,8 +184,8 @@ enum Command {
 /// A page of a listing: `browse` and `dead-letters list`.
 #[derive(Args, Debug)]
 struct Page {
-    /// At most this many.
-    #[arg(long, default_value_t = 50)]
+    /// At most this many (at least 1).
+    #[arg(long, default_value_t = 50, value_parser = at_least_one::<usize>)]
     limit: usize,
     /// Start after this id (the last id of the previous page).
     #[arg(long)]
@@ -244,8 +244,8 @@ struct Which {
     /// Every dead letter of the queue.
     #[arg(long)]
     all: bool,
-    /// The oldest N.
-    #[arg(long, value_name = "N")]
+    /// The oldest N (at least 1).
+    #[arg(long, value_name = "N", value_parser = at_least_one::<usize>)]
     first: Option<usize>,
     /// These ids (comma-separated).
     #[arg(long, value_delimiter = ',', value_name = "ID,...")]
@@ -259,6 +259,40 @@ impl Which {
             (None, Some(n)) => Replay::First(n),
             (None, None) => Replay::All,
         }
+    }
+}
+
+/// The shortest and longest wait between two redraws of `stats --watch`: shorter would
+/// redraw faster than anyone reads (and keep a store busy for nothing), longer is a typo.
+const INTERVALS: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(86_400));
+
+/// `--interval`: seconds, within [`INTERVALS`]; anything else is refused, not clamped.
+fn interval(text: &str) -> Result<Duration, String> {
+    let (low, high) = INTERVALS;
+    text.trim()
+        .parse::<f64>()
+        .ok()
+        .filter(|s| *s >= low.as_secs_f64() && *s <= high.as_secs_f64())
+        .map(Duration::from_secs_f64)
+        .ok_or_else(|| {
+            format!(
+                "the wait between redraws must be between {} and {} seconds",
+                low.as_secs_f64(),
+                high.as_secs()
+            )
+        })
+}
+
+/// A count that must be at least 1 (`--limit`, `--first`, `--count`): 0 would do nothing
+/// while seeming to do something, so it is refused.
+fn at_least_one<T>(text: &str) -> Result<T, String>
+where
+    T: std::str::FromStr + PartialOrd + From<u8>,
+{
+    match text.trim().parse::<T>() {
+        Ok(n) if n >= T::from(1) => Ok(n),
+        Ok(_) => Err("must be at least 1".to_owned()),
+        Err(_) => Err("not a whole number (at least 1)".to_owned()),
     }
 }
 
@@ -468,19 +502,32 @@ fn stats_rows(store: &Store) -> Res<Vec<StatsRow>> {
     Ok(rows)
 }
 
+/// A queue name for a terminal: control and other unprintable characters escaped as Rust
+/// writes them (`\u{1b}`, `\0`), so a name cannot move the cursor or clear the screen. JSON
+/// output keeps names exact.
+fn printable(name: &str) -> String {
+    name.escape_debug().to_string()
+}
+
 fn stats_table(rows: &[StatsRow]) -> String {
-    let width = rows.iter().map(|r| r.queue.len()).max().unwrap_or(0).max(5);
+    let names: Vec<String> = rows.iter().map(|r| printable(&r.queue)).collect();
+    let width = names
+        .iter()
+        .map(|n| n.chars().count())
+        .max()
+        .unwrap_or(0)
+        .max(5);
     let mut out = format!(
         "{:<width$}  {:>9}  {:>9}  {:>9}  {:>9}  {:>9}  {:>8}\n",
         "QUEUE", "READY", "DELAYED", "LEASED", "HELD", "DEAD", "OLDEST"
     );
-    for r in rows {
+    for (r, name) in rows.iter().zip(&names) {
         let oldest = r
             .oldest_ms
             .map_or_else(|| "-".to_owned(), |ms| human(Duration::from_millis(ms)));
         out.push_str(&format!(
             "{:<width$}  {:>9}  {:>9}  {:>9}  {:>9}  {:>9}  {:>8}\n",
-            r.queue, r.ready, r.delayed, r.leased, r.held, r.dead, oldest
+            name, r.ready, r.delayed, r.leased, r.held, r.dead, oldest
         ));
     }
     if rows.is_empty() {
@@ -489,7 +536,13 @@ fn stats_table(rows: &[StatsRow]) -> String {
     out
 }
 
-fn stats(store: &Store, watch: bool, interval: f64, count: Option<u64>, json: bool) -> Res<()> {
+fn stats(
+    store: &Store,
+    watch: bool,
+    interval: Duration,
+    count: Option<u64>,
+    json: bool,
+) -> Res<()> {
     if !watch {
         let rows = stats_rows(store)?;
         if json {
@@ -499,10 +552,6 @@ fn stats(store: &Store, watch: bool, interval: f64, count: Option<u64>, json: bo
         }
         return Ok(());
     }
-    if !(interval.is_finite() && interval > 0.0) {
-        return Err("--interval must be a positive number of seconds".into());
-    }
-    let interval = Duration::from_secs_f64(interval.min(86_400.0));
     let terminal = std::io::stdout().is_terminal();
     // Ctrl-C (or a TERM) ends the watch and the store is closed as after any command; the
     // handlers are in place before the first draw, so a signal during a draw is not lost.
@@ -1032,10 +1081,15 @@ fn print_verify(r: &VerifyReport) {
         r.queues, r.items, r.dead_letters
     );
     for s in &r.set_aside {
-        let queues = s
-            .queues
-            .as_ref()
-            .map_or_else(|| "unknown queues".to_owned(), |q| q.join(", "));
+        let queues = s.queues.as_ref().map_or_else(
+            || "unknown queues".to_owned(),
+            |q| {
+                q.iter()
+                    .map(|n| printable(n))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            },
+        );
         println!(
             "DAMAGED: record {} set aside ({queues}): {}",
             s.record, s.reason
@@ -1047,7 +1101,11 @@ fn print_verify(r: &VerifyReport) {
     if !r.fenced.is_empty() {
         println!(
             "DAMAGED: queues fenced (not read; the store refuses them until unfenced): {}",
-            r.fenced.join(", ")
+            r.fenced
+                .iter()
+                .map(|n| printable(n))
+                .collect::<Vec<_>>()
+                .join(", ")
         );
     }
     for u in &r.unreadable {

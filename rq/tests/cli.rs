@@ -102,7 +102,7 @@ fn stats_counts_every_state_of_every_queue() {
         "stats",
         "--watch",
         "--interval",
-        "0.01",
+        "0.1",
         "--count",
         "2",
     ]);
@@ -532,4 +532,120 @@ fn stats_watch_stops_at_ctrl_c_and_closes_the_store() {
     let store = Store::open(&path).unwrap();
     assert_eq!(store.blocking_list_queues().unwrap().len(), 2);
     store.blocking_close().unwrap();
+}
+
+/// A closed store holding queue `name` with one text item.
+fn with_queue_named(name: &str) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store");
+    let store = Store::open(&path).unwrap();
+    let q = store.blocking_queue::<String>(name).unwrap();
+    let mut tx = store.begin();
+    q.enqueue(&mut tx, "x".to_owned()).unwrap();
+    tx.blocking_commit().unwrap();
+    store.blocking_close().unwrap();
+    (dir, path)
+}
+
+#[test]
+fn stats_escapes_control_characters_in_queue_names_but_not_in_json() {
+    let name = "evil\u{1b}[2J\0name\u{202e}";
+    let (_dir, path) = with_queue_named(name);
+    let table = ok(&["--store", s(&path), "stats"]);
+    assert!(
+        !table.contains('\u{1b}') && !table.contains('\0') && !table.contains('\u{202e}'),
+        "control characters reached the terminal: {table:?}"
+    );
+    let line = table.lines().find(|l| l.starts_with("evil")).unwrap();
+    assert!(
+        line.starts_with(r"evil\u{1b}[2J\0name\u{202e}  "),
+        "{table}"
+    );
+    // The columns still line up: READY under READY.
+    let header = table.lines().next().unwrap();
+    assert_eq!(
+        header.find("READY").map(|at| at + "READY".len()),
+        line.find(" 1 ").map(|at| at + 2),
+        "{table}"
+    );
+    let rows = json(&["--store", s(&path), "stats", "--json"]);
+    assert_eq!(rows[0]["queue"], name, "JSON keeps the name exactly");
+}
+
+#[test]
+fn stats_refuses_an_interval_under_100_ms_or_over_a_day() {
+    let (_dir, path) = filled();
+    for interval in ["1e-300", "0.05", "0", "-1", "NaN", "inf", "86401", "soon"] {
+        let given = format!("--interval={interval}");
+        let out = rq(&[
+            "--store",
+            s(&path),
+            "stats",
+            "--watch",
+            &given,
+            "--count",
+            "2",
+        ]);
+        assert_eq!(out.status.code(), Some(2), "--interval {interval}");
+        assert!(
+            stderr(&out).contains("between 0.1 and 86400 seconds"),
+            "--interval {interval}: {}",
+            stderr(&out)
+        );
+        assert_eq!(stdout(&out), "", "--interval {interval} drew a table");
+    }
+    let watched = ok(&[
+        "--store",
+        s(&path),
+        "stats",
+        "--watch",
+        "--interval",
+        "0.1",
+        "--count",
+        "1",
+    ]);
+    assert!(watched.contains("every 100ms"), "{watched}");
+}
+
+#[test]
+fn stats_refuses_a_count_of_zero_and_a_count_without_watch() {
+    let (_dir, path) = filled();
+    let zero = rq(&["--store", s(&path), "stats", "--watch", "--count", "0"]);
+    assert_eq!(zero.status.code(), Some(2));
+    assert!(stderr(&zero).contains("at least 1"), "{}", stderr(&zero));
+    assert_eq!(stdout(&zero), "", "a count of 0 drew a table");
+    let unwatched = rq(&["--store", s(&path), "stats", "--count", "3"]);
+    assert_eq!(unwatched.status.code(), Some(2));
+    assert!(
+        stderr(&unwatched).contains("--watch"),
+        "{}",
+        stderr(&unwatched)
+    );
+}
+
+#[test]
+fn browse_and_dead_letters_refuse_a_limit_of_zero() {
+    let (_dir, path) = filled();
+    for args in [
+        vec!["browse", "jobs", "--limit", "0"],
+        vec!["dead-letters", "list", "jobs", "--limit", "0"],
+        vec!["dead-letters", "replay", "jobs", "--first", "0", "--yes"],
+        vec!["dead-letters", "purge", "jobs", "--first", "0", "--yes"],
+    ] {
+        let mut all = vec!["--store", s(&path)];
+        all.extend(&args);
+        let out = rq(&all);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stdout(&out));
+        assert!(
+            stderr(&out).contains("at least 1"),
+            "{args:?}: {}",
+            stderr(&out)
+        );
+    }
+    // Nothing was replayed or purged.
+    let stats = json(&["--store", s(&path), "stats", "--json"]);
+    assert_eq!(
+        (&stats[0]["ready"], &stats[0]["dead"]),
+        (&3.into(), &2.into())
+    );
 }
