@@ -26,6 +26,11 @@ type Res<T> = Result<T, Box<dyn std::error::Error>>;
 /// What `main` returns for a store found damaged (`rq verify`); other failures return 1.
 const DAMAGED: u8 = 2;
 
+/// The largest item rq writes (`import`), in bytes: the stores it opens take items up to
+/// this size (the library's default), and `import` checks every item against it before it
+/// writes one.
+const ITEM_LIMIT: usize = 4 << 20;
+
 /// How long `verify` waits for a store's lock, as `Store::open` does.
 const LOCK_PATIENCE: Duration = Duration::from_secs(2);
 
@@ -85,6 +90,10 @@ enum Command {
         /// With --watch, stop after this many redraws (at least 1).
         #[arg(long, value_parser = at_least_one::<u64>, requires = "watch")]
         count: Option<u64>,
+        /// Also list the queues of import bookkeeping (rq.import.*: how far each import got),
+        /// left out by default.
+        #[arg(long)]
+        all: bool,
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
@@ -157,16 +166,24 @@ enum Command {
     },
     /// Add the queues, items and dead letters of an export to this store.
     #[command(
-        long_about = "Add the queues, items and dead letters of an export to this store, \
-                            in transactions of up to --batch lines (256 by default). Each transaction also records \
-                            how far the import got, in a queue named rq.import.<source id>, so \
-                            an import that stopped half way can be run again: it takes only \
-                            the rest, never an item twice, and an import that finished does \
-                            nothing when run again; of two runs of one import at once, the one \
-                            that finds the other holding the record stops with an error. \
-                            Items keep their attempts, due times and \
-                            enqueue times; each gets a new id, at the tail of its queue. A sled \
-                            store that does not exist yet is created.",
+        long_about = "Add the queues, items and dead letters of an export to this store.\n\n\
+                            The whole file is checked before anything is written: every line \
+                            must be an export line, every item base64 of an item envelope the \
+                            store takes, every queue name valid, and the end line there with \
+                            the right counts. A file that fails is refused with each bad line \
+                            named by its number, and nothing is imported.\n\n\
+                            It is then written in transactions of up to --batch lines (256 by \
+                            default). Each transaction also records how far the import got, \
+                            and a digest of the lines taken, in a queue named \
+                            rq.import.<source id>, so an import that stopped half way can be \
+                            run again: it takes only the rest, never an item twice, and an \
+                            import that finished does nothing when run again; of two runs of \
+                            one import at once, the one that finds the other holding the \
+                            record stops with an error. A different file with the same source \
+                            id is refused. Items keep their attempts, due times and enqueue \
+                            times; each gets a new id, at the tail of its queue. A sled store \
+                            that does not exist yet is created. `rq stats` leaves the \
+                            rq.import.* queues out (--all lists them).",
         after_help = "Example:\n  rq --postgres postgresql://app@db/app import backup.jsonl"
     )]
     Import {
@@ -353,10 +370,11 @@ fn run(cli: &Cli) -> Res<ExitCode> {
             watch,
             interval,
             count,
+            all,
             json,
         } => {
             let store = open(cli, false)?;
-            stats(&store, *watch, *interval, *count, *json)?;
+            stats(&store, *watch, *interval, *count, *all, *json)?;
             close(store)?;
         }
         Command::Browse { queue, state, page } => {
@@ -382,9 +400,11 @@ fn run(cli: &Cli) -> Res<ExitCode> {
             summary.print(*json, "exported", file);
         }
         Command::Import { file, batch, json } => {
-            let export = export::read(file)?;
-            let store = open(cli, true)?;
+            // Checked whole before the store is opened: a refused file writes nothing, and
+            // does not make a sled store that did not exist.
             let on_postgres = cli.postgres.is_some();
+            let export = export::read(file, on_postgres)?;
+            let store = open(cli, true)?;
             let summary = export::import(&store, &export, *batch as usize, on_postgres)?;
             close(store)?;
             summary.print(*json, "imported", file);
@@ -400,9 +420,14 @@ fn open(cli: &Cli, create: bool) -> Res<Store> {
             if !create && !dir.join("db").exists() {
                 return Err(format!("no store at {}", dir.display()).into());
             }
-            Store::open(dir).map_err(|e| opening(dir, e))
+            Store::builder()
+                .path(dir)
+                .max_item_size(ITEM_LIMIT)
+                .open()
+                .map_err(|e| opening(dir, e))
         }
         (None, Some(url)) => Ok(Store::builder()
+            .max_item_size(ITEM_LIMIT)
             .postgres(url)
             .postgres_schema(&cli.schema)
             .postgres_pool_size(4)
@@ -475,9 +500,22 @@ struct StatsRow {
     oldest_ms: Option<u64>,
 }
 
-fn stats_rows(store: &Store) -> Res<Vec<StatsRow>> {
+/// A row per queue, but the queues of import bookkeeping (`rq.import.*`) unless `all`; and
+/// how many of those were left out.
+///
+/// Those queues are rq's record of how far each import got (one item each, kept so that a
+/// later run resumes or does nothing): not work, and no worker takes from them. An operator
+/// reading `stats` asks what the service's queues hold, so they are left out, in JSON too
+/// (a script summing READY would count them as work); the table says how many it left out,
+/// and `--all` lists them.
+fn stats_rows(store: &Store, all: bool) -> Res<(Vec<StatsRow>, usize)> {
     let mut rows = Vec::new();
+    let mut hidden = 0;
     for name in store.blocking_list_queues()? {
+        if !all && name.starts_with(export::MARKER_PREFIX) {
+            hidden += 1;
+            continue;
+        }
         let q = store.blocking_queue::<RawItem>(&name)?;
         let QueueStats {
             visible,
@@ -499,7 +537,7 @@ fn stats_rows(store: &Store) -> Res<Vec<StatsRow>> {
                 .map(|t| u64::try_from(age(t).as_millis()).unwrap_or(u64::MAX)),
         });
     }
-    Ok(rows)
+    Ok((rows, hidden))
 }
 
 /// A queue name for a terminal: control and other unprintable characters escaped as Rust
@@ -509,7 +547,7 @@ fn printable(name: &str) -> String {
     name.escape_debug().to_string()
 }
 
-fn stats_table(rows: &[StatsRow]) -> String {
+fn stats_table(rows: &[StatsRow], hidden: usize) -> String {
     let names: Vec<String> = rows.iter().map(|r| printable(&r.queue)).collect();
     let width = names
         .iter()
@@ -533,6 +571,17 @@ fn stats_table(rows: &[StatsRow]) -> String {
     if rows.is_empty() {
         out.push_str("(no queues)\n");
     }
+    match hidden {
+        0 => {}
+        1 => out.push_str(&format!(
+            "(1 queue of import bookkeeping, {}*, left out: --all lists it)\n",
+            export::MARKER_PREFIX
+        )),
+        n => out.push_str(&format!(
+            "({n} queues of import bookkeeping, {}*, left out: --all lists them)\n",
+            export::MARKER_PREFIX
+        )),
+    }
     out
 }
 
@@ -541,14 +590,15 @@ fn stats(
     watch: bool,
     interval: Duration,
     count: Option<u64>,
+    all: bool,
     json: bool,
 ) -> Res<()> {
     if !watch {
-        let rows = stats_rows(store)?;
+        let (rows, hidden) = stats_rows(store, all)?;
         if json {
             println!("{}", serde_json::to_string(&rows)?);
         } else {
-            print!("{}", stats_table(&rows));
+            print!("{}", stats_table(&rows, hidden));
         }
         return Ok(());
     }
@@ -568,7 +618,7 @@ fn stats(
     };
     let mut drawn = 0u64;
     loop {
-        let rows = stats_rows(store)?;
+        let (rows, hidden) = stats_rows(store, all)?;
         if json {
             println!("{}", serde_json::to_string(&rows)?);
         } else {
@@ -581,7 +631,7 @@ fn stats(
                 human(interval),
                 utc(SystemTime::now())
             );
-            print!("{}", stats_table(&rows));
+            print!("{}", stats_table(&rows, hidden));
         }
         std::io::stdout().flush()?;
         drawn += 1;
