@@ -12,8 +12,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{
-    contents, damage_record, fill, json, json_exit, ok, rq, rq_with, snapshot, stderr, stdout,
-    RecordDamage,
+    contents, damage_record, export_lines, fill, json, json_exit, ok, rq, rq_with, snapshot,
+    stderr, stdout, write_lines, RecordDamage,
 };
 use reliable_queue::Store;
 
@@ -648,21 +648,6 @@ fn browse_and_dead_letters_refuse_a_limit_of_zero() {
         (&stats[0]["ready"], &stats[0]["dead"]),
         (&3.into(), &2.into())
     );
-}
-
-/// The lines of an export file as JSON values.
-fn export_lines(file: &Path) -> Vec<serde_json::Value> {
-    std::fs::read_to_string(file)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
-}
-
-/// Writes `lines` as an export file.
-fn write_lines(file: &Path, lines: &[serde_json::Value]) {
-    let text: Vec<String> = lines.iter().map(|l| l.to_string()).collect();
-    std::fs::write(file, text.join("\n") + "\n").unwrap();
 }
 
 /// An export (in `dir`, named `name`) of a store holding queue `jobs` with the text items
