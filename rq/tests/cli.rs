@@ -833,3 +833,36 @@ fn stats_leaves_out_import_bookkeeping_queues() {
     let table = ok(&["--store", s(&copy), "stats", "--all"]);
     assert!(table.contains(&marker), "{table}");
 }
+
+#[test]
+fn an_import_refuses_a_mark_it_cannot_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = export_of(dir.path(), "file", &texts("a", 3));
+    let source = export_lines(&file)[0]["source"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    // A mark as an earlier rq wrote it: a bare count of lines, with no digest of them.
+    let target = dir.path().join("target");
+    let store = Store::open(&target).unwrap();
+    let marker = store
+        .blocking_queue::<u64>(&format!("rq.import.{source}"))
+        .unwrap();
+    let mut tx = store.begin();
+    marker.enqueue(&mut tx, 2).unwrap();
+    tx.blocking_commit().unwrap();
+    store.blocking_close().unwrap();
+
+    let out = rq(&["--store", s(&target), "import", s(&file)]);
+    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("cannot read") && err.contains("source id of its own"),
+        "{err}"
+    );
+    assert_eq!(
+        jobs_texts(&target),
+        Vec::<String>::new(),
+        "nothing was taken"
+    );
+}
