@@ -308,7 +308,7 @@ pub(crate) enum ImportError {
         taken: u64,
     },
     /// The store's record of this source id is not one this rq reads.
-    UnreadableRecord { marker: String, error: Error },
+    UnreadableRecord { marker: String, error: Box<Error> },
     /// Another run of this import holds the record.
     Busy { marker: String },
     /// A line checked before the import began does not parse now (rq's own fault); the
@@ -319,14 +319,15 @@ pub(crate) enum ImportError {
         line: usize,
         problem: String,
     },
-    /// The store refused a write or a commit; the lines before `from` are in the store.
+    /// The store refused a write or a commit; the lines before `from` are in the store
+    /// (`None`: before the import knew how far an earlier run got).
     Store {
         path: PathBuf,
-        /// The first line (of the file) of the transaction that failed.
-        from: usize,
+        /// The first line (of the file) not yet in the store.
+        from: Option<usize>,
         /// The line being written when it failed, if the failure was one line's.
         line: Option<usize>,
-        error: Error,
+        error: Box<Error>,
     },
 }
 
@@ -399,11 +400,18 @@ impl fmt::Display for ImportError {
                 if let Some(n) = line {
                     write!(f, " line {n}")?;
                 }
-                write!(
-                    f,
-                    ": {error}; the lines before line {from} are in the store: run the import \
-                     again to take the rest"
-                )
+                match from {
+                    Some(from) => write!(
+                        f,
+                        ": {error}; the lines before line {from} are in the store: run the \
+                         import again to take the rest"
+                    ),
+                    None => write!(
+                        f,
+                        ": {error}; run the import again: it starts where the last commit left \
+                         off"
+                    ),
+                }
             }
         }
     }
@@ -802,19 +810,17 @@ pub(crate) fn import(
 ) -> Result<Summary, ImportError> {
     let marker_name = format!("{MARKER_PREFIX}{}", export.source);
     let mut prefix = Prefix::new(&export.body);
-    // Where a failure before the first batch leaves things: nothing imported.
-    let first_line = export.body.first().map_or(1, |l| l.number);
-    let failed = |from: usize, line: Option<usize>| {
+    let failed = |from: Option<usize>, line: Option<usize>| {
         move |error: Error| ImportError::Store {
             path: export.path.clone(),
             from,
             line,
-            error,
+            error: Box::new(error),
         }
     };
     let marker = store
         .blocking_queue::<Mark>(&marker_name)
-        .map_err(failed(first_line, None))?;
+        .map_err(failed(None, None))?;
     {
         let mut tx = store.begin();
         if on_postgres {
@@ -822,45 +828,37 @@ pub(crate) fn import(
                 "SELECT pg_advisory_xact_lock(hashtext($1))",
                 &[&marker_name],
             )
-            .map_err(failed(first_line, None))?;
+            .map_err(failed(None, None))?;
         }
         // Counted after the lock: a mark another run made under it is committed by now.
-        let s = marker.blocking_stats().map_err(failed(first_line, None))?;
+        let s = marker.blocking_stats().map_err(failed(None, None))?;
         if s.visible + s.delayed + s.leased + s.held == 0 {
             let empty = Mark {
                 lines: 0,
                 sha256: prefix.digest(0).unwrap_or_default(),
             };
-            marker
-                .enqueue(&mut tx, empty)
-                .map_err(failed(first_line, None))?;
-            tx.blocking_commit().map_err(failed(first_line, None))?;
+            marker.enqueue(&mut tx, empty).map_err(failed(None, None))?;
+            tx.blocking_commit().map_err(failed(None, None))?;
         } else {
-            tx.blocking_abort().map_err(failed(first_line, None))?;
+            tx.blocking_abort().map_err(failed(None, None))?;
         }
     }
     // The mark, looked at (taken and given back): a file that is not the one it counts is
     // refused before anything is written.
-    let (taken, tx) = take_mark(
-        store,
-        &marker,
-        &marker_name,
-        export,
-        &mut prefix,
-        first_line,
-    )?;
-    tx.blocking_abort().map_err(failed(first_line, None))?;
+    let (taken, tx) = take_mark(store, &marker, &marker_name, export, &mut prefix)?;
+    tx.blocking_abort().map_err(failed(None, None))?;
     let mut queues = Queues {
         store,
         open: HashMap::new(),
     };
     // Policies of the queues still to come first (idempotent), so items imported later retry
     // by them; those of lines taken were set by the run that took them.
+    let resume_at = export.body.get(taken).map(|l| l.number);
     for line in &export.body[taken..] {
         if let Ok(Entry::Queue { name, policy }) =
             parse(&line.text).and_then(|l| entry(l, on_postgres))
         {
-            let on_line = failed(line.number, Some(line.number));
+            let on_line = failed(resume_at, Some(line.number));
             queues
                 .get(&name)
                 .and_then(|q| q.blocking_set_retry_policy(policy))
@@ -877,18 +875,10 @@ pub(crate) fn import(
     bar.set_position(taken as u64);
     loop {
         // Taken again in each batch's own transaction: another run may have moved it.
-        let (taken, mut tx) = take_mark(
-            store,
-            &marker,
-            &marker_name,
-            export,
-            &mut prefix,
-            first_line,
-        )?;
+        let (taken, mut tx) = take_mark(store, &marker, &marker_name, export, &mut prefix)?;
         if taken == export.body.len() {
             // Finished (now or by an earlier run): nothing is written.
-            tx.blocking_abort()
-                .map_err(failed(export.body.len(), None))?;
+            tx.blocking_abort().map_err(failed(None, None))?;
             break;
         }
         let from = export.body[taken].number;
@@ -896,7 +886,7 @@ pub(crate) fn import(
         let mut bytes = 0;
         while at < export.body.len() && at - taken < batch && bytes < BATCH_BYTES {
             let line = &export.body[at];
-            let on_line = failed(from, Some(line.number));
+            let on_line = failed(Some(from), Some(line.number));
             // Checked by `read`: a line that fails now fails as it did there.
             let parsed = parse(&line.text).and_then(|l| entry(l, on_postgres));
             let e = parsed.map_err(|problem| ImportError::Line {
@@ -935,8 +925,10 @@ pub(crate) fn import(
             lines: at as u64,
             sha256: prefix.digest(at).unwrap_or_default(),
         };
-        marker.enqueue(&mut tx, next).map_err(failed(from, None))?;
-        tx.blocking_commit().map_err(failed(from, None))?;
+        marker
+            .enqueue(&mut tx, next)
+            .map_err(failed(Some(from), None))?;
+        tx.blocking_commit().map_err(failed(Some(from), None))?;
         bar.set_position(at as u64);
     }
     bar.finish_and_clear();
@@ -952,7 +944,6 @@ fn take_mark(
     marker_name: &str,
     export: &Export,
     prefix: &mut Prefix<'_>,
-    first_line: usize,
 ) -> Result<(usize, reliable_queue::Transaction), ImportError> {
     let mut tx = store.begin();
     let mark = match marker.blocking_try_dequeue(&mut tx) {
@@ -965,15 +956,15 @@ fn take_mark(
         Err(error @ Error::Deserialize { .. }) => {
             return Err(ImportError::UnreadableRecord {
                 marker: marker_name.to_owned(),
-                error,
+                error: Box::new(error),
             })
         }
         Err(error) => {
             return Err(ImportError::Store {
                 path: export.path.clone(),
-                from: first_line,
+                from: None,
                 line: None,
-                error,
+                error: Box::new(error),
             })
         }
     };
