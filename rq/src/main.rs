@@ -26,6 +26,11 @@ type Res<T> = Result<T, Box<dyn std::error::Error>>;
 /// What `main` returns for a store found damaged (`rq verify`); other failures return 1.
 const DAMAGED: u8 = 2;
 
+/// The largest item rq writes (`import`), in bytes: the stores it opens take items up to
+/// this size (the library's default), and `import` checks every item against it before it
+/// writes one.
+const ITEM_LIMIT: usize = 4 << 20;
+
 /// How long `verify` waits for a store's lock, as `Store::open` does.
 const LOCK_PATIENCE: Duration = Duration::from_secs(2);
 
@@ -79,12 +84,16 @@ enum Command {
         /// Redraw every --interval seconds until Ctrl-C (the store is then closed cleanly).
         #[arg(long)]
         watch: bool,
-        /// Seconds between redraws with --watch.
-        #[arg(long, default_value_t = 1.0)]
-        interval: f64,
-        /// With --watch, stop after this many redraws.
-        #[arg(long)]
+        /// Seconds between redraws with --watch: from 0.1 to 86400 (a day).
+        #[arg(long, default_value = "1", value_parser = interval, requires = "watch")]
+        interval: Duration,
+        /// With --watch, stop after this many redraws (at least 1).
+        #[arg(long, value_parser = at_least_one::<u64>, requires = "watch")]
         count: Option<u64>,
+        /// Also list the queues of import bookkeeping (rq.import.*: how far each import got),
+        /// left out by default.
+        #[arg(long)]
+        all: bool,
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
@@ -157,16 +166,24 @@ enum Command {
     },
     /// Add the queues, items and dead letters of an export to this store.
     #[command(
-        long_about = "Add the queues, items and dead letters of an export to this store, \
-                            in transactions of up to --batch lines (256 by default). Each transaction also records \
-                            how far the import got, in a queue named rq.import.<source id>, so \
-                            an import that stopped half way can be run again: it takes only \
-                            the rest, never an item twice, and an import that finished does \
-                            nothing when run again; of two runs of one import at once, the one \
-                            that finds the other holding the record stops with an error. \
-                            Items keep their attempts, due times and \
-                            enqueue times; each gets a new id, at the tail of its queue. A sled \
-                            store that does not exist yet is created.",
+        long_about = "Add the queues, items and dead letters of an export to this store.\n\n\
+                            The whole file is checked before anything is written: every line \
+                            must be an export line, every item base64 of an item envelope the \
+                            store takes, every queue name valid, and the end line there with \
+                            the right counts. A file that fails is refused with each bad line \
+                            named by its number, and nothing is imported.\n\n\
+                            It is then written in transactions of up to --batch lines (256 by \
+                            default). Each transaction also records how far the import got, \
+                            and a digest of the lines taken, in a queue named \
+                            rq.import.<source id>, so an import that stopped half way can be \
+                            run again: it takes only the rest, never an item twice, and an \
+                            import that finished does nothing when run again; of two runs of \
+                            one import at once, the one that finds the other holding the \
+                            record stops with an error. A different file with the same source \
+                            id is refused. Items keep their attempts, due times and enqueue \
+                            times; each gets a new id, at the tail of its queue. A sled store \
+                            that does not exist yet is created. `rq stats` leaves the \
+                            rq.import.* queues out (--all lists them).",
         after_help = "Example:\n  rq --postgres postgresql://app@db/app import backup.jsonl"
     )]
     Import {
@@ -184,8 +201,8 @@ enum Command {
 /// A page of a listing: `browse` and `dead-letters list`.
 #[derive(Args, Debug)]
 struct Page {
-    /// At most this many.
-    #[arg(long, default_value_t = 50)]
+    /// At most this many (at least 1).
+    #[arg(long, default_value_t = 50, value_parser = at_least_one::<usize>)]
     limit: usize,
     /// Start after this id (the last id of the previous page).
     #[arg(long)]
@@ -244,8 +261,8 @@ struct Which {
     /// Every dead letter of the queue.
     #[arg(long)]
     all: bool,
-    /// The oldest N.
-    #[arg(long, value_name = "N")]
+    /// The oldest N (at least 1).
+    #[arg(long, value_name = "N", value_parser = at_least_one::<usize>)]
     first: Option<usize>,
     /// These ids (comma-separated).
     #[arg(long, value_delimiter = ',', value_name = "ID,...")]
@@ -259,6 +276,40 @@ impl Which {
             (None, Some(n)) => Replay::First(n),
             (None, None) => Replay::All,
         }
+    }
+}
+
+/// The shortest and longest wait between two redraws of `stats --watch`: shorter would
+/// redraw faster than anyone reads (and keep a store busy for nothing), longer is a typo.
+const INTERVALS: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(86_400));
+
+/// `--interval`: seconds, within [`INTERVALS`]; anything else is refused, not clamped.
+fn interval(text: &str) -> Result<Duration, String> {
+    let (low, high) = INTERVALS;
+    text.trim()
+        .parse::<f64>()
+        .ok()
+        .filter(|s| *s >= low.as_secs_f64() && *s <= high.as_secs_f64())
+        .map(Duration::from_secs_f64)
+        .ok_or_else(|| {
+            format!(
+                "the wait between redraws must be between {} and {} seconds",
+                low.as_secs_f64(),
+                high.as_secs()
+            )
+        })
+}
+
+/// A count that must be at least 1 (`--limit`, `--first`, `--count`): 0 would do nothing
+/// while seeming to do something, so it is refused.
+fn at_least_one<T>(text: &str) -> Result<T, String>
+where
+    T: std::str::FromStr + PartialOrd + From<u8>,
+{
+    match text.trim().parse::<T>() {
+        Ok(n) if n >= T::from(1) => Ok(n),
+        Ok(_) => Err("must be at least 1".to_owned()),
+        Err(_) => Err("not a whole number (at least 1)".to_owned()),
     }
 }
 
@@ -319,10 +370,11 @@ fn run(cli: &Cli) -> Res<ExitCode> {
             watch,
             interval,
             count,
+            all,
             json,
         } => {
             let store = open(cli, false)?;
-            stats(&store, *watch, *interval, *count, *json)?;
+            stats(&store, *watch, *interval, *count, *all, *json)?;
             close(store)?;
         }
         Command::Browse { queue, state, page } => {
@@ -348,9 +400,11 @@ fn run(cli: &Cli) -> Res<ExitCode> {
             summary.print(*json, "exported", file);
         }
         Command::Import { file, batch, json } => {
-            let export = export::read(file)?;
-            let store = open(cli, true)?;
+            // Checked whole before the store is opened: a refused file writes nothing, and
+            // does not make a sled store that did not exist.
             let on_postgres = cli.postgres.is_some();
+            let export = export::read(file, on_postgres)?;
+            let store = open(cli, true)?;
             let summary = export::import(&store, &export, *batch as usize, on_postgres)?;
             close(store)?;
             summary.print(*json, "imported", file);
@@ -366,11 +420,16 @@ fn open(cli: &Cli, create: bool) -> Res<Store> {
             if !create && !dir.join("db").exists() {
                 return Err(format!("no store at {}", dir.display()).into());
             }
-            Store::open(dir).map_err(|e| opening(dir, e))
+            Store::builder()
+                .path(dir)
+                .max_item_size(ITEM_LIMIT)
+                .open()
+                .map_err(|e| opening(dir, e))
         }
         // Only a command that writes items may create the schema: a reading one against a
         // mistyped schema is an error, and runs under a role that may only read.
         (None, Some(url)) => Ok(Store::builder()
+            .max_item_size(ITEM_LIMIT)
             .postgres(url)
             .postgres_schema(&cli.schema)
             .postgres_pool_size(4)
@@ -444,9 +503,22 @@ struct StatsRow {
     oldest_ms: Option<u64>,
 }
 
-fn stats_rows(store: &Store) -> Res<Vec<StatsRow>> {
+/// A row per queue, but the queues of import bookkeeping (`rq.import.*`) unless `all`; and
+/// how many of those were left out.
+///
+/// Those queues are rq's record of how far each import got (one item each, kept so that a
+/// later run resumes or does nothing): not work, and no worker takes from them. An operator
+/// reading `stats` asks what the service's queues hold, so they are left out, in JSON too
+/// (a script summing READY would count them as work); the table says how many it left out,
+/// and `--all` lists them.
+fn stats_rows(store: &Store, all: bool) -> Res<(Vec<StatsRow>, usize)> {
     let mut rows = Vec::new();
+    let mut hidden = 0;
     for name in store.blocking_list_queues()? {
+        if !all && name.starts_with(export::MARKER_PREFIX) {
+            hidden += 1;
+            continue;
+        }
         let q = store.blocking_queue::<RawItem>(&name)?;
         let QueueStats {
             visible,
@@ -468,44 +540,71 @@ fn stats_rows(store: &Store) -> Res<Vec<StatsRow>> {
                 .map(|t| u64::try_from(age(t).as_millis()).unwrap_or(u64::MAX)),
         });
     }
-    Ok(rows)
+    Ok((rows, hidden))
 }
 
-fn stats_table(rows: &[StatsRow]) -> String {
-    let width = rows.iter().map(|r| r.queue.len()).max().unwrap_or(0).max(5);
+/// A queue name for a terminal: control and other unprintable characters escaped as Rust
+/// writes them (`\u{1b}`, `\0`), so a name cannot move the cursor or clear the screen. JSON
+/// output keeps names exact.
+fn printable(name: &str) -> String {
+    name.escape_debug().to_string()
+}
+
+fn stats_table(rows: &[StatsRow], hidden: usize) -> String {
+    let names: Vec<String> = rows.iter().map(|r| printable(&r.queue)).collect();
+    let width = names
+        .iter()
+        .map(|n| n.chars().count())
+        .max()
+        .unwrap_or(0)
+        .max(5);
     let mut out = format!(
         "{:<width$}  {:>9}  {:>9}  {:>9}  {:>9}  {:>9}  {:>8}\n",
         "QUEUE", "READY", "DELAYED", "LEASED", "HELD", "DEAD", "OLDEST"
     );
-    for r in rows {
+    for (r, name) in rows.iter().zip(&names) {
         let oldest = r
             .oldest_ms
             .map_or_else(|| "-".to_owned(), |ms| human(Duration::from_millis(ms)));
         out.push_str(&format!(
             "{:<width$}  {:>9}  {:>9}  {:>9}  {:>9}  {:>9}  {:>8}\n",
-            r.queue, r.ready, r.delayed, r.leased, r.held, r.dead, oldest
+            name, r.ready, r.delayed, r.leased, r.held, r.dead, oldest
         ));
     }
     if rows.is_empty() {
         out.push_str("(no queues)\n");
     }
+    match hidden {
+        0 => {}
+        1 => out.push_str(&format!(
+            "(1 queue of import bookkeeping, {}*, left out: --all lists it)\n",
+            export::MARKER_PREFIX
+        )),
+        n => out.push_str(&format!(
+            "({n} queues of import bookkeeping, {}*, left out: --all lists them)\n",
+            export::MARKER_PREFIX
+        )),
+    }
     out
 }
 
-fn stats(store: &Store, watch: bool, interval: f64, count: Option<u64>, json: bool) -> Res<()> {
+fn stats(
+    store: &Store,
+    watch: bool,
+    interval: Duration,
+    count: Option<u64>,
+    all: bool,
+    json: bool,
+) -> Res<()> {
     if !watch {
-        let rows = stats_rows(store)?;
+        let (rows, hidden) = stats_rows(store, all)?;
         if json {
             println!("{}", serde_json::to_string(&rows)?);
         } else {
-            print!("{}", stats_table(&rows));
+            print!("{}", stats_table(&rows, hidden));
         }
         return Ok(());
     }
-    if !(interval.is_finite() && interval > 0.0) {
-        return Err("--interval must be a positive number of seconds".into());
-    }
-    let interval = Duration::from_secs_f64(interval.min(86_400.0));
     let terminal = std::io::stdout().is_terminal();
     // Ctrl-C (or a TERM) ends the watch and the store is closed as after any command; the
     // handlers are in place before the first draw, so a signal during a draw is not lost.
@@ -522,7 +621,7 @@ fn stats(store: &Store, watch: bool, interval: f64, count: Option<u64>, json: bo
     };
     let mut drawn = 0u64;
     loop {
-        let rows = stats_rows(store)?;
+        let (rows, hidden) = stats_rows(store, all)?;
         if json {
             println!("{}", serde_json::to_string(&rows)?);
         } else {
@@ -535,7 +634,7 @@ fn stats(store: &Store, watch: bool, interval: f64, count: Option<u64>, json: bo
                 human(interval),
                 utc(SystemTime::now())
             );
-            print!("{}", stats_table(&rows));
+            print!("{}", stats_table(&rows, hidden));
         }
         std::io::stdout().flush()?;
         drawn += 1;
@@ -1035,10 +1134,15 @@ fn print_verify(r: &VerifyReport) {
         r.queues, r.items, r.dead_letters
     );
     for s in &r.set_aside {
-        let queues = s
-            .queues
-            .as_ref()
-            .map_or_else(|| "unknown queues".to_owned(), |q| q.join(", "));
+        let queues = s.queues.as_ref().map_or_else(
+            || "unknown queues".to_owned(),
+            |q| {
+                q.iter()
+                    .map(|n| printable(n))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            },
+        );
         println!(
             "DAMAGED: record {} set aside ({queues}): {}",
             s.record, s.reason
@@ -1050,7 +1154,11 @@ fn print_verify(r: &VerifyReport) {
     if !r.fenced.is_empty() {
         println!(
             "DAMAGED: queues fenced (not read; the store refuses them until unfenced): {}",
-            r.fenced.join(", ")
+            r.fenced
+                .iter()
+                .map(|n| printable(n))
+                .collect::<Vec<_>>()
+                .join(", ")
         );
     }
     for u in &r.unreadable {

@@ -12,8 +12,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{
-    contents, damage_record, fill, json, json_exit, ok, rq, rq_with, snapshot, stderr, stdout,
-    RecordDamage,
+    contents, damage_record, export_lines, fill, json, json_exit, ok, rq, rq_with, snapshot,
+    stderr, stdout, write_lines, RecordDamage,
 };
 use reliable_queue::Store;
 
@@ -102,7 +102,7 @@ fn stats_counts_every_state_of_every_queue() {
         "stats",
         "--watch",
         "--interval",
-        "0.01",
+        "0.1",
         "--count",
         "2",
     ]);
@@ -532,4 +532,337 @@ fn stats_watch_stops_at_ctrl_c_and_closes_the_store() {
     let store = Store::open(&path).unwrap();
     assert_eq!(store.blocking_list_queues().unwrap().len(), 2);
     store.blocking_close().unwrap();
+}
+
+/// A closed store holding queue `name` with one text item.
+fn with_queue_named(name: &str) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store");
+    let store = Store::open(&path).unwrap();
+    let q = store.blocking_queue::<String>(name).unwrap();
+    let mut tx = store.begin();
+    q.enqueue(&mut tx, "x".to_owned()).unwrap();
+    tx.blocking_commit().unwrap();
+    store.blocking_close().unwrap();
+    (dir, path)
+}
+
+#[test]
+fn stats_escapes_control_characters_in_queue_names_but_not_in_json() {
+    let name = "evil\u{1b}[2J\0name\u{202e}";
+    let (_dir, path) = with_queue_named(name);
+    let table = ok(&["--store", s(&path), "stats"]);
+    assert!(
+        !table.contains('\u{1b}') && !table.contains('\0') && !table.contains('\u{202e}'),
+        "control characters reached the terminal: {table:?}"
+    );
+    let line = table.lines().find(|l| l.starts_with("evil")).unwrap();
+    assert!(
+        line.starts_with(r"evil\u{1b}[2J\0name\u{202e}  "),
+        "{table}"
+    );
+    // The columns still line up: READY under READY.
+    let header = table.lines().next().unwrap();
+    assert_eq!(
+        header.find("READY").map(|at| at + "READY".len()),
+        line.find(" 1 ").map(|at| at + 2),
+        "{table}"
+    );
+    let rows = json(&["--store", s(&path), "stats", "--json"]);
+    assert_eq!(rows[0]["queue"], name, "JSON keeps the name exactly");
+}
+
+#[test]
+fn stats_refuses_an_interval_under_100_ms_or_over_a_day() {
+    let (_dir, path) = filled();
+    for interval in ["1e-300", "0.05", "0", "-1", "NaN", "inf", "86401", "soon"] {
+        let given = format!("--interval={interval}");
+        let out = rq(&[
+            "--store",
+            s(&path),
+            "stats",
+            "--watch",
+            &given,
+            "--count",
+            "2",
+        ]);
+        assert_eq!(out.status.code(), Some(2), "--interval {interval}");
+        assert!(
+            stderr(&out).contains("between 0.1 and 86400 seconds"),
+            "--interval {interval}: {}",
+            stderr(&out)
+        );
+        assert_eq!(stdout(&out), "", "--interval {interval} drew a table");
+    }
+    let watched = ok(&[
+        "--store",
+        s(&path),
+        "stats",
+        "--watch",
+        "--interval",
+        "0.1",
+        "--count",
+        "1",
+    ]);
+    assert!(watched.contains("every 100ms"), "{watched}");
+}
+
+#[test]
+fn stats_refuses_a_count_of_zero_and_a_count_without_watch() {
+    let (_dir, path) = filled();
+    let zero = rq(&["--store", s(&path), "stats", "--watch", "--count", "0"]);
+    assert_eq!(zero.status.code(), Some(2));
+    assert!(stderr(&zero).contains("at least 1"), "{}", stderr(&zero));
+    assert_eq!(stdout(&zero), "", "a count of 0 drew a table");
+    let unwatched = rq(&["--store", s(&path), "stats", "--count", "3"]);
+    assert_eq!(unwatched.status.code(), Some(2));
+    assert!(
+        stderr(&unwatched).contains("--watch"),
+        "{}",
+        stderr(&unwatched)
+    );
+}
+
+#[test]
+fn browse_and_dead_letters_refuse_a_limit_of_zero() {
+    let (_dir, path) = filled();
+    for args in [
+        vec!["browse", "jobs", "--limit", "0"],
+        vec!["dead-letters", "list", "jobs", "--limit", "0"],
+        vec!["dead-letters", "replay", "jobs", "--first", "0", "--yes"],
+        vec!["dead-letters", "purge", "jobs", "--first", "0", "--yes"],
+    ] {
+        let mut all = vec!["--store", s(&path)];
+        all.extend(&args);
+        let out = rq(&all);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stdout(&out));
+        assert!(
+            stderr(&out).contains("at least 1"),
+            "{args:?}: {}",
+            stderr(&out)
+        );
+    }
+    // Nothing was replayed or purged.
+    let stats = json(&["--store", s(&path), "stats", "--json"]);
+    assert_eq!(
+        (&stats[0]["ready"], &stats[0]["dead"]),
+        (&3.into(), &2.into())
+    );
+}
+
+/// An export (in `dir`, named `name`) of a store holding queue `jobs` with the text items
+/// `items`.
+fn export_of(dir: &Path, name: &str, items: &[String]) -> PathBuf {
+    let path = dir.join(format!("{name}-store"));
+    let store = Store::open(&path).unwrap();
+    let q = store.blocking_queue::<String>("jobs").unwrap();
+    let mut tx = store.begin();
+    for item in items {
+        q.enqueue(&mut tx, item.clone()).unwrap();
+    }
+    tx.blocking_commit().unwrap();
+    store.blocking_close().unwrap();
+    let file = dir.join(format!("{name}.jsonl"));
+    ok(&["--store", s(&path), "export", s(&file)]);
+    file
+}
+
+/// The texts of queue `jobs` in the store at `path`, sorted.
+fn jobs_texts(path: &Path) -> Vec<String> {
+    let store = Store::open(path).unwrap();
+    let q = store.blocking_queue::<String>("jobs").unwrap();
+    let mut texts: Vec<String> = q
+        .blocking_browse(None, 1000)
+        .unwrap()
+        .into_iter()
+        .map(|b| b.item)
+        .collect();
+    store.blocking_close().unwrap();
+    texts.sort();
+    texts
+}
+
+fn texts(prefix: &str, n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("{prefix}{i}")).collect()
+}
+
+#[test]
+fn an_import_refuses_a_different_file_with_the_same_source_id() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = export_of(dir.path(), "first", &texts("a", 3));
+    let other = export_of(dir.path(), "other", &texts("b", 8));
+    let target = dir.path().join("target");
+    ok(&["--store", s(&target), "import", s(&first)]);
+
+    // Another export given the first one's source id, in its header and end line.
+    let mut lines = export_lines(&other);
+    let source = export_lines(&first)[0]["source"].clone();
+    let last = lines.len() - 1;
+    lines[0]["source"] = source.clone();
+    lines[last]["source"] = source.clone();
+    let forged = dir.path().join("forged.jsonl");
+    write_lines(&forged, &lines);
+    let out = rq(&["--store", s(&target), "import", s(&forged)]);
+    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("a different file") && err.contains("source id of its own"),
+        "{err}"
+    );
+    assert_eq!(jobs_texts(&target), texts("a", 3), "nothing was taken");
+
+    // The same file with more lines after what was taken resumes after them: a file is
+    // matched by its content, not refused for being longer.
+    let mut longer = export_lines(&first);
+    let end = longer.pop().unwrap();
+    let more: Vec<serde_json::Value> = lines[2..4].to_vec();
+    longer.extend(more);
+    let mut end = end;
+    end["items"] = (end["items"].as_u64().unwrap() + 2).into();
+    longer.push(end);
+    let extended = dir.path().join("extended.jsonl");
+    write_lines(&extended, &longer);
+    let summary = json(&["--store", s(&target), "import", s(&extended), "--json"]);
+    assert_eq!(
+        (&summary["items"], &summary["skipped"]),
+        (&2.into(), &4.into()),
+        "{summary}"
+    );
+    let mut expected = texts("a", 3);
+    expected.extend(["b0".to_owned(), "b1".to_owned()]);
+    expected.sort();
+    assert_eq!(jobs_texts(&target), expected);
+}
+
+#[test]
+fn an_import_with_a_bad_line_writes_nothing_and_names_the_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = export_of(dir.path(), "bulk", &texts("item", 300));
+    let good = export_lines(&file);
+    // Line 202 (the header is line 1, the queue line 2): item 199.
+    assert_eq!(good[201]["kind"], "item");
+    let (_target_dir, target) = filled();
+    let before = {
+        let store = Store::open(&target).unwrap();
+        let seen = (store.blocking_list_queues().unwrap(), contents(&store));
+        store.blocking_close().unwrap();
+        seen
+    };
+    type Damage = fn(&mut serde_json::Value);
+    let damages: [(&str, Damage, &str); 5] = [
+        ("bad base64", |l| l["bytes"] = "!!!".into(), "base64"),
+        // 0xff 0x01: not an envelope (its first byte is the version, 1).
+        ("bad envelope", |l| l["bytes"] = "/wE=".into(), "envelope"),
+        ("empty queue name", |l| l["queue"] = "".into(), "queue name"),
+        (
+            "queue name of the import's bookkeeping",
+            |l| l["queue"] = "rq.import.mine".into(),
+            "reserved",
+        ),
+        ("unknown state", |l| l["state"] = "lost".into(), "state"),
+    ];
+    for (what, damage, said) in damages {
+        let mut lines = good.clone();
+        damage(&mut lines[201]);
+        let bad = dir.path().join("bad.jsonl");
+        write_lines(&bad, &lines);
+        let out = rq(&["--store", s(&target), "import", s(&bad), "--batch", "10"]);
+        assert_eq!(out.status.code(), Some(1), "{what}: {}", stdout(&out));
+        let err = stderr(&out);
+        assert!(
+            err.contains("line 202") && err.contains(said),
+            "{what}: {err}"
+        );
+        assert!(err.contains("nothing was imported"), "{what}: {err}");
+        let store = Store::open(&target).unwrap();
+        let after = (store.blocking_list_queues().unwrap(), contents(&store));
+        store.blocking_close().unwrap();
+        assert_eq!(after, before, "{what}: the import wrote to the store");
+    }
+    // A line that is not JSON at all.
+    let mut text: Vec<String> = good.iter().map(|l| l.to_string()).collect();
+    text[201] = "{\"kind\":\"item\",".to_owned();
+    let bad = dir.path().join("bad.jsonl");
+    std::fs::write(&bad, text.join("\n")).unwrap();
+    let out = rq(&["--store", s(&target), "import", s(&bad)]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("line 202"), "{}", stderr(&out));
+    // A store that did not exist is not made.
+    let fresh = dir.path().join("fresh");
+    let out = rq(&["--store", s(&fresh), "import", s(&bad)]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(!fresh.exists(), "a refused import made a store");
+}
+
+#[test]
+fn stats_leaves_out_import_bookkeeping_queues() {
+    let (dir, path) = filled();
+    let file = dir.path().join("export.jsonl");
+    ok(&["--store", s(&path), "export", s(&file)]);
+    let copy = dir.path().join("copy");
+    ok(&["--store", s(&copy), "import", s(&file)]);
+    let source = export_lines(&file)[0]["source"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let marker = format!("rq.import.{source}");
+
+    let rows = json(&["--store", s(&copy), "stats", "--json"]);
+    let names: Vec<&str> = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["queue"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["jobs", "numbers"]);
+    let table = ok(&["--store", s(&copy), "stats"]);
+    assert!(!table.contains(&marker), "{table}");
+    assert!(
+        table.contains("--all"),
+        "the table says what it left out: {table}"
+    );
+
+    let rows = json(&["--store", s(&copy), "stats", "--all", "--json"]);
+    assert!(
+        rows.as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["queue"] == marker.as_str()),
+        "{rows}"
+    );
+    let table = ok(&["--store", s(&copy), "stats", "--all"]);
+    assert!(table.contains(&marker), "{table}");
+}
+
+#[test]
+fn an_import_refuses_a_mark_it_cannot_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = export_of(dir.path(), "file", &texts("a", 3));
+    let source = export_lines(&file)[0]["source"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    // A mark as an earlier rq wrote it: a bare count of lines, with no digest of them.
+    let target = dir.path().join("target");
+    let store = Store::open(&target).unwrap();
+    let marker = store
+        .blocking_queue::<u64>(&format!("rq.import.{source}"))
+        .unwrap();
+    let mut tx = store.begin();
+    marker.enqueue(&mut tx, 2).unwrap();
+    tx.blocking_commit().unwrap();
+    store.blocking_close().unwrap();
+
+    let out = rq(&["--store", s(&target), "import", s(&file)]);
+    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("cannot read") && err.contains("source id of its own"),
+        "{err}"
+    );
+    assert_eq!(
+        jobs_texts(&target),
+        Vec::<String>::new(),
+        "nothing was taken"
+    );
 }

@@ -12,7 +12,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{contents, fill, json, ok, rq, stderr};
+use common::{contents, export_lines, fill, json, ok, rq, stderr, write_lines};
 use pg::{block_on, connect, PgServer};
 use reliable_queue::Store;
 
@@ -258,6 +258,63 @@ fn an_import_killed_half_way_and_run_again_takes_every_item_once(server: &PgServ
     assert!(again["skipped"].as_u64().unwrap() > 0, "{again}");
 }
 
+/// A NUL in a queue name or a dead letter's reason, which sled keeps and PostgreSQL's text
+/// cannot: the import into PostgreSQL refuses the file before it writes anything, naming the
+/// line, instead of failing at that line's batch with the batches before it committed.
+fn an_import_with_a_nul_that_postgres_cannot_store_writes_nothing(server: &PgServer) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = bulk_export(dir.path(), 300);
+    let good = export_lines(&file);
+    // Line 202 (the header is line 1, the queue line 2).
+    assert_eq!(good[201]["kind"], "item");
+    let schema = "cli_nul";
+    type Damage = fn(&mut Vec<serde_json::Value>);
+    let damages: [(&str, Damage); 2] = [
+        ("a NUL in a queue name", |lines| {
+            lines[201]["queue"] = "bulk\u{0}x".into();
+        }),
+        ("a NUL in a reason", |lines| {
+            let item = lines[201].clone();
+            lines[201] = serde_json::json!({
+                "kind": "dead",
+                "queue": "bulk",
+                "bytes": item["bytes"],
+                "reason": "bad\u{0}input",
+                "attempts": 1,
+                "enqueued_ms": null,
+                "first_attempt_ms": null,
+                "last_attempt_ms": null,
+            });
+            let end = lines.last_mut().unwrap();
+            end["items"] = (end["items"].as_u64().unwrap() - 1).into();
+            end["dead"] = (end["dead"].as_u64().unwrap() + 1).into();
+        }),
+    ];
+    for (what, damage) in damages {
+        let mut lines = good.clone();
+        damage(&mut lines);
+        let bad = dir.path().join("bad.jsonl");
+        write_lines(&bad, &lines);
+        let out = rq(&with(
+            pg_args(server, schema),
+            &["import", s(&bad), "--batch", "10"],
+        ));
+        assert_eq!(out.status.code(), Some(1), "{what}");
+        let err = stderr(&out);
+        assert!(
+            err.contains("line 202") && err.contains("NUL") && err.contains("nothing was imported"),
+            "{what}: {err}"
+        );
+        let on_pg = store(server, schema);
+        assert_eq!(
+            on_pg.blocking_list_queues().unwrap(),
+            Vec::<String>::new(),
+            "{what}: the import wrote to the store"
+        );
+        on_pg.blocking_close().unwrap();
+    }
+}
+
 fn main() -> std::process::ExitCode {
     pg::run_suite(vec![
         (
@@ -275,6 +332,10 @@ fn main() -> std::process::ExitCode {
         (
             "an_import_killed_half_way_and_run_again_takes_every_item_once",
             an_import_killed_half_way_and_run_again_takes_every_item_once,
+        ),
+        (
+            "an_import_with_a_nul_that_postgres_cannot_store_writes_nothing",
+            an_import_with_a_nul_that_postgres_cannot_store_writes_nothing,
         ),
     ])
 }

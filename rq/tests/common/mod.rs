@@ -166,6 +166,21 @@ pub fn contents(store: &Store) -> Vec<Seen> {
     all
 }
 
+/// The lines of an export file as JSON values.
+pub fn export_lines(file: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(file)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// Writes `lines` as an export file.
+pub fn write_lines(file: &Path, lines: &[serde_json::Value]) {
+    let text: Vec<String> = lines.iter().map(|l| l.to_string()).collect();
+    std::fs::write(file, text.join("\n") + "\n").unwrap();
+}
+
 /// Every file under `dir` with its bytes, for checking that a command wrote nothing.
 pub fn snapshot(dir: &Path) -> Vec<(String, Vec<u8>)> {
     let mut files = Vec::new();
