@@ -138,20 +138,23 @@ impl<T> Lease<T> {
     ///
     /// # Errors
     ///
-    /// [`Error::LeaseExpired`] if the lease has ended already (nothing is buffered),
-    /// [`Error::WrongStore`] if `tx` belongs to another store. The lease is settled either way.
+    /// [`Error::LeaseExpired`] if the lease has ended already (nothing is buffered).
+    /// [`Error::WrongStore`] if `tx` belongs to another store: `tx` is left as it was and,
+    /// since `ack` takes the lease, the item is given back at once as by a dropped lease (its
+    /// attempt counted; on PostgreSQL from a task, without blocking), on every engine.
     ///
     /// # Examples
     ///
     /// See [`Lease`].
     pub fn ack(mut self, tx: &mut Transaction) -> Result<()> {
-        self.settled = true;
         if !std::ptr::eq(tx.engine(), &*self.engine) {
-            self.engine.drop_lease(&self.proc, self.token);
+            // Unsettled, the lease gives the item back as it is dropped here: the same way
+            // on every engine (on PostgreSQL the embedded engines' lease table has nothing).
             return Err(Error::WrongStore {
                 queue: self.proc.core.name().to_owned(),
             });
         }
+        self.settled = true;
         // On PostgreSQL the commit checks the lease (the database's clock decides).
         if !self.engine.is_remote()
             && self
