@@ -963,7 +963,9 @@ where
     }
 
     /// Sets the queue's retry policy, durably (in the store: every handle and later opens
-    /// use it).
+    /// use it). A value past what every engine stores (a policy not made by its setters,
+    /// such as a deserialized one) is clamped to its maximum first, as the setters do (see
+    /// [`RetryPolicy`]).
     ///
     /// # Cancel safety
     ///
@@ -973,6 +975,7 @@ where
     ///
     /// Storage errors; [`Error::Closed`] after close.
     pub async fn set_retry_policy(&self, policy: RetryPolicy) -> Result<()> {
+        let policy = policy.clamped();
         #[cfg(feature = "postgres")]
         if let Some(pg) = self.engine().postgres() {
             self.engine().check_open()?;

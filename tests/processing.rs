@@ -16,7 +16,7 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use reliable_queue::{
     Error, Failed, ImportedItem, ItemState, ManualClock, QueueStats, Replay, RetryPolicy, Store,
-    MAX_TTL,
+    MAX_ATTEMPTS, MAX_DELAY, MAX_TTL,
 };
 
 const START: u64 = 1_700_000_000_000;
@@ -831,6 +831,139 @@ fn a_lease_acked_with_another_stores_transaction_is_given_back_at_once() {
     }
 }
 
+/// A retry policy past what every engine can store (PostgreSQL keeps the maximum attempts in
+/// an `int4` and the backoffs as milliseconds in an `int8`) is clamped to the documented
+/// maxima, `MAX_ATTEMPTS` and `MAX_DELAY`, the same on every engine; a failure under it is a
+/// retry due at the longest backoff, not an error that leaves the item leased.
+fn a_retry_policy_past_the_storage_maxima_is_clamped_and_a_failure_retries() {
+    let clock = clock();
+    for (name, store, dir) in stores(&clock) {
+        let q = store.blocking_queue::<u64>("q").unwrap();
+        let huge = RetryPolicy::default()
+            .max_attempts(u32::MAX)
+            .initial_backoff(Duration::MAX)
+            .max_backoff(Duration::MAX)
+            .jitter(0.0);
+        q.blocking_set_retry_policy(huge).unwrap();
+        fill(&store, &q, &[1, 2]);
+        let lease = q.blocking_lease(TTL).unwrap();
+        let now = clock.now();
+        assert_eq!(
+            lease.blocking_fail("boom").unwrap(),
+            Failed::Retry {
+                at: now + MAX_DELAY
+            },
+            "{name}"
+        );
+        // With the widest jitter the wait is at most twice the longest backoff.
+        q.blocking_set_retry_policy(huge.jitter(1.0)).unwrap();
+        let lease = q.blocking_lease(TTL).unwrap();
+        match lease.blocking_fail("boom") {
+            Ok(Failed::Retry { at }) => assert!(at <= now + 2 * MAX_DELAY, "{name}"),
+            got => panic!("{name}: expected a retry, got {got:?}"),
+        }
+        let stats = q.blocking_stats().unwrap();
+        assert_eq!(
+            (stats.visible, stats.delayed, stats.leased, stats.dead),
+            (0, 2, 0, 0),
+            "{name}"
+        );
+        assert_eq!(huge.attempts_allowed(), MAX_ATTEMPTS);
+        assert_eq!(huge.backoff(1, 0), MAX_DELAY);
+        assert_eq!(huge.backoff(40, 0), MAX_DELAY);
+        // As stored: `stats` reads it back on PostgreSQL, a restart on sled.
+        assert_eq!(q.retry_policy(), huge.jitter(1.0), "{name}");
+        if let Some((_guard, path)) = dir {
+            store.blocking_close().unwrap();
+            let store = reopen(&clock, &path);
+            let q = store.blocking_queue::<u64>("q").unwrap();
+            assert_eq!(
+                q.retry_policy(),
+                huge.jitter(1.0),
+                "{name}: after a restart"
+            );
+        }
+    }
+}
+
+/// An import refuses attempts past `MAX_ATTEMPTS` (PostgreSQL counts them in an `int4`, and a
+/// lease adds one), for an item or a dead letter, before anything is buffered. An item at the
+/// maximum is leased with its count kept there (attempts never go down, and count no
+/// further), and the queue goes on leasing.
+fn an_import_with_more_attempts_than_the_engines_count_is_refused_and_the_queue_keeps_leasing() {
+    let clock = clock();
+    for (name, store, _dir) in stores(&clock) {
+        let q = store.blocking_queue::<u64>("q").unwrap();
+        let attempts = |n: u32| ImportedItem {
+            attempts: n,
+            ..ImportedItem::default()
+        };
+        let mut tx = store.begin();
+        for n in [u32::MAX, MAX_ATTEMPTS + 1] {
+            assert!(
+                matches!(
+                    q.import(&mut tx, 1, &attempts(n)),
+                    Err(Error::InvalidArgument {
+                        argument: "attempts",
+                        ..
+                    })
+                ),
+                "{name}: {n} attempts"
+            );
+            assert!(
+                matches!(
+                    q.import_dead_letter(&mut tx, 1, &attempts(n), "poison"),
+                    Err(Error::InvalidArgument {
+                        argument: "attempts",
+                        ..
+                    })
+                ),
+                "{name}: a dead letter with {n} attempts"
+            );
+        }
+        q.import(&mut tx, 2, &attempts(MAX_ATTEMPTS)).unwrap();
+        tx.blocking_commit().unwrap();
+        assert_eq!(
+            q.blocking_stats().unwrap().visible,
+            1,
+            "{name}: only the item at the maximum"
+        );
+        fill(&store, &q, &[3]);
+        let lease = q.blocking_lease(TTL).unwrap();
+        assert_eq!(
+            (*lease.item(), lease.attempt()),
+            (2, MAX_ATTEMPTS),
+            "{name}"
+        );
+        lease.blocking_release(Duration::ZERO).unwrap();
+        let lease = q.blocking_lease(TTL).unwrap();
+        assert_eq!(
+            (*lease.item(), lease.attempt()),
+            (2, MAX_ATTEMPTS),
+            "{name}: counts no further"
+        );
+        let next = q
+            .blocking_try_lease(TTL)
+            .unwrap()
+            .expect("the queue still leases");
+        assert_eq!((*next.item(), next.attempt()), (3, 1), "{name}");
+        assert_eq!(
+            lease.blocking_fail("poison").unwrap(),
+            Failed::Dead,
+            "{name}"
+        );
+        next.blocking_complete().unwrap();
+        assert_eq!(q.blocking_replay(Replay::All, false).unwrap(), 1, "{name}");
+        let lease = q.blocking_lease(TTL).unwrap();
+        assert_eq!(
+            (*lease.item(), lease.attempt()),
+            (2, MAX_ATTEMPTS),
+            "{name}"
+        );
+        lease.blocking_complete().unwrap();
+    }
+}
+
 fn p10_past_its_deadline_a_transaction_gives_back_at_once_and_its_later_calls_fail() {
     let clock = clock();
     for (name, store, _dir) in stores(&clock) {
@@ -1316,6 +1449,14 @@ const TESTS: &[(&str, fn())] = &[
     (
         "a_lease_acked_with_another_stores_transaction_is_given_back_at_once",
         a_lease_acked_with_another_stores_transaction_is_given_back_at_once,
+    ),
+    (
+        "a_retry_policy_past_the_storage_maxima_is_clamped_and_a_failure_retries",
+        a_retry_policy_past_the_storage_maxima_is_clamped_and_a_failure_retries,
+    ),
+    (
+        "an_import_with_more_attempts_than_the_engines_count_is_refused_and_the_queue_keeps_leasing",
+        an_import_with_more_attempts_than_the_engines_count_is_refused_and_the_queue_keeps_leasing,
     ),
 ];
 

@@ -34,7 +34,7 @@ use std::time::Duration;
 use crate::clock::{Clock, OnAdvance};
 use crate::core::{Entry, QueueCore};
 use crate::error::{Error, Result};
-use crate::processing::RetryPolicy;
+use crate::processing::{RetryPolicy, MAX_ATTEMPTS};
 use crate::sync::process::{AtomicU64, Condvar, Mutex, Ordering};
 
 use super::{Engine, Flavor, QueueRef, Work};
@@ -506,9 +506,13 @@ fn bury(proc: &Arc<Proc>, mut entry: Entry, id: u64, reason: String, dead_on_dis
     });
 }
 
-/// Counts a lease granted at `now` as the item's next attempt.
+/// Counts a lease granted at `now` as the item's next attempt: no further than
+/// [`MAX_ATTEMPTS`], as on PostgreSQL (a count above it, written before the maximum was
+/// enforced, is kept as it is: attempts never go down).
 fn count_attempt(entry: &mut Entry, now: u64) {
-    entry.attempts = entry.attempts.saturating_add(1);
+    if entry.attempts < MAX_ATTEMPTS {
+        entry.attempts = entry.attempts.saturating_add(1);
+    }
     if entry.times.first_attempt == 0 {
         entry.times.first_attempt = now;
     }
