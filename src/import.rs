@@ -18,7 +18,7 @@ use serde::Serialize;
 
 use crate::clock::wall_ms;
 use crate::core::Entry;
-use crate::engine::processing::{cut_reason, Move, MoveKind};
+use crate::engine::processing::{check_reason, cut_reason, Move, MoveKind};
 use crate::error::{Error, Result};
 use crate::processing::MAX_ATTEMPTS;
 use crate::queue::ReliableConcurrentQueue;
@@ -118,7 +118,9 @@ where
     ///
     /// # Errors
     ///
-    /// As [`import`](Self::import).
+    /// As [`import`](Self::import); [`Error::InvalidArgument`](crate::Error::InvalidArgument)
+    /// for a `reason` with a NUL character, which no engine stores (as
+    /// [`Lease::fail`](crate::Lease::fail)): nothing is buffered.
     ///
     /// # Examples
     ///
@@ -141,6 +143,7 @@ where
         meta: &ImportedItem,
         reason: &str,
     ) -> Result<()> {
+        check_reason(reason)?;
         self.buffer_import(tx, item.borrow(), meta, Some(cut_reason(reason)))
     }
 

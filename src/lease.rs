@@ -13,7 +13,7 @@ use crate::clock::{system_time, wall_ms};
 use crate::core::Entry;
 #[cfg(feature = "postgres")]
 use crate::engine::postgres::{FailOutcome, Granted as PgGranted, Postgres as PgEngine};
-use crate::engine::processing::{DeadSlot, Granted, Move, MoveKind, Proc};
+use crate::engine::processing::{check_reason, DeadSlot, Granted, Move, MoveKind, Proc};
 use crate::engine::{Engine, Work};
 use crate::error::{Error, Result};
 use crate::processing::{
@@ -220,7 +220,8 @@ impl<T> Lease<T> {
         tx.blocking_commit()
     }
 
-    /// Settles the lease as failed, with `reason` (kept up to 4 KiB): below the queue's
+    /// Settles the lease as failed, with `reason` (kept up to 4 KiB; a NUL character is
+    /// refused, as no engine stores one): below the queue's
     /// maximum attempts the item is due again after the [`RetryPolicy`]'s backoff (then at
     /// the tail); at the maximum it moves to the dead letters. Durable when this returns.
     ///
@@ -231,7 +232,11 @@ impl<T> Lease<T> {
     /// # Errors
     ///
     /// [`Error::LeaseExpired`] if the lease has ended (nothing is done); the commit's errors
-    /// (the item is then back at the front of its queue).
+    /// (the item is then back at the front of its queue). [`Error::InvalidArgument`] for a
+    /// `reason` with a NUL character, on every engine, before anything is recorded (no
+    /// backoff, no dead letter): since `fail` takes the lease, the item is given back at once
+    /// as by a dropped lease, its attempt counted (on PostgreSQL from a task, without
+    /// blocking).
     ///
     /// # Examples
     ///
@@ -249,6 +254,8 @@ impl<T> Lease<T> {
     /// # Ok(()) }
     /// ```
     pub async fn fail(mut self, reason: &str) -> Result<Failed> {
+        // Unsettled, the lease gives the item back as it is dropped.
+        check_reason(reason)?;
         self.settled = true;
         #[cfg(feature = "postgres")]
         if let Some(pg) = self.engine.postgres() {
@@ -273,6 +280,7 @@ impl<T> Lease<T> {
         if self.engine.is_remote() {
             return crate::engine::block_on(self.fail(reason));
         }
+        check_reason(reason)?;
         self.settled = true;
         let (mut work, due) = self.engine.fail_work(&self.proc, self.token, reason)?;
         self.engine.blocking_commit(&mut work)?;

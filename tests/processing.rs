@@ -964,6 +964,89 @@ fn an_import_with_more_attempts_than_the_engines_count_is_refused_and_the_queue_
     }
 }
 
+/// A queue name with a NUL character is refused at open with `InvalidQueueName`, on every
+/// engine (PostgreSQL's text cannot hold one, so no engine makes one: an export of any
+/// store imports into any other).
+fn a_queue_name_with_a_nul_is_refused_on_every_engine() {
+    let clock = clock();
+    for (name, store, _dir) in stores(&clock) {
+        for bad in ["a\0b", "\0", "tail\0"] {
+            match store.blocking_queue::<u64>(bad) {
+                Err(Error::InvalidQueueName {
+                    name: got,
+                    expected,
+                }) => {
+                    assert_eq!(got, bad, "{name}");
+                    assert!(expected.contains("NUL"), "{name}: {expected}");
+                }
+                got => panic!("{name}: {bad:?}: expected InvalidQueueName, got {got:?}"),
+            }
+        }
+        assert!(store.queue_names().is_empty(), "{name}: nothing was made");
+        store.blocking_queue::<u64>("a b").unwrap();
+        assert_eq!(store.queue_names(), ["a b"], "{name}");
+    }
+}
+
+/// `fail` refuses a reason with a NUL character (PostgreSQL's text cannot hold one) with
+/// `InvalidArgument` before anything is recorded: no backoff, no dead letter. `fail` takes the
+/// lease, so the item is given back at once, as by a dropped lease, its attempt counted (on
+/// PostgreSQL from a task: a round trip later). An imported dead letter with such a reason is
+/// refused the same way, nothing buffered.
+fn a_fail_reason_with_a_nul_is_refused_before_anything_is_recorded() {
+    let clock = clock();
+    for (name, store, _dir) in stores(&clock) {
+        let q = store.blocking_queue::<u64>("q").unwrap();
+        q.blocking_set_retry_policy(no_jitter(1)).unwrap();
+        fill(&store, &q, &[1]);
+        let lease = q.blocking_lease(TTL).unwrap();
+        assert!(
+            matches!(
+                lease.blocking_fail("bad\0input"),
+                Err(Error::InvalidArgument {
+                    argument: "reason",
+                    ..
+                })
+            ),
+            "{name}"
+        );
+        eventually(name, "the item is given back", || {
+            q.blocking_count().unwrap() == 1
+        });
+        let stats = q.blocking_stats().unwrap();
+        assert_eq!(
+            (stats.visible, stats.delayed, stats.leased, stats.dead),
+            (1, 0, 0, 0),
+            "{name}: no failure recorded"
+        );
+        let lease = q.blocking_lease(TTL).unwrap();
+        assert_eq!(lease.attempt(), 2, "{name}");
+        assert_eq!(
+            lease.blocking_fail("bad input").unwrap(),
+            Failed::Dead,
+            "{name}"
+        );
+
+        let mut tx = store.begin();
+        assert!(
+            matches!(
+                q.import_dead_letter(&mut tx, 2, &ImportedItem::default(), "x\0y"),
+                Err(Error::InvalidArgument {
+                    argument: "reason",
+                    ..
+                })
+            ),
+            "{name}"
+        );
+        q.import_dead_letter(&mut tx, 3, &ImportedItem::default(), "fine")
+            .unwrap();
+        tx.blocking_commit().unwrap();
+        let dead = q.blocking_dead_letters(None, 10).unwrap();
+        let dead: Vec<(u64, &str)> = dead.iter().map(|d| (d.item, d.reason.as_str())).collect();
+        assert_eq!(dead, [(1, "bad input"), (3, "fine")], "{name}");
+    }
+}
+
 fn p10_past_its_deadline_a_transaction_gives_back_at_once_and_its_later_calls_fail() {
     let clock = clock();
     for (name, store, _dir) in stores(&clock) {
@@ -1457,6 +1540,14 @@ const TESTS: &[(&str, fn())] = &[
     (
         "an_import_with_more_attempts_than_the_engines_count_is_refused_and_the_queue_keeps_leasing",
         an_import_with_more_attempts_than_the_engines_count_is_refused_and_the_queue_keeps_leasing,
+    ),
+    (
+        "a_queue_name_with_a_nul_is_refused_on_every_engine",
+        a_queue_name_with_a_nul_is_refused_on_every_engine,
+    ),
+    (
+        "a_fail_reason_with_a_nul_is_refused_before_anything_is_recorded",
+        a_fail_reason_with_a_nul_is_refused_before_anything_is_recorded,
     ),
 ];
 

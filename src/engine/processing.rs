@@ -529,6 +529,18 @@ pub(crate) fn due_after(entry: &Entry, delay: u64, now: u64) -> u64 {
     }
 }
 
+/// Refuses a failure or dead-letter reason with a NUL character: no engine stores one
+/// (PostgreSQL's text cannot hold it), so every engine refuses it before anything changes.
+pub(crate) fn check_reason(reason: &str) -> Result<()> {
+    if reason.contains('\0') {
+        return Err(Error::InvalidArgument {
+            argument: "reason",
+            expected: "text without NUL characters",
+        });
+    }
+    Ok(())
+}
+
 /// Cuts a reason to [`MAX_REASON`] bytes at a character boundary.
 pub(crate) fn cut_reason(reason: &str) -> String {
     if reason.len() <= MAX_REASON {
