@@ -220,10 +220,10 @@ impl<T> Lease<T> {
         tx.blocking_commit()
     }
 
-    /// Settles the lease as failed, with `reason` (kept up to 4 KiB; a NUL character is
-    /// refused, as no engine stores one): below the queue's
-    /// maximum attempts the item is due again after the [`RetryPolicy`]'s backoff (then at
-    /// the tail); at the maximum it moves to the dead letters. Durable when this returns.
+    /// Settles the lease as failed, with `reason` (kept up to 4 KiB; one with a NUL character
+    /// is refused, as no engine stores it): below the queue's maximum attempts the item is due
+    /// again after the [`RetryPolicy`]'s backoff (then at the tail); at the maximum it moves
+    /// to the dead letters. Durable when this returns.
     ///
     /// # Cancel safety
     ///
