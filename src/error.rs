@@ -131,7 +131,9 @@ pub enum Error {
         path: PathBuf,
     },
 
-    /// A queue name that is empty or too long.
+    /// A queue name that is empty, over 1024 bytes, or has a NUL character (which no engine
+    /// takes: PostgreSQL's text cannot hold one, so no engine makes such a queue). Nothing was
+    /// created.
     InvalidQueueName {
         /// The rejected name (cut to its first 64 characters).
         name: String,

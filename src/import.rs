@@ -18,8 +18,9 @@ use serde::Serialize;
 
 use crate::clock::wall_ms;
 use crate::core::Entry;
-use crate::engine::processing::{cut_reason, Move, MoveKind};
-use crate::error::Result;
+use crate::engine::processing::{check_reason, cut_reason, Move, MoveKind};
+use crate::error::{Error, Result};
+use crate::processing::MAX_ATTEMPTS;
 use crate::queue::ReliableConcurrentQueue;
 use crate::transaction::Transaction;
 
@@ -29,7 +30,8 @@ use crate::transaction::Transaction;
 /// enqueued at the import's commit.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ImportedItem {
-    /// Leases it was granted before.
+    /// Leases it was granted before: at most [`MAX_ATTEMPTS`](crate::MAX_ATTEMPTS), the
+    /// most any engine counts (an import with more is refused).
     pub attempts: u32,
     /// Not due before this time (`None`, or a time past: due at once).
     pub due: Option<SystemTime>,
@@ -42,8 +44,14 @@ pub struct ImportedItem {
 }
 
 impl ImportedItem {
-    /// `entry` with these times and attempts.
+    /// `entry` with these times and attempts; refuses attempts past [`MAX_ATTEMPTS`].
     fn fill(&self, entry: &mut Entry) -> Result<()> {
+        if self.attempts > MAX_ATTEMPTS {
+            return Err(Error::InvalidArgument {
+                argument: "attempts",
+                expected: "at most MAX_ATTEMPTS (2^31 - 1) attempts",
+            });
+        }
         let ms = |t: Option<SystemTime>| t.map_or(Ok(0), wall_ms);
         entry.attempts = self.attempts;
         entry.not_before = ms(self.due)?;
@@ -66,11 +74,18 @@ where
     /// are, which is how `rq import` moves a store's items between engines without knowing
     /// their types. The queue's deduplication keys are not carried over.
     ///
+    /// Every engine counts at most [`MAX_ATTEMPTS`](crate::MAX_ATTEMPTS) attempts (PostgreSQL
+    /// keeps them in an `int4`), so an item with more is refused rather than clamped: what an
+    /// import writes is what the other store had. A lease of an item at the maximum counts no
+    /// further.
+    ///
     /// # Errors
     ///
     /// As [`enqueue`](Self::enqueue); [`Error::InvalidArgument`](crate::Error::InvalidArgument)
-    /// for a time before the Unix epoch; [`Error::TransactionExpired`](crate::Error::TransactionExpired)
-    /// past the transaction's deadline.
+    /// for a time before the Unix epoch, or for `meta.attempts` over
+    /// [`MAX_ATTEMPTS`](crate::MAX_ATTEMPTS) (nothing is buffered);
+    /// [`Error::TransactionExpired`](crate::Error::TransactionExpired) past the transaction's
+    /// deadline.
     ///
     /// # Examples
     ///
@@ -103,7 +118,9 @@ where
     ///
     /// # Errors
     ///
-    /// As [`import`](Self::import).
+    /// As [`import`](Self::import); [`Error::InvalidArgument`](crate::Error::InvalidArgument)
+    /// for a `reason` with a NUL character, which no engine stores (as
+    /// [`Lease::fail`](crate::Lease::fail)): nothing is buffered.
     ///
     /// # Examples
     ///
@@ -126,6 +143,7 @@ where
         meta: &ImportedItem,
         reason: &str,
     ) -> Result<()> {
+        check_reason(reason)?;
         self.buffer_import(tx, item.borrow(), meta, Some(cut_reason(reason)))
     }
 

@@ -13,7 +13,7 @@ use crate::clock::{system_time, wall_ms};
 use crate::core::Entry;
 #[cfg(feature = "postgres")]
 use crate::engine::postgres::{FailOutcome, Granted as PgGranted, Postgres as PgEngine};
-use crate::engine::processing::{DeadSlot, Granted, Move, MoveKind, Proc};
+use crate::engine::processing::{check_reason, DeadSlot, Granted, Move, MoveKind, Proc};
 use crate::engine::{Engine, Work};
 use crate::error::{Error, Result};
 use crate::processing::{
@@ -138,20 +138,23 @@ impl<T> Lease<T> {
     ///
     /// # Errors
     ///
-    /// [`Error::LeaseExpired`] if the lease has ended already (nothing is buffered),
-    /// [`Error::WrongStore`] if `tx` belongs to another store. The lease is settled either way.
+    /// [`Error::LeaseExpired`] if the lease has ended already (nothing is buffered).
+    /// [`Error::WrongStore`] if `tx` belongs to another store: `tx` is left as it was and,
+    /// since `ack` takes the lease, the item is given back at once as by a dropped lease (its
+    /// attempt counted; on PostgreSQL from a task, without blocking), on every engine.
     ///
     /// # Examples
     ///
     /// See [`Lease`].
     pub fn ack(mut self, tx: &mut Transaction) -> Result<()> {
-        self.settled = true;
         if !std::ptr::eq(tx.engine(), &*self.engine) {
-            self.engine.drop_lease(&self.proc, self.token);
+            // Unsettled, the lease gives the item back as it is dropped here: the same way
+            // on every engine (on PostgreSQL the embedded engines' lease table has nothing).
             return Err(Error::WrongStore {
                 queue: self.proc.core.name().to_owned(),
             });
         }
+        self.settled = true;
         // On PostgreSQL the commit checks the lease (the database's clock decides).
         if !self.engine.is_remote()
             && self
@@ -217,9 +220,10 @@ impl<T> Lease<T> {
         tx.blocking_commit()
     }
 
-    /// Settles the lease as failed, with `reason` (kept up to 4 KiB): below the queue's
-    /// maximum attempts the item is due again after the [`RetryPolicy`]'s backoff (then at
-    /// the tail); at the maximum it moves to the dead letters. Durable when this returns.
+    /// Settles the lease as failed, with `reason` (kept up to 4 KiB; one with a NUL character
+    /// is refused, as no engine stores it): below the queue's maximum attempts the item is due
+    /// again after the [`RetryPolicy`]'s backoff (then at the tail); at the maximum it moves
+    /// to the dead letters. Durable when this returns.
     ///
     /// # Cancel safety
     ///
@@ -228,7 +232,11 @@ impl<T> Lease<T> {
     /// # Errors
     ///
     /// [`Error::LeaseExpired`] if the lease has ended (nothing is done); the commit's errors
-    /// (the item is then back at the front of its queue).
+    /// (the item is then back at the front of its queue). [`Error::InvalidArgument`] for a
+    /// `reason` with a NUL character, on every engine, before anything is recorded (no
+    /// backoff, no dead letter): since `fail` takes the lease, the item is given back at once
+    /// as by a dropped lease, its attempt counted (on PostgreSQL from a task, without
+    /// blocking).
     ///
     /// # Examples
     ///
@@ -246,6 +254,8 @@ impl<T> Lease<T> {
     /// # Ok(()) }
     /// ```
     pub async fn fail(mut self, reason: &str) -> Result<Failed> {
+        // Unsettled, the lease gives the item back as it is dropped.
+        check_reason(reason)?;
         self.settled = true;
         #[cfg(feature = "postgres")]
         if let Some(pg) = self.engine.postgres() {
@@ -270,6 +280,7 @@ impl<T> Lease<T> {
         if self.engine.is_remote() {
             return crate::engine::block_on(self.fail(reason));
         }
+        check_reason(reason)?;
         self.settled = true;
         let (mut work, due) = self.engine.fail_work(&self.proc, self.token, reason)?;
         self.engine.blocking_commit(&mut work)?;
@@ -960,7 +971,9 @@ where
     }
 
     /// Sets the queue's retry policy, durably (in the store: every handle and later opens
-    /// use it).
+    /// use it). A value past what every engine stores (a policy not made by its setters,
+    /// such as a deserialized one) is clamped to its maximum first, as the setters do (see
+    /// [`RetryPolicy`]).
     ///
     /// # Cancel safety
     ///
@@ -970,6 +983,7 @@ where
     ///
     /// Storage errors; [`Error::Closed`] after close.
     pub async fn set_retry_policy(&self, policy: RetryPolicy) -> Result<()> {
+        let policy = policy.clamped();
         #[cfg(feature = "postgres")]
         if let Some(pg) = self.engine().postgres() {
             self.engine().check_open()?;

@@ -96,7 +96,8 @@ pub use crate::error::{DirectoryProblem, Error, Result};
 pub use crate::import::ImportedItem;
 pub use crate::lease::{Enqueued, Failed, Lease};
 pub use crate::processing::{
-    BrowsedItem, DeadLetter, ItemState, QueueStats, Replay, RetryPolicy, MAX_DELAY, MAX_TTL,
+    BrowsedItem, DeadLetter, ItemState, QueueStats, Replay, RetryPolicy, MAX_ATTEMPTS, MAX_DELAY,
+    MAX_TTL,
 };
 pub use crate::queue::ReliableConcurrentQueue;
 pub use crate::queue_set::{QueueSet, SetOrder};

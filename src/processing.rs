@@ -17,6 +17,14 @@ use crate::error::{Error, Result};
 /// `jitter` to 0 for exact times). Kept in the store: every handle and every process sees the
 /// policy last set by [`set_retry_policy`](crate::ReliableConcurrentQueue::set_retry_policy).
 ///
+/// Every engine stores the same range: at most [`MAX_ATTEMPTS`] attempts, and backoffs of at
+/// most [`MAX_DELAY`] (PostgreSQL keeps the attempts in an `int4` and the times as
+/// milliseconds in an `int8`). A larger value is clamped to its maximum by the setter (and by
+/// [`set_retry_policy`](crate::ReliableConcurrentQueue::set_retry_policy), for a policy made
+/// some other way, such as deserialized), so `max_backoff(Duration::MAX)` means "no cap
+/// short of [`MAX_DELAY`]" and `max_attempts(u32::MAX)` "as many as can be counted". With the
+/// widest jitter a wait is at most twice [`MAX_DELAY`].
+///
 /// # Examples
 ///
 /// ```
@@ -55,21 +63,23 @@ impl Default for RetryPolicy {
 
 impl RetryPolicy {
     /// Attempts after which a failed or expired lease moves the item to the dead letters
-    /// (at least 1; 0 is taken as 1).
+    /// (at least 1, at most [`MAX_ATTEMPTS`]; 0 is taken as 1, more than the maximum as the
+    /// maximum).
     pub fn max_attempts(mut self, n: u32) -> Self {
-        self.max_attempts = n.max(1);
+        self.max_attempts = n.clamp(1, MAX_ATTEMPTS);
         self
     }
 
-    /// The wait after the first failed attempt.
+    /// The wait after the first failed attempt (at most [`MAX_DELAY`]; a longer one is taken
+    /// as [`MAX_DELAY`]).
     pub fn initial_backoff(mut self, d: Duration) -> Self {
-        self.initial_backoff_ms = crate::clock::millis(d);
+        self.initial_backoff_ms = crate::clock::millis(d.min(MAX_DELAY));
         self
     }
 
-    /// The longest wait.
+    /// The longest wait (at most [`MAX_DELAY`]; a longer one is taken as [`MAX_DELAY`]).
     pub fn max_backoff(mut self, d: Duration) -> Self {
-        self.max_backoff_ms = crate::clock::millis(d);
+        self.max_backoff_ms = crate::clock::millis(d.min(MAX_DELAY));
         self
     }
 
@@ -94,16 +104,30 @@ impl RetryPolicy {
         Duration::from_millis(self.backoff_ms(attempt, seed))
     }
 
+    /// The policy with every value in the range every engine stores (see the type's docs):
+    /// what the setters make, for a policy that did not come from them (deserialized, or
+    /// read from a store written before the range was enforced).
+    pub(crate) fn clamped(self) -> Self {
+        let max_ms = max_delay_ms();
+        RetryPolicy {
+            max_attempts: self.max_attempts.clamp(1, MAX_ATTEMPTS),
+            initial_backoff_ms: self.initial_backoff_ms.min(max_ms),
+            max_backoff_ms: self.max_backoff_ms.min(max_ms),
+            jitter: self.jitter.min(1000),
+        }
+    }
+
     pub(crate) fn backoff_ms(&self, attempt: u32, seed: u64) -> u64 {
         let doublings = attempt.saturating_sub(1).min(63);
         let base = self
             .initial_backoff_ms
             .saturating_mul(1u64 << doublings)
-            .min(self.max_backoff_ms);
+            .min(self.max_backoff_ms)
+            .min(max_delay_ms());
         if self.jitter == 0 || base == 0 {
             return base;
         }
-        let spread = base.saturating_mul(u64::from(self.jitter)) / 1000;
+        let spread = base.saturating_mul(u64::from(self.jitter.min(1000))) / 1000;
         // splitmix64 of the seed and attempt: cheap, well spread, reproducible.
         let mut z = seed
             .wrapping_add(u64::from(attempt).wrapping_mul(0x9E37_79B9_7F4A_7C15))
@@ -116,14 +140,15 @@ impl RetryPolicy {
     }
 
     /// The policy as the PostgreSQL engine stores it: maximum attempts, initial and maximum
-    /// backoff in ms, jitter per mille.
+    /// backoff in ms, jitter per mille (clamped first, so each fits its column).
     #[cfg(feature = "postgres")]
     pub(crate) fn to_columns(self) -> (i32, i64, i64, i32) {
+        let policy = self.clamped();
         (
-            i32::try_from(self.max_attempts).unwrap_or(i32::MAX),
-            i64::try_from(self.initial_backoff_ms).unwrap_or(i64::MAX),
-            i64::try_from(self.max_backoff_ms).unwrap_or(i64::MAX),
-            i32::from(self.jitter),
+            i32::try_from(policy.max_attempts).unwrap_or(i32::MAX),
+            i64::try_from(policy.initial_backoff_ms).unwrap_or(i64::MAX),
+            i64::try_from(policy.max_backoff_ms).unwrap_or(i64::MAX),
+            i32::from(policy.jitter),
         )
     }
 
@@ -131,19 +156,21 @@ impl RetryPolicy {
     #[cfg(feature = "postgres")]
     pub(crate) fn from_columns(max_attempts: i32, initial: i64, max: i64, jitter: i32) -> Self {
         RetryPolicy {
-            max_attempts: u32::try_from(max_attempts).unwrap_or(1).max(1),
+            max_attempts: u32::try_from(max_attempts).unwrap_or(1),
             initial_backoff_ms: u64::try_from(initial).unwrap_or(0),
             max_backoff_ms: u64::try_from(max).unwrap_or(0),
             jitter: u16::try_from(jitter.clamp(0, 1000)).unwrap_or(0),
         }
+        .clamped()
     }
 
     pub(crate) fn to_bytes(self) -> Vec<u8> {
         postcard::to_allocvec(&self).unwrap_or_default()
     }
 
+    /// [`to_bytes`](Self::to_bytes) read back; values out of range are clamped.
     pub(crate) fn from_bytes(bytes: &[u8]) -> Option<RetryPolicy> {
-        postcard::from_bytes(bytes).ok()
+        postcard::from_bytes(bytes).ok().map(RetryPolicy::clamped)
     }
 }
 
@@ -255,8 +282,19 @@ pub(crate) fn check_ttl(ttl: Duration) -> Result<u64> {
 /// The longest lease: a year. A longer one is almost certainly a unit mistake.
 pub const MAX_TTL: Duration = Duration::from_secs(365 * 24 * 3600);
 
-/// The longest delay accepted: 100 years.
+/// The longest delay accepted: 100 years. Also the longest backoff of a [`RetryPolicy`].
 pub const MAX_DELAY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+/// [`MAX_DELAY`] in milliseconds.
+pub(crate) const fn max_delay_ms() -> u64 {
+    MAX_DELAY.as_secs() * 1000
+}
+
+/// The most attempts an item counts: 2^31 - 1, what every engine stores (PostgreSQL in an
+/// `int4`). A lease of an item at the maximum is granted and counts no further (attempts
+/// never go down); [`RetryPolicy::max_attempts`] and
+/// [`import`](crate::ReliableConcurrentQueue::import) take no more than this.
+pub const MAX_ATTEMPTS: u32 = i32::MAX.unsigned_abs();
 
 /// A delay as milliseconds, at most [`MAX_DELAY`].
 pub(crate) fn check_delay(delay: Duration) -> Result<u64> {
@@ -267,4 +305,49 @@ pub(crate) fn check_delay(delay: Duration) -> Result<u64> {
         });
     }
     Ok(crate::clock::millis(delay))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A policy that did not come from the setters (deserialized, or stored before the range
+    /// was enforced) reads back clamped to what every engine stores, and its backoff never
+    /// passes `MAX_DELAY`.
+    #[test]
+    fn a_stored_policy_past_the_maxima_reads_back_clamped() {
+        let huge = RetryPolicy {
+            max_attempts: u32::MAX,
+            initial_backoff_ms: u64::MAX,
+            max_backoff_ms: u64::MAX,
+            jitter: u16::MAX,
+        };
+        for seed in 0..100 {
+            assert!(
+                huge.backoff(1, seed) <= MAX_DELAY * 2,
+                "full jitter at most doubles it"
+            );
+        }
+        let read = RetryPolicy::from_bytes(&huge.to_bytes()).unwrap();
+        let expected = RetryPolicy::default()
+            .max_attempts(u32::MAX)
+            .initial_backoff(Duration::MAX)
+            .max_backoff(Duration::MAX)
+            .jitter(1.0);
+        assert_eq!(read, expected);
+        assert_eq!(
+            (read.attempts_allowed(), read.jitter(0.0).backoff(1, 0)),
+            (MAX_ATTEMPTS, MAX_DELAY)
+        );
+        let zero = RetryPolicy {
+            max_attempts: 0,
+            ..RetryPolicy::default()
+        };
+        assert_eq!(zero.clamped().attempts_allowed(), 1);
+        #[cfg(feature = "postgres")]
+        assert_eq!(
+            RetryPolicy::from_columns(i32::MAX, i64::MAX, i64::MAX, 1000),
+            expected
+        );
+    }
 }

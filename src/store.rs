@@ -181,9 +181,9 @@ impl Store {
     ///
     /// [`Error::Fenced`](crate::Error::Fenced) if the queue is fenced by a record set aside
     /// at open, [`Error::InvalidQueueName`](crate::Error::InvalidQueueName) for an empty
-    /// name or one over 1024 bytes, [`Error::Storage`](crate::Error::Storage) if the new
-    /// queue cannot be recorded, [`Error::Closed`](crate::Error::Closed) after
-    /// [`close`](Store::close).
+    /// name, one over 1024 bytes or one with a NUL character (on every engine),
+    /// [`Error::Storage`](crate::Error::Storage) if the new queue cannot be recorded,
+    /// [`Error::Closed`](crate::Error::Closed) after [`close`](Store::close).
     ///
     /// # Examples
     ///

@@ -296,6 +296,41 @@ fn bad_queue_names_are_rejected() {
     });
 }
 
+/// A queue whose name has a NUL character, made on sled before such names were refused (no
+/// engine makes one now: PostgreSQL's text cannot hold it), still opens, so that its items
+/// can be drained or moved; a new queue with such a name is refused.
+#[test]
+fn a_queue_made_with_a_nul_in_its_name_before_the_rule_still_opens() {
+    let (_guard, path) = temp_dir();
+    let store = Store::open(&path).unwrap();
+    let q = store.blocking_queue::<u32>("legacy").unwrap();
+    let mut tx = store.begin();
+    q.enqueue(&mut tx, 1).unwrap();
+    q.enqueue(&mut tx, 2).unwrap();
+    tx.blocking_commit().unwrap();
+    drop(q);
+    store.blocking_close().unwrap();
+    {
+        // What an earlier version wrote for a queue named "leg\0acy": its catalog entry.
+        let db = common::open_raw_sled(&path);
+        let meta = db.open_tree("meta").unwrap();
+        let id = meta
+            .remove(b"queue/legacy")
+            .unwrap()
+            .expect("the catalog entry");
+        meta.insert(&b"queue/leg\0acy"[..], id).unwrap();
+        db.flush().unwrap();
+    }
+    let store = Store::open(&path).unwrap();
+    assert_eq!(store.queue_names(), ["leg\0acy"]);
+    let q = store.blocking_queue::<u32>("leg\0acy").unwrap();
+    assert_eq!(drain(&store, &q), [1, 2]);
+    assert!(matches!(
+        store.blocking_queue::<u32>("new\0"),
+        Err(Error::InvalidQueueName { .. })
+    ));
+}
+
 // ---- damaged records on disk ----
 
 /// Offset of a record's fixed header, its header length field and its body (see the format

@@ -53,12 +53,14 @@ struct Inner {
 #[derive(Debug, Default)]
 pub(crate) struct Catalog(Mutex<Inner>);
 
-/// Checks a queue name.
+/// Checks the name of a queue to create: 1 to [`MAX_NAME_LEN`] bytes, no NUL character (the
+/// same rule on every engine: PostgreSQL's text cannot hold a NUL, so no engine makes such a
+/// name, and an export of any store imports into any other).
 pub(crate) fn check_name(name: &str) -> Result<()> {
-    if name.is_empty() || name.len() > MAX_NAME_LEN {
+    if name.is_empty() || name.len() > MAX_NAME_LEN || name.contains('\0') {
         return Err(Error::InvalidQueueName {
             name: name.chars().take(64).collect(),
-            expected: "1 to 1024 bytes of UTF-8",
+            expected: "1 to 1024 bytes of UTF-8, without NUL characters",
         });
     }
     Ok(())
@@ -98,13 +100,14 @@ impl Catalog {
     /// under the catalog's lock, so `record` is called in id order and before anyone else can
     /// see the new queue: an engine that logs the creation (and only submits it, without
     /// waiting) has it in its log before any commit that names the queue. A fenced queue is
-    /// an error.
+    /// an error. The name of a new queue must pass [`check_name`]; one that exists already
+    /// opens whatever its name (a store written before NUL characters were refused may have
+    /// one: its items stay reachable).
     pub(crate) fn open_queue<R>(
         &self,
         name: &str,
         record: impl FnOnce(QueueId) -> Result<R>,
     ) -> Result<(Arc<QueueCore>, Option<R>)> {
-        check_name(name)?;
         let mut inner = self.0.lock();
         if let Some(core) = inner.queues.get(name) {
             if let Some((_, bad)) = inner.fences.iter().find(|(q, _)| *q == core.id()) {
@@ -116,6 +119,7 @@ impl Catalog {
             }
             return Ok((core.clone(), None));
         }
+        check_name(name)?;
         let id = inner.next_id;
         let next = id.checked_add(1).ok_or(Error::Bug {
             invariant: "fewer than 2^32 queues",

@@ -34,7 +34,7 @@ use std::time::Duration;
 use crate::clock::{Clock, OnAdvance};
 use crate::core::{Entry, QueueCore};
 use crate::error::{Error, Result};
-use crate::processing::RetryPolicy;
+use crate::processing::{RetryPolicy, MAX_ATTEMPTS};
 use crate::sync::process::{AtomicU64, Condvar, Mutex, Ordering};
 
 use super::{Engine, Flavor, QueueRef, Work};
@@ -506,9 +506,13 @@ fn bury(proc: &Arc<Proc>, mut entry: Entry, id: u64, reason: String, dead_on_dis
     });
 }
 
-/// Counts a lease granted at `now` as the item's next attempt.
+/// Counts a lease granted at `now` as the item's next attempt: no further than
+/// [`MAX_ATTEMPTS`], as on PostgreSQL (a count above it, written before the maximum was
+/// enforced, is kept as it is: attempts never go down).
 fn count_attempt(entry: &mut Entry, now: u64) {
-    entry.attempts = entry.attempts.saturating_add(1);
+    if entry.attempts < MAX_ATTEMPTS {
+        entry.attempts = entry.attempts.saturating_add(1);
+    }
     if entry.times.first_attempt == 0 {
         entry.times.first_attempt = now;
     }
@@ -523,6 +527,18 @@ pub(crate) fn due_after(entry: &Entry, delay: u64, now: u64) -> u64 {
     } else {
         entry.not_before
     }
+}
+
+/// Refuses a failure or dead-letter reason with a NUL character: no engine stores one
+/// (PostgreSQL's text cannot hold it), so every engine refuses it before anything changes.
+pub(crate) fn check_reason(reason: &str) -> Result<()> {
+    if reason.contains('\0') {
+        return Err(Error::InvalidArgument {
+            argument: "reason",
+            expected: "text without NUL characters",
+        });
+    }
+    Ok(())
 }
 
 /// Cuts a reason to [`MAX_REASON`] bytes at a character boundary.

@@ -20,7 +20,7 @@ use crate::clock::Clock;
 use crate::core::{Entry, QueueCore};
 use crate::engine::processing::{cut_reason, DeadSlot, EXPIRED};
 use crate::error::{Error, Result};
-use crate::processing::{ItemState, QueueStats, Replay, RetryPolicy};
+use crate::processing::{max_delay_ms, ItemState, QueueStats, Replay, RetryPolicy, MAX_ATTEMPTS};
 use crate::sync::process::Mutex;
 
 /// The processing layer's statements, with the schema spliced in. Every one takes the time
@@ -99,7 +99,8 @@ impl ProcSql {
         ProcSql {
             lease: format!(
                 "WITH {t}, {bury}, \
-                 got AS (UPDATE {s}.items i SET attempts = i.attempts + 1, \
+                 got AS (UPDATE {s}.items i SET attempts = CASE \
+                   WHEN i.attempts < {MAX_ATTEMPTS} THEN i.attempts + 1 ELSE i.attempts END, \
                    leased_until = {NOW_T} + $4::int8, \
                    lease_token = nextval('{s}.lease_tokens'), \
                    first_attempt_ms = coalesce(i.first_attempt_ms, {NOW_T}), \
@@ -144,7 +145,8 @@ impl ProcSql {
                  back AS (SELECT cur.id, cur.attempts, \
                    least(pol.initial_backoff_ms::numeric \
                      * power(2::numeric, least(greatest(cur.attempts - 1, 0), 63)), \
-                     pol.max_backoff_ms)::int8 AS base, pol.jitter_per_mille AS j \
+                     pol.max_backoff_ms, {max_backoff})::int8 AS base, \
+                   least(greatest(pol.jitter_per_mille, 0), 1000) AS j \
                    FROM cur, pol WHERE cur.attempts < pol.max_attempts), \
                  spread AS (SELECT id, attempts, base, base * j / 1000 AS s FROM back), \
                  retried AS (UPDATE {s}.items i SET leased_until = NULL, lease_token = NULL, \
@@ -154,6 +156,7 @@ impl ProcSql {
                    FROM spread sp WHERE i.id = sp.id RETURNING i.ready_ms) \
                  SELECT (SELECT count(*) FROM cur), (SELECT ready_ms FROM retried)",
                 t = t("$3"),
+                max_backoff = max_delay_ms(),
             ),
             release: format!(
                 "WITH {t} UPDATE {s}.items SET leased_until = NULL, lease_token = NULL, \
