@@ -315,8 +315,92 @@ fn an_import_with_a_nul_that_postgres_cannot_store_writes_nothing(server: &PgSer
     }
 }
 
+/// Reading commands against a schema that is not there (a typo) say so and create nothing;
+/// an existing schema is read without a migration.
+fn reading_commands_name_a_missing_schema_and_create_nothing(server: &PgServer) {
+    for command in [
+        &["stats"][..],
+        &["browse", "jobs"],
+        &["dead-letters", "list", "jobs"],
+    ] {
+        let out = rq(&with(pg_args(server, "cli_typo"), command));
+        assert!(
+            !out.status.success(),
+            "{command:?} on a missing schema fails"
+        );
+        let message = stderr(&out);
+        assert!(
+            message.contains("no reliable-queue schema \"cli_typo\""),
+            "{command:?}: {message}"
+        );
+    }
+    let made = block_on(async {
+        connect(server.url())
+            .await
+            .query_one(
+                "SELECT count(*) FROM pg_namespace WHERE nspname = 'cli_typo'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get::<_, i64>(0)
+    });
+    assert_eq!(made, 0, "no schema was created");
+    fill(&store(server, "cli_read"));
+    let rows = json(&with(pg_args(server, "cli_read"), &["stats", "--json"]));
+    assert!(!rows.as_array().unwrap().is_empty());
+}
+
+/// A URL whose port accepts connections and never answers as PostgreSQL (here a listener
+/// that reads and says nothing): `rq` ends with an error naming the host once the URL's
+/// `connect_timeout` has passed, instead of waiting for ever.
+fn a_port_that_never_answers_is_an_error_naming_the_host(_: &PgServer) {
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = silent.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        let held: Vec<_> = silent.incoming().take(8).collect();
+        drop(held);
+    });
+    let url = format!("postgresql://u:p@127.0.0.1:{port}/app?connect_timeout=1");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_rq"))
+        .args(["--postgres", &url, "stats"])
+        .env_remove("RQ_STORE")
+        .env_remove("RQ_POSTGRES_URL")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Bounded: a hang is a failure, not a stuck test.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("rq still waits for a silent port after 60 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let out = child.wait_with_output().unwrap();
+    assert!(!status.success());
+    let message = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        message.contains(&format!("127.0.0.1:{port}")) && message.contains("no answer"),
+        "{message}"
+    );
+}
+
 fn main() -> std::process::ExitCode {
     pg::run_suite(vec![
+        (
+            "reading_commands_name_a_missing_schema_and_create_nothing",
+            reading_commands_name_a_missing_schema_and_create_nothing,
+        ),
+        (
+            "a_port_that_never_answers_is_an_error_naming_the_host",
+            a_port_that_never_answers_is_an_error_naming_the_host,
+        ),
         (
             "commands_work_beside_a_live_store",
             commands_work_beside_a_live_store,
