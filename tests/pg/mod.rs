@@ -95,7 +95,7 @@ struct Cluster {
     /// It closes when the cluster is dropped, and also when the test process ends without
     /// dropping it (`std::process::exit`, a panic that aborts, SIGKILL): no test leaves a
     /// server running.
-    watchdog: Option<std::process::ChildStdin>,
+    watchdog: Option<(std::process::ChildStdin, std::process::Child)>,
     /// Removed (with the data) after the server has stopped: the last field, dropped last.
     dir: tempfile::TempDir,
 }
@@ -438,6 +438,11 @@ impl Drop for PgServer {
                 cluster.stop();
             }
         }
+        if let Some((stdin, mut watchdog)) = self.cluster.as_mut().and_then(|c| c.watchdog.take()) {
+            // Its cue: it removes the directory (and would stop a server still running).
+            drop(stdin);
+            let _ = watchdog.wait();
+        }
     }
 }
 
@@ -538,7 +543,7 @@ impl Cluster {
     /// Starts the watchdog (see [`Cluster::watchdog`]'s field) and returns its standard
     /// input. It runs as the tests' own user, which may signal the server and remove the
     /// directory.
-    fn watchdog(&self) -> std::process::ChildStdin {
+    fn watchdog(&self) -> (std::process::ChildStdin, std::process::Child) {
         const SCRIPT: &str = "cat >/dev/null; \
              pid=$(head -n 1 \"$1/postmaster.pid\" 2>/dev/null); \
              if [ -n \"$pid\" ] && kill -QUIT \"$pid\" 2>/dev/null; then \
@@ -557,7 +562,8 @@ impl Cluster {
             .stderr(std::process::Stdio::null())
             .spawn()
             .unwrap_or_else(|e| panic!("starting the test server's watchdog: {e}"));
-        child.stdin.take().expect("the watchdog's standard input")
+        let stdin = child.stdin.take().expect("the watchdog's standard input");
+        (stdin, child)
     }
 
     /// A command run as the user the server runs as, from the temporary directory (the
