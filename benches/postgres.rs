@@ -332,30 +332,7 @@ fn bench(c: &mut Criterion) {
     let rt = runtime();
     // The harness runs its test server without fsync; the figures here are for the durable
     // configuration a user runs (the server's defaults).
-    rt.block_on(async {
-        let admin = connect(&url).await;
-        for statement in [
-            "ALTER SYSTEM SET fsync = on",
-            "ALTER SYSTEM SET full_page_writes = on",
-            "ALTER SYSTEM SET synchronous_commit = on",
-            "SELECT pg_reload_conf()",
-        ] {
-            admin
-                .batch_execute(statement)
-                .await
-                .expect("make the bench server durable");
-        }
-        // A new session sees the reloaded settings.
-        let check = connect(&url).await;
-        for setting in ["fsync", "synchronous_commit"] {
-            let row = check
-                .query_one(&format!("SHOW {setting}"), &[])
-                .await
-                .unwrap();
-            let value: String = row.get(0);
-            assert_eq!(value, "on", "{setting} on the bench server");
-        }
-    });
+    rt.block_on(pg::make_durable(&url));
 
     for clients in [1usize, 16, 64] {
         let mut group = c.benchmark_group(format!("postgres/move/{clients}-clients"));

@@ -420,18 +420,7 @@ async fn baseline_scenario(url: &str, channel: &str, samples: usize) -> Scenario
 /// returns the settings line.
 async fn settings(url: &str, started_here: bool) -> String {
     if started_here {
-        let admin = pg::connect(url).await;
-        for statement in [
-            "ALTER SYSTEM SET fsync = on",
-            "ALTER SYSTEM SET full_page_writes = on",
-            "ALTER SYSTEM SET synchronous_commit = on",
-            "SELECT pg_reload_conf()",
-        ] {
-            admin
-                .batch_execute(statement)
-                .await
-                .expect("make the bench server durable");
-        }
+        pg::make_durable(url).await;
     }
     // A new session sees the reloaded settings.
     let check = pg::connect(url).await;

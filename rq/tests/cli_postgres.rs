@@ -12,7 +12,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{contents, export_lines, fill, json, ok, rq, stderr, write_lines};
+use common::{contents, export_lines, fails, fill, json, ok, rq, stderr, write_lines};
 use pg::{block_on, connect, PgServer};
 use reliable_queue::Store;
 
@@ -323,15 +323,10 @@ fn reading_commands_name_a_missing_schema_and_create_nothing(server: &PgServer) 
         &["browse", "jobs"],
         &["dead-letters", "list", "jobs"],
     ] {
-        let out = rq(&with(pg_args(server, "cli_typo"), command));
-        assert!(
-            !out.status.success(),
-            "{command:?} on a missing schema fails"
-        );
-        let message = stderr(&out);
-        assert!(
-            message.contains("no reliable-queue schema \"cli_typo\""),
-            "{command:?}: {message}"
+        fails(
+            &with(pg_args(server, "cli_typo"), command),
+            None,
+            "no reliable-queue schema \"cli_typo\"",
         );
     }
     let made = block_on(async {

@@ -804,6 +804,32 @@ pub fn run_suite_with(tests: Vec<(&'static str, Needs, TestFn)>) -> ExitCode {
     conclusion.exit_code()
 }
 
+/// Turns on what the harness turns off for speed (`fsync`, `full_page_writes`) and
+/// `synchronous_commit`, for figures of the durable configuration a user runs (a bench's),
+/// and checks that a new session sees them. Panics on failure.
+pub async fn make_durable(url: &str) {
+    let admin = connect(url).await;
+    for statement in [
+        "ALTER SYSTEM SET fsync = on",
+        "ALTER SYSTEM SET full_page_writes = on",
+        "ALTER SYSTEM SET synchronous_commit = on",
+        "SELECT pg_reload_conf()",
+    ] {
+        admin
+            .batch_execute(statement)
+            .await
+            .expect("make the bench server durable");
+    }
+    let check = connect(url).await;
+    for setting in ["fsync", "synchronous_commit"] {
+        let row = check
+            .query_one(&format!("SHOW {setting}"), &[])
+            .await
+            .unwrap_or_else(|e| panic!("SHOW {setting}: {e}"));
+        assert_eq!(row.get::<_, String>(0), "on", "{setting} on the server");
+    }
+}
+
 /// Runs `future` to completion on a current-thread tokio runtime (with IO and timers), the way a
 /// test drives tokio-postgres.
 pub fn block_on<F: Future>(future: F) -> F::Output {

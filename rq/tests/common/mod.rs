@@ -40,6 +40,22 @@ pub fn stderr(out: &Output) -> String {
 }
 
 /// Runs `rq` and expects success; returns its stdout.
+/// Runs `rq` with `args`, checks that it failed (with exit code `code` when given) and that
+/// its standard error says `says`; returns its output.
+pub fn fails(args: &[&str], code: Option<i32>, says: &str) -> Output {
+    let out = rq(args);
+    match code {
+        Some(code) => assert_eq!(out.status.code(), Some(code), "{args:?}: {}", stdout(&out)),
+        None => assert!(
+            !out.status.success(),
+            "{args:?} succeeded: {}",
+            stdout(&out)
+        ),
+    }
+    assert!(stderr(&out).contains(says), "{args:?}: {}", stderr(&out));
+    out
+}
+
 pub fn ok(args: &[&str]) -> String {
     let out = rq(args);
     assert!(
