@@ -453,13 +453,16 @@ mod cases {
         );
     }
 
+    /// Opens a store of one engine with a given transaction timeout.
+    type Opener<'a> = dyn Fn(Duration) -> reliable_queue::Result<Store> + 'a;
+
     /// Timeouts the server would refuse (over 2^31 - 1 ms) are `InvalidConfig` at open, on
     /// every engine, before any connection is tried.
     pub(crate) fn timeouts_the_server_refuses_are_invalid_config(server: &PgServer) {
         let too_long = Duration::from_millis(1 << 31);
         let fits = Duration::from_millis((1 << 31) - 1);
         let dir = tempfile::tempdir().unwrap();
-        let openers: [(&str, Box<dyn Fn(Duration) -> reliable_queue::Result<Store>>); 3] = [
+        let openers: [(&str, Box<Opener<'_>>); 3] = [
             (
                 "memory",
                 Box::new(|t| Store::builder().transaction_timeout(t).open()),
