@@ -250,6 +250,45 @@ mod cases {
         );
     }
 
+    /// A producer that retries only `CommitOutcomeUnknown`, under a deduplication key, adds
+    /// each item once: every first commit here is cut after the server committed it.
+    pub(crate) fn a_producer_retrying_unknown_commits_under_a_key_adds_each_item_once(
+        server: &PgServer,
+    ) {
+        let proxy = CutProxy::start(server);
+        let store = Store::builder()
+            .postgres(proxy.url())
+            .postgres_schema("cut_keyed")
+            .open()
+            .unwrap();
+        let q = store.blocking_queue::<u64>("jobs").unwrap();
+        let mut unknown = 0;
+        for item in 0..5u64 {
+            let key = format!("job-{item}");
+            proxy.arm(Cut::Reply("COMMIT"));
+            loop {
+                let mut tx = store.begin();
+                // On PostgreSQL the key is checked as the commit inserts (a retry's enqueue
+                // is buffered, and its commit applies nothing).
+                q.enqueue_unique(&mut tx, item, key.as_bytes(), Duration::ZERO)
+                    .unwrap();
+                match tx.blocking_commit() {
+                    Ok(()) => break,
+                    Err(Error::CommitOutcomeUnknown { .. }) => unknown += 1,
+                    Err(e) => panic!("item {item}: {e}"),
+                }
+            }
+        }
+        assert_eq!(proxy.fired(), 5);
+        assert_eq!(
+            unknown, 5,
+            "each first commit was cut after the server committed"
+        );
+        let checker = server.store("cut_keyed");
+        let jobs = checker.blocking_queue::<u64>("jobs").unwrap();
+        assert_eq!(jobs.blocking_count().unwrap(), 5, "each item once");
+    }
+
     /// Waits until a consumer of `schema` has looked for an item and found none: its
     /// transaction's session is idle inside the transaction its dequeue began. A commit after
     /// this has to wake it (a wake before it waits is kept for it).
@@ -528,6 +567,10 @@ fn main() -> std::process::ExitCode {
         (
             "a_connection_cut_at_each_point_of_a_commit_never_reports_applied_work_as_not_applied",
             a_connection_cut_at_each_point_of_a_commit_never_reports_applied_work_as_not_applied,
+        ),
+        (
+            "a_producer_retrying_unknown_commits_under_a_key_adds_each_item_once",
+            a_producer_retrying_unknown_commits_under_a_key_adds_each_item_once,
         ),
         (
             "a_waiting_consumer_is_woken_by_a_commit_of_its_own_store",
