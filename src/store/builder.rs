@@ -325,7 +325,7 @@ impl Builder {
         let pg = self
             .config
             .postgres
-            .get_or_insert_with(|| crate::engine::postgres::PgConfig::new(url));
+            .get_or_insert_with(|| crate::config::PgConfig::new(url));
         url.clone_into(&mut pg.url);
         self
     }
@@ -339,7 +339,7 @@ impl Builder {
         let pg = self
             .config
             .postgres
-            .get_or_insert_with(|| crate::engine::postgres::PgConfig::new(""));
+            .get_or_insert_with(|| crate::config::PgConfig::new(""));
         pg.schema = schema.to_owned();
         self
     }
@@ -379,7 +379,7 @@ impl Builder {
         let pg = self
             .config
             .postgres
-            .get_or_insert_with(|| crate::engine::postgres::PgConfig::new(""));
+            .get_or_insert_with(|| crate::config::PgConfig::new(""));
         pg.runtime = Some(runtime);
         self
     }
@@ -391,7 +391,7 @@ impl Builder {
         let pg = self
             .config
             .postgres
-            .get_or_insert_with(|| crate::engine::postgres::PgConfig::new(""));
+            .get_or_insert_with(|| crate::config::PgConfig::new(""));
         pg.pool_size = connections;
         self
     }
@@ -413,7 +413,7 @@ impl Builder {
         let pg = self
             .config
             .postgres
-            .get_or_insert_with(|| crate::engine::postgres::PgConfig::new(""));
+            .get_or_insert_with(|| crate::config::PgConfig::new(""));
         pg.idle_transaction_timeout = Some(timeout);
         self
     }
@@ -440,7 +440,7 @@ impl Builder {
         let pg = self
             .config
             .postgres
-            .get_or_insert_with(|| crate::engine::postgres::PgConfig::new(""));
+            .get_or_insert_with(|| crate::config::PgConfig::new(""));
         pg.poll_interval = interval;
         self
     }
@@ -472,7 +472,7 @@ impl Builder {
         let pg = self
             .config
             .postgres
-            .get_or_insert_with(|| crate::engine::postgres::PgConfig::new(""));
+            .get_or_insert_with(|| crate::config::PgConfig::new(""));
         pg.migrate = migrate;
         self
     }
@@ -488,7 +488,7 @@ impl Builder {
         let pg = self
             .config
             .postgres
-            .get_or_insert_with(|| crate::engine::postgres::PgConfig::new(""));
+            .get_or_insert_with(|| crate::config::PgConfig::new(""));
         pg.dead_letter_retention = Some(retention);
         self
     }
@@ -518,7 +518,7 @@ impl Builder {
         let pg = self
             .config
             .postgres
-            .get_or_insert_with(|| crate::engine::postgres::PgConfig::new(""));
+            .get_or_insert_with(|| crate::config::PgConfig::new(""));
         pg.tls_roots = Some(pem.into());
         self
     }

@@ -40,6 +40,7 @@ pub(crate) use self::processing::{Extra, FailOutcome, Fresh, Granted, Imported};
 use super::catalog::Catalog;
 use super::Entry;
 use crate::clock::Clock;
+use crate::config::PgConfig;
 use crate::core::{QueueCore, QueueId};
 use crate::error::{Error, Result};
 use crate::processing::RetryPolicy;
@@ -58,9 +59,6 @@ const DB_NOW: &str = "(extract(epoch FROM clock_timestamp()) * 1000)::int8";
 /// to the `BEGIN`.
 const IN_TRANSACTION: &str = "reliable_queue.in_transaction";
 
-/// The default PostgreSQL schema (namespace) of a store.
-pub(crate) const DEFAULT_SCHEMA: &str = "reliable_queue";
-
 /// How long a call waits for a pooled connection when every one is in use.
 pub(crate) const POOL_WAIT: Duration = Duration::from_secs(30);
 
@@ -68,14 +66,6 @@ pub(crate) const POOL_WAIT: Duration = Duration::from_secs(30);
 /// server's startup included, when the URL sets no `connect_timeout`: a port that accepts
 /// connections but never answers as PostgreSQL would otherwise hold the caller for ever.
 pub(crate) const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Default number of pooled connections.
-pub(crate) const DEFAULT_POOL_SIZE: usize = 16;
-
-/// How often a waiting consumer looks for an item when no notification came, by default: a
-/// lost notification (the listening connection was down when it was sent) delays a consumer
-/// by at most this.
-pub(crate) const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(1);
 
 /// The first keys of the schema's advisory locks (two-key form, objsubid 2 in `pg_locks`):
 /// `item` marks a row held by an open transaction (second key: the low 32 bits of its id),
@@ -101,109 +91,6 @@ impl LockKeys {
             item,
             watch: item | 0x4000_0000,
         }
-    }
-}
-
-/// Where a PostgreSQL store lives.
-#[derive(Clone)]
-pub(crate) struct PgConfig {
-    /// A libpq-style URL or key-value connection string.
-    pub(crate) url: String,
-    /// The schema (namespace) of the store's tables: lower-case letters, digits and `_`.
-    pub(crate) schema: String,
-    pub(crate) pool_size: usize,
-    /// The server ends a transaction left idle longer than this
-    /// (`idle_in_transaction_session_timeout` on every connection of the store).
-    pub(crate) idle_transaction_timeout: Option<Duration>,
-    /// Dead letters older than this are deleted by the maintenance pass.
-    pub(crate) dead_letter_retention: Option<Duration>,
-    /// PEM certificates to trust for TLS instead of the system's.
-    pub(crate) tls_roots: Option<Vec<u8>>,
-    /// The caller's multi-thread tokio runtime, to run the store's connections and tasks on
-    /// instead of a runtime thread of the store's own.
-    pub(crate) runtime: Option<Handle>,
-    /// How long a waiting consumer waits for a notification before it looks anyway.
-    pub(crate) poll_interval: Duration,
-    /// Connect may create the schema or migrate it (else it only checks its version).
-    pub(crate) migrate: bool,
-}
-
-impl fmt::Debug for PgConfig {
-    /// Leaves the URL out: it may carry a password.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PgConfig")
-            .field("schema", &self.schema)
-            .field("pool_size", &self.pool_size)
-            .field("own_runtime", &self.runtime.is_none())
-            .finish_non_exhaustive()
-    }
-}
-
-impl PgConfig {
-    pub(crate) fn new(url: &str) -> PgConfig {
-        PgConfig {
-            url: url.to_owned(),
-            schema: DEFAULT_SCHEMA.to_owned(),
-            pool_size: DEFAULT_POOL_SIZE,
-            idle_transaction_timeout: None,
-            dead_letter_retention: None,
-            tls_roots: None,
-            runtime: None,
-            poll_interval: DEFAULT_POLL_INTERVAL,
-            migrate: true,
-        }
-    }
-
-    /// Checks the schema name: it is spliced into statements, so only a plain identifier is
-    /// accepted.
-    pub(crate) fn validate(&self) -> Result<()> {
-        let ok = !self.schema.is_empty()
-            && self.schema.len() <= 63
-            && self
-                .schema
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
-            && !self.schema.as_bytes()[0].is_ascii_digit();
-        if !ok {
-            return Err(Error::InvalidConfig {
-                setting: "postgres_schema",
-                expected:
-                    "1 to 63 lower-case ASCII letters, digits or '_', not starting with a digit",
-            });
-        }
-        if self.pool_size == 0 || self.pool_size > 1024 {
-            return Err(Error::InvalidConfig {
-                setting: "postgres_pool_size",
-                expected: "between 1 and 1024 connections",
-            });
-        }
-        if self.idle_transaction_timeout.is_some_and(|t| {
-            t.is_zero() || t.as_millis() > u128::from(crate::config::MAX_TIMEOUT_MS)
-        }) {
-            // The server refuses every connection whose options carry a larger one.
-            return Err(Error::InvalidConfig {
-                setting: "postgres_idle_transaction_timeout",
-                expected: "between 1 ms and 2^31 - 1 ms (24.8 days)",
-            });
-        }
-        if self.poll_interval < Duration::from_millis(1)
-            || self.poll_interval > Duration::from_secs(24 * 3600)
-        {
-            return Err(Error::InvalidConfig {
-                setting: "postgres_poll_interval",
-                expected: "between 1 ms and 24 hours",
-            });
-        }
-        if let Some(handle) = &self.runtime {
-            if handle.runtime_flavor() != tokio::runtime::RuntimeFlavor::MultiThread {
-                return Err(Error::InvalidConfig {
-                    setting: "postgres_runtime",
-                    expected: "a handle of a multi-thread tokio runtime (a current-thread \
-                               runtime runs tasks only while its owner polls it)",
-                });
-            }
-        }
-        Ok(())
     }
 }
 
