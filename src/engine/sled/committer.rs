@@ -27,7 +27,7 @@ use super::Reply;
 use crate::config::{Config, Durability};
 use crate::core::{publish_all, Entry, QueueId};
 use crate::engine::processing::{apply, due_after, Move, MoveKind, Timers};
-use crate::engine::Work;
+use crate::engine::work::Work;
 use crate::error::{Error, Result};
 
 /// Records larger than this are split: sled 0.34 stores a value over about 128 KiB as a file
@@ -63,7 +63,7 @@ impl CommitRequest {
     /// Answers the request with a failure, giving its dequeued items back to their queues
     /// and undoing its moves.
     fn fail(self, error: Error) {
-        crate::engine::abort(self.work);
+        crate::engine::work::abort(self.work);
         drop(self.reply.send(Err(error)));
     }
 }

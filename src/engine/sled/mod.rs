@@ -36,7 +36,7 @@ use self::recovery::{recover, Opening, Recovered};
 use self::trees::Trees;
 use super::catalog::Catalog;
 use super::processing::{DeadSlot, Timers};
-use super::Work;
+use super::work::Work;
 use crate::config::Config;
 use crate::core::{Entry, QueueCore, QueueId};
 use crate::error::{Error, Result};
