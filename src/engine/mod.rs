@@ -23,6 +23,7 @@ pub(crate) mod memory;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;
 pub(crate) mod processing;
+mod processing_calls;
 pub(crate) mod sled;
 mod wait;
 pub(crate) mod work;
@@ -183,7 +184,7 @@ impl Engine {
             procs: Mutex::new(procs),
             metrics: crate::metrics::Handles::register(),
         });
-        engine.timers.start(Arc::downgrade(&engine))?;
+        engine.timers.start(Arc::<Engine>::downgrade(&engine))?;
         Ok(engine)
     }
 
