@@ -19,6 +19,8 @@
 //! `flush`, `close`, creating a queue) is ready at once in both forms.
 
 pub(crate) mod catalog;
+#[cfg(all(test, reliable_queue_loom))]
+mod loom_models;
 pub(crate) mod memory;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;

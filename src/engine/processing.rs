@@ -120,7 +120,7 @@ impl LeaseTable {
 pub(crate) struct Proc {
     pub(crate) core: Arc<QueueCore>,
     /// Running leases. Its lock decides every race between a settlement, an extension and an
-    /// expiry (loom-modelled: `core::loom_models`).
+    /// expiry (loom-modelled: `engine::loom_models`).
     leases: crate::sync::Mutex<LeaseTable>,
     delayed: AtomicU64,
     dead: Mutex<BTreeMap<u64, DeadSlot>>,
