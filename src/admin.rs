@@ -10,41 +10,8 @@ use std::fmt;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use crate::codec;
+use crate::codec::{self, RawItem};
 use crate::error::{Error, Result};
-
-/// An item as its encoded bytes: the envelope the store keeps (a version byte, then the item
-/// in postcard), whatever the item's type.
-///
-/// A queue opened as `ReliableConcurrentQueue<RawItem>` moves these bytes as they are, with
-/// no decoding or encoding: browsing, dead letters, exporting and importing (with
-/// [`import`](crate::ReliableConcurrentQueue::import)) all work on a queue whose item type
-/// the caller does not know. Enqueueing a `RawItem` into a queue whose consumers expect
-/// another type gives them [`Error::Deserialize`] if the bytes are not one of theirs: nothing
-/// checks the type here.
-///
-/// postcard's encoding does not say what type it holds, so [`RawItem::display`] can only
-/// guess: a string or byte string (a length, then that many bytes) is shown as text when it
-/// is UTF-8, anything else as hex.
-///
-/// # Examples
-///
-/// ```
-/// use reliable_queue::RawItem;
-/// let store = reliable_queue::Store::in_memory()?;
-/// let typed = store.blocking_queue::<String>("mail")?;
-/// let mut tx = store.begin();
-/// typed.enqueue(&mut tx, "welcome user 42".to_owned())?;
-/// tx.blocking_commit()?;
-///
-/// let raw = store.blocking_queue::<RawItem>("mail")?;
-/// let browsed = raw.blocking_browse(None, 10)?;
-/// assert_eq!(browsed[0].item.display(), "welcome user 42");
-/// assert_eq!(browsed[0].item.decode::<String>()?, "welcome user 42");
-/// # Ok::<(), reliable_queue::Error>(())
-/// ```
-#[derive(Clone, PartialEq, Eq, Hash)]
-pub struct RawItem(Box<[u8]>);
 
 impl RawItem {
     /// An item from its envelope bytes, as [`envelope`](Self::envelope) gave them.
@@ -73,16 +40,6 @@ impl RawItem {
             });
         }
         Ok(RawItem(bytes))
-    }
-
-    /// Bytes the codec has checked are an envelope.
-    pub(crate) fn from_checked(bytes: &[u8]) -> RawItem {
-        RawItem(bytes.into())
-    }
-
-    /// The envelope bytes: what the store keeps of the item.
-    pub fn envelope(&self) -> &[u8] {
-        &self.0
     }
 
     /// The item encoded as a queue of `T` would keep it.

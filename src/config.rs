@@ -1,10 +1,16 @@
-//! Store settings as plain data: [`Durability`], the validated [`Config`] and its limits.
+//! Store settings as plain data: [`Durability`], the validated [`Config`] and its limits, and
+//! (feature `postgres`) `PgConfig`, where a PostgreSQL store lives.
 //!
 //! Nothing here opens anything: the [`Builder`](crate::Builder) fills a [`Config`], checks it
 //! with [`Config::validate`] and hands it to an engine.
 
+#[cfg(feature = "postgres")]
+use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
+
+#[cfg(feature = "postgres")]
+use tokio::runtime::Handle;
 
 use crate::error::{Error, Result};
 
@@ -57,7 +63,7 @@ pub(crate) struct Config {
     pub(crate) transaction_timeout: Option<u64>,
     /// The PostgreSQL store to connect to, instead of a local one.
     #[cfg(feature = "postgres")]
-    pub(crate) postgres: Option<crate::engine::postgres::PgConfig>,
+    pub(crate) postgres: Option<PgConfig>,
 }
 
 /// Default limit on one encoded item: 4 MiB.
@@ -147,5 +153,126 @@ impl Config {
             }
         }
         Ok(c)
+    }
+}
+
+/// The default PostgreSQL schema (namespace) of a store.
+#[cfg(feature = "postgres")]
+pub(crate) const DEFAULT_SCHEMA: &str = "reliable_queue";
+
+/// Default number of pooled connections.
+#[cfg(feature = "postgres")]
+pub(crate) const DEFAULT_POOL_SIZE: usize = 16;
+
+/// How often a waiting consumer looks for an item when no notification came, by default: a
+/// lost notification (the listening connection was down when it was sent) delays a consumer
+/// by at most this.
+#[cfg(feature = "postgres")]
+pub(crate) const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Where a PostgreSQL store lives.
+#[cfg(feature = "postgres")]
+#[derive(Clone)]
+pub(crate) struct PgConfig {
+    /// A libpq-style URL or key-value connection string.
+    pub(crate) url: String,
+    /// The schema (namespace) of the store's tables: lower-case letters, digits and `_`.
+    pub(crate) schema: String,
+    pub(crate) pool_size: usize,
+    /// The server ends a transaction left idle longer than this
+    /// (`idle_in_transaction_session_timeout` on every connection of the store).
+    pub(crate) idle_transaction_timeout: Option<Duration>,
+    /// Dead letters older than this are deleted by the maintenance pass.
+    pub(crate) dead_letter_retention: Option<Duration>,
+    /// PEM certificates to trust for TLS instead of the system's.
+    pub(crate) tls_roots: Option<Vec<u8>>,
+    /// The caller's multi-thread tokio runtime, to run the store's connections and tasks on
+    /// instead of a runtime thread of the store's own.
+    pub(crate) runtime: Option<Handle>,
+    /// How long a waiting consumer waits for a notification before it looks anyway.
+    pub(crate) poll_interval: Duration,
+    /// Connect may create the schema or migrate it (else it only checks its version).
+    pub(crate) migrate: bool,
+}
+
+#[cfg(feature = "postgres")]
+impl fmt::Debug for PgConfig {
+    /// Leaves the URL out: it may carry a password.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PgConfig")
+            .field("schema", &self.schema)
+            .field("pool_size", &self.pool_size)
+            .field("own_runtime", &self.runtime.is_none())
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl PgConfig {
+    pub(crate) fn new(url: &str) -> PgConfig {
+        PgConfig {
+            url: url.to_owned(),
+            schema: DEFAULT_SCHEMA.to_owned(),
+            pool_size: DEFAULT_POOL_SIZE,
+            idle_transaction_timeout: None,
+            dead_letter_retention: None,
+            tls_roots: None,
+            runtime: None,
+            poll_interval: DEFAULT_POLL_INTERVAL,
+            migrate: true,
+        }
+    }
+
+    /// Checks the schema name: it is spliced into statements, so only a plain identifier is
+    /// accepted.
+    pub(crate) fn validate(&self) -> Result<()> {
+        let ok = !self.schema.is_empty()
+            && self.schema.len() <= 63
+            && self
+                .schema
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+            && !self.schema.as_bytes()[0].is_ascii_digit();
+        if !ok {
+            return Err(Error::InvalidConfig {
+                setting: "postgres_schema",
+                expected:
+                    "1 to 63 lower-case ASCII letters, digits or '_', not starting with a digit",
+            });
+        }
+        if self.pool_size == 0 || self.pool_size > 1024 {
+            return Err(Error::InvalidConfig {
+                setting: "postgres_pool_size",
+                expected: "between 1 and 1024 connections",
+            });
+        }
+        if self
+            .idle_transaction_timeout
+            .is_some_and(|t| t.is_zero() || t.as_millis() > u128::from(MAX_TIMEOUT_MS))
+        {
+            // The server refuses every connection whose options carry a larger one.
+            return Err(Error::InvalidConfig {
+                setting: "postgres_idle_transaction_timeout",
+                expected: "between 1 ms and 2^31 - 1 ms (24.8 days)",
+            });
+        }
+        if self.poll_interval < Duration::from_millis(1)
+            || self.poll_interval > Duration::from_secs(24 * 3600)
+        {
+            return Err(Error::InvalidConfig {
+                setting: "postgres_poll_interval",
+                expected: "between 1 ms and 24 hours",
+            });
+        }
+        if let Some(handle) = &self.runtime {
+            if handle.runtime_flavor() != tokio::runtime::RuntimeFlavor::MultiThread {
+                return Err(Error::InvalidConfig {
+                    setting: "postgres_runtime",
+                    expected: "a handle of a multi-thread tokio runtime (a current-thread \
+                               runtime runs tasks only while its owner polls it)",
+                });
+            }
+        }
+        Ok(())
     }
 }

@@ -87,8 +87,9 @@ mod store;
 mod sync;
 mod transaction;
 
-pub use crate::admin::{Decoders, RawItem};
+pub use crate::admin::Decoders;
 pub use crate::clock::ManualClock;
+pub use crate::codec::RawItem;
 pub use crate::config::Durability;
 pub use crate::dequeue::Dequeue;
 pub use crate::engine::SetAsideRecord;

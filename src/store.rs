@@ -580,6 +580,59 @@ impl Store {
     }
 }
 
+// Opening is the builder's last step and makes a `Store`: here, so that the builder (a child
+// module) does not import its parent.
+impl Builder {
+    /// Validates the settings and opens the store (recovering it from disk if it has a path).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`](crate::Error::InvalidConfig) for a setting out of range, [`Error::AlreadyOpen`](crate::Error::AlreadyOpen) if the
+    /// directory is in use, [`Error::UnsupportedFormat`](crate::Error::UnsupportedFormat) for a store of another format
+    /// version, [`Error::UnsafeDirectory`](crate::Error::UnsafeDirectory) for a path that is
+    /// not a directory, a symbolic link in or to it, or (Unix) a directory owned by another
+    /// user or open to others (see [`allow_shared_directory`](Builder::allow_shared_directory)),
+    /// [`Error::Storage`](crate::Error::Storage) when the directory cannot be created or read.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let dir = tempfile::tempdir()?;
+    /// let store = reliable_queue::Store::builder().path(dir.path().join("store")).open()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn open(self) -> Result<Store> {
+        Store::open_with(self.config.validate()?)
+    }
+
+    /// Validates the settings and connects to the PostgreSQL store set by
+    /// [`postgres`](Builder::postgres): checks that the server answers and creates the
+    /// store's tables, or checks their version. Without a PostgreSQL URL it opens the store
+    /// as [`open`](Builder::open) does.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: a dropped future leaves at most the schema created.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`](crate::Error::InvalidConfig) for a malformed URL or schema
+    /// name, or a setting the engine does not take;
+    /// [`Error::Postgres`](crate::Error::Postgres) when the server cannot be reached or
+    /// refuses; [`Error::SchemaVersion`](crate::Error::SchemaVersion) when the schema was
+    /// made by another version of this crate.
+    #[cfg(feature = "postgres")]
+    pub async fn connect(self) -> Result<Store> {
+        let config = self.config.validate()?;
+        if config.postgres.is_none() {
+            return Store::open_with(config);
+        }
+        Ok(Store::from_engine(
+            crate::engine::Engine::connect(config).await?,
+        ))
+    }
+}
+
 impl fmt::Debug for Store {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Store")

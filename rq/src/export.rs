@@ -30,7 +30,7 @@ use reliable_queue::{
 use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
 
-use crate::{millis, printable, progress, Res, ITEM_LIMIT};
+use crate::common::{millis, printable, progress, Res, ITEM_LIMIT};
 
 /// The `format` of a header line.
 const FORMAT: &str = "reliable-queue-export";

@@ -12,24 +12,20 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use indicatif::{ProgressBar, ProgressStyle};
+use indicatif::ProgressBar;
 use reliable_queue::{
     Error, ItemState, QueueStats, RawItem, ReliableConcurrentQueue, Replay, Store,
 };
 use serde::Serialize;
 use tokio::signal::unix::{signal, SignalKind};
 
+mod common;
 mod export;
 
-type Res<T> = Result<T, Box<dyn std::error::Error>>;
+use common::{millis, printable, progress, Res, ITEM_LIMIT};
 
 /// What `main` returns for a store found damaged (`rq verify`); other failures return 1.
 const DAMAGED: u8 = 2;
-
-/// The largest item rq writes (`import`), in bytes: the stores it opens take items up to
-/// this size (the library's default), and `import` checks every item against it before it
-/// writes one.
-const ITEM_LIMIT: usize = 4 << 20;
 
 /// How long `verify` waits for a store's lock, as `Store::open` does.
 const LOCK_PATIENCE: Duration = Duration::from_secs(2);
@@ -464,11 +460,6 @@ fn raw_queue(store: &Store, name: &str) -> Res<ReliableConcurrentQueue<RawItem>>
     Ok(store.blocking_queue::<RawItem>(name)?)
 }
 
-fn millis(time: SystemTime) -> u64 {
-    time.duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
-
 /// `d` for people: "850ms", "12s", "4m05s", "3h20m", "2d04h".
 fn human(d: Duration) -> String {
     let s = d.as_secs();
@@ -541,13 +532,6 @@ fn stats_rows(store: &Store, all: bool) -> Res<(Vec<StatsRow>, usize)> {
         });
     }
     Ok((rows, hidden))
-}
-
-/// A queue name for a terminal: control and other unprintable characters escaped as Rust
-/// writes them (`\u{1b}`, `\0`), so a name cannot move the cursor or clear the screen. JSON
-/// output keeps names exact.
-fn printable(name: &str) -> String {
-    name.escape_debug().to_string()
 }
 
 fn stats_table(rows: &[StatsRow], hidden: usize) -> String {
@@ -920,21 +904,6 @@ fn confirm(yes: bool, question: &str) -> Res<()> {
     } else {
         Err("not confirmed; nothing changed".into())
     }
-}
-
-/// A progress bar on stderr with counts and rate; hidden unless both stdout and stderr are
-/// terminals (a script reading stdout, or logging stderr, gets no bar).
-fn progress(total: u64, what: &str) -> ProgressBar {
-    let bar = ProgressBar::new(total);
-    let style = ProgressStyle::with_template(&format!(
-        "{{spinner}} {what} {{bar:30}} {{pos}}/{{len}} ({{per_sec}}, {{eta}} left)"
-    ))
-    .unwrap_or_else(|_| ProgressStyle::default_bar());
-    bar.set_style(style);
-    if !(std::io::stderr().is_terminal() && std::io::stdout().is_terminal()) {
-        bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
-    }
-    bar
 }
 
 #[derive(Serialize, Debug, Default)]

@@ -9,7 +9,7 @@ use crossbeam_utils::CachePadded;
 
 use super::catalog::Catalog;
 use super::processing::{apply, Timers};
-use super::Work;
+use super::work::Work;
 use crate::core::{publish_all, QueueCore};
 use crate::error::Result;
 use crate::sync::process::{AtomicU64, Ordering};

@@ -19,27 +19,30 @@
 //! `flush`, `close`, creating a queue) is ready at once in both forms.
 
 pub(crate) mod catalog;
+#[cfg(all(test, reliable_queue_loom))]
+mod loom_models;
 pub(crate) mod memory;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;
 pub(crate) mod processing;
+mod processing_calls;
 pub(crate) mod sled;
 mod wait;
+pub(crate) mod work;
 
 use std::sync::Arc;
 use std::task::{Poll, Waker};
 
 use crossbeam_utils::CachePadded;
-use smallvec::SmallVec;
 
 use std::collections::HashMap;
 
 use self::catalog::Catalog;
 #[cfg(feature = "postgres")]
 use self::processing::MoveKind;
-use self::processing::{Move, Proc, Timers, TxExpiry};
+use self::processing::{Proc, Timers};
 use crate::config::Config;
-use crate::core::{restore_all, QueueCore, QueueId, Request, Ticket};
+use crate::core::{QueueCore, QueueId, Request, Ticket};
 use crate::processing::RetryPolicy;
 
 pub(crate) use crate::core::Entry;
@@ -48,135 +51,8 @@ use crate::sync::process::{AtomicBool, Mutex, Ordering};
 
 pub use self::catalog::SetAsideRecord;
 pub(crate) use self::wait::{block_on, consume_budget, park_until, poll_budget, Unparker};
-
-/// Encoded items a transaction enqueues, with their queues. One-item transactions, the most
-/// common kind, keep theirs inline.
-pub(crate) type Enqueues = SmallVec<[(Arc<QueueCore>, Box<[u8]>); 1]>;
-
-/// What buffering one item costs a transaction beyond its encoded bytes, as the transaction
-/// size limit counts it: its `(queue, bytes)` slot in [`Enqueues`] (24 bytes on 64-bit
-/// targets) plus the smallest heap block its bytes take (32 bytes with glibc's allocator,
-/// whose blocks carry an 8-byte header and are rounded up to 16 bytes). Measured (glibc,
-/// x86-64, resident memory): 4M such slots pushed one by one, each with a one-byte box (a
-/// `()` item in its envelope), take 56 bytes per item, and each counts 57 (its encoded byte
-/// plus this); a larger item's header and rounding take at most 23 bytes, so this is an
-/// upper bound for it. Without it, a transaction of zero-sized items could grow without
-/// bound under any limit.
-pub(crate) const ITEM_OVERHEAD: usize =
-    std::mem::size_of::<(Arc<QueueCore>, Box<[u8]>)>() + MIN_HEAP_BLOCK;
-
-/// The smallest block glibc's `malloc` hands out, header included (on 64-bit targets).
-const MIN_HEAP_BLOCK: usize = 32;
-
-/// Items a transaction dequeued and holds, with their queues.
-pub(crate) type Held = SmallVec<[(Arc<QueueCore>, Entry); 1]>;
-
-/// What an open transaction has done so far, as its engine keeps it.
-///
-/// On the embedded engines that is all of it: the encoded items to enqueue and the entries
-/// dequeued (taken out of their queues' cores). On PostgreSQL it would also hold the pooled
-/// connection with its open database transaction, whose `FOR UPDATE SKIP LOCKED` row locks
-/// are the dequeued items.
-#[derive(Debug, Default)]
-pub(crate) struct Work {
-    pub(crate) enqueues: Enqueues,
-    pub(crate) dequeued: Held,
-    /// What `enqueues` cost, checked against the transaction size limit: each item's encoded
-    /// size plus [`ITEM_OVERHEAD`].
-    pub(crate) enqueued_bytes: usize,
-    /// Waiting dequeues of this transaction that joined a line and have not finished: their
-    /// queues and tickets. A `Dequeue` borrows its transaction mutably, so when the
-    /// transaction is used again every one of them is gone: dropped (and withdrawn already)
-    /// or leaked (`mem::forget`), in which case [`Work::withdraw_leaked`] withdraws it.
-    requests: SmallVec<[(Arc<QueueCore>, Ticket); 1]>,
-    /// Processing-layer changes (delayed enqueues, lease records, settlements, dead-letter
-    /// moves), applied after the enqueues; see `processing`.
-    pub(crate) moves: Vec<Move>,
-    /// On PostgreSQL: the connection with the transaction's open database transaction.
-    #[cfg(feature = "postgres")]
-    pub(crate) pg: postgres::PgSlot,
-    /// The transaction's deadline, if it has one (P10).
-    pub(crate) expiry: Option<Arc<TxExpiry>>,
-}
-
-impl Work {
-    /// Fails once the transaction's deadline has passed.
-    #[inline]
-    pub(crate) fn check_live(&self) -> Result<()> {
-        match &self.expiry {
-            Some(x) if x.is_expired() => Err(Error::TransactionExpired),
-            _ => Ok(()),
-        }
-    }
-
-    fn is_empty(&self) -> bool {
-        self.enqueues.is_empty() && self.dequeued.is_empty() && self.moves.is_empty()
-    }
-
-    /// Items the transaction holds: taken from the in-memory core, or rows deleted in its
-    /// database transaction.
-    pub(crate) fn held(&self) -> usize {
-        #[cfg(feature = "postgres")]
-        if !self.pg.is_idle() {
-            return self.dequeued.len() + self.pg.held();
-        }
-        self.dequeued.len()
-    }
-
-    /// Counts the dequeued items as no longer held (committed or given back).
-    pub(crate) fn release_held(&self) {
-        for (core, _) in &self.dequeued {
-            core.unhold(1);
-        }
-    }
-
-    /// Gives the last item dequeued back to the front of its queue (it could not be decoded).
-    pub(crate) fn give_back_last(&mut self) {
-        let Some((core, entry)) = self.dequeued.pop() else {
-            return;
-        };
-        // Past the deadline the timer has put the item's copy back already.
-        if self
-            .expiry
-            .as_ref()
-            .is_none_or(|x| x.forget(&core, entry.id))
-        {
-            core.unhold(1);
-            core.restore(std::iter::once(entry));
-        }
-    }
-
-    /// The dequeued items were committed: no longer held, gone from their queues, so their
-    /// keys are free again. Leaves `dequeued` empty.
-    pub(crate) fn settle_dequeued(&mut self) {
-        for (core, entry) in self.dequeued.drain(..) {
-            core.unhold(1);
-            if let Some(key) = &entry.key {
-                core.release_key(key);
-            }
-        }
-    }
-
-    /// Undoes what the moves took (after a failed commit or an abort).
-    pub(crate) fn undo_moves(&mut self) {
-        for mv in self.moves.drain(..) {
-            mv.undo();
-        }
-    }
-
-    /// Withdraws the requests of waiting dequeues whose futures are gone: an item handed to a
-    /// leaked one goes back to the front of its queue (or to the next waiter). Called by every
-    /// use of the transaction other than a waiting dequeue's own polls. Withdrawing a request
-    /// that was dropped properly does nothing.
-    pub(crate) fn withdraw_leaked(&mut self) {
-        if self.requests.is_empty() {
-            return;
-        }
-        for (core, ticket) in self.requests.drain(..) {
-            core.cancel_ticket(ticket);
-        }
-    }
-}
+use self::work::ITEM_OVERHEAD;
+pub(crate) use self::work::{abort, Work};
 
 /// An engine's handle on one named queue.
 #[derive(Debug, Clone)]
@@ -310,7 +186,7 @@ impl Engine {
             procs: Mutex::new(procs),
             metrics: crate::metrics::Handles::register(),
         });
-        engine.timers.start(Arc::downgrade(&engine))?;
+        engine.timers.start(Arc::<Engine>::downgrade(&engine))?;
         Ok(engine)
     }
 
@@ -1106,18 +982,4 @@ fn drop_expired(mut work: Work) {
     // Its session is being ended: the connection must not be reused.
     #[cfg(feature = "postgres")]
     work.pg.discard();
-}
-
-/// Gives `work`'s dequeued items back and undoes its moves; its enqueues are dropped.
-pub(crate) fn abort(mut work: Work) {
-    debug_assert!(
-        work.expiry.is_none(),
-        "a deadline is settled before the work is undone"
-    );
-    work.withdraw_leaked();
-    work.undo_moves();
-    if !work.dequeued.is_empty() {
-        work.release_held();
-        restore_all(work.dequeued);
-    }
 }

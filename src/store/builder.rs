@@ -3,11 +3,9 @@
 use std::path::Path;
 use std::time::Duration;
 
-use super::Store;
 use crate::config::{Config, Durability};
-use crate::error::Result;
 
-/// Configures and opens a [`Store`].
+/// Configures and opens a [`Store`](crate::Store).
 ///
 /// Without [`path`](Builder::path) the store lives in memory only.
 ///
@@ -29,7 +27,8 @@ use crate::error::Result;
 #[derive(Debug, Clone, Default)]
 #[must_use = "a builder does nothing until `open` is called"]
 pub struct Builder {
-    config: Config,
+    /// Read by `open` and `connect`, which are in `store.rs` (they make the `Store`).
+    pub(super) config: Config,
 }
 
 impl Builder {
@@ -275,28 +274,6 @@ impl Builder {
         self
     }
 
-    /// Validates the settings and opens the store (recovering it from disk if it has a path).
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidConfig`](crate::Error::InvalidConfig) for a setting out of range, [`Error::AlreadyOpen`](crate::Error::AlreadyOpen) if the
-    /// directory is in use, [`Error::UnsupportedFormat`](crate::Error::UnsupportedFormat) for a store of another format
-    /// version, [`Error::UnsafeDirectory`](crate::Error::UnsafeDirectory) for a path that is
-    /// not a directory, a symbolic link in or to it, or (Unix) a directory owned by another
-    /// user or open to others (see [`allow_shared_directory`](Builder::allow_shared_directory)),
-    /// [`Error::Storage`](crate::Error::Storage) when the directory cannot be created or read.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// let dir = tempfile::tempdir()?;
-    /// let store = reliable_queue::Store::builder().path(dir.path().join("store")).open()?;
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn open(self) -> Result<Store> {
-        Store::open_with(self.config.validate()?)
-    }
-
     /// Keeps the store in the PostgreSQL database at `url` (a libpq URL such as
     /// `postgresql://user@host/db`, or a key-value string such as `host=/run/postgresql
     /// dbname=app`) instead of in this process: every process that connects to the same
@@ -325,7 +302,7 @@ impl Builder {
         let pg = self
             .config
             .postgres
-            .get_or_insert_with(|| crate::engine::postgres::PgConfig::new(url));
+            .get_or_insert_with(|| crate::config::PgConfig::new(url));
         url.clone_into(&mut pg.url);
         self
     }
@@ -339,7 +316,7 @@ impl Builder {
         let pg = self
             .config
             .postgres
-            .get_or_insert_with(|| crate::engine::postgres::PgConfig::new(""));
+            .get_or_insert_with(|| crate::config::PgConfig::new(""));
         pg.schema = schema.to_owned();
         self
     }
@@ -379,7 +356,7 @@ impl Builder {
         let pg = self
             .config
             .postgres
-            .get_or_insert_with(|| crate::engine::postgres::PgConfig::new(""));
+            .get_or_insert_with(|| crate::config::PgConfig::new(""));
         pg.runtime = Some(runtime);
         self
     }
@@ -391,7 +368,7 @@ impl Builder {
         let pg = self
             .config
             .postgres
-            .get_or_insert_with(|| crate::engine::postgres::PgConfig::new(""));
+            .get_or_insert_with(|| crate::config::PgConfig::new(""));
         pg.pool_size = connections;
         self
     }
@@ -413,7 +390,7 @@ impl Builder {
         let pg = self
             .config
             .postgres
-            .get_or_insert_with(|| crate::engine::postgres::PgConfig::new(""));
+            .get_or_insert_with(|| crate::config::PgConfig::new(""));
         pg.idle_transaction_timeout = Some(timeout);
         self
     }
@@ -440,7 +417,7 @@ impl Builder {
         let pg = self
             .config
             .postgres
-            .get_or_insert_with(|| crate::engine::postgres::PgConfig::new(""));
+            .get_or_insert_with(|| crate::config::PgConfig::new(""));
         pg.poll_interval = interval;
         self
     }
@@ -472,7 +449,7 @@ impl Builder {
         let pg = self
             .config
             .postgres
-            .get_or_insert_with(|| crate::engine::postgres::PgConfig::new(""));
+            .get_or_insert_with(|| crate::config::PgConfig::new(""));
         pg.migrate = migrate;
         self
     }
@@ -488,7 +465,7 @@ impl Builder {
         let pg = self
             .config
             .postgres
-            .get_or_insert_with(|| crate::engine::postgres::PgConfig::new(""));
+            .get_or_insert_with(|| crate::config::PgConfig::new(""));
         pg.dead_letter_retention = Some(retention);
         self
     }
@@ -518,35 +495,8 @@ impl Builder {
         let pg = self
             .config
             .postgres
-            .get_or_insert_with(|| crate::engine::postgres::PgConfig::new(""));
+            .get_or_insert_with(|| crate::config::PgConfig::new(""));
         pg.tls_roots = Some(pem.into());
         self
-    }
-
-    /// Validates the settings and connects to the PostgreSQL store set by
-    /// [`postgres`](Builder::postgres): checks that the server answers and creates the
-    /// store's tables, or checks their version. Without a PostgreSQL URL it opens the store
-    /// as [`open`](Builder::open) does.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: a dropped future leaves at most the schema created.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidConfig`](crate::Error::InvalidConfig) for a malformed URL or schema
-    /// name, or a setting the engine does not take;
-    /// [`Error::Postgres`](crate::Error::Postgres) when the server cannot be reached or
-    /// refuses; [`Error::SchemaVersion`](crate::Error::SchemaVersion) when the schema was
-    /// made by another version of this crate.
-    #[cfg(feature = "postgres")]
-    pub async fn connect(self) -> Result<Store> {
-        let config = self.config.validate()?;
-        if config.postgres.is_none() {
-            return Store::open_with(config);
-        }
-        Ok(Store::from_engine(
-            crate::engine::Engine::connect(config).await?,
-        ))
     }
 }

@@ -31,18 +31,18 @@ use tokio::runtime::Handle;
 use tokio::sync::{mpsc, oneshot, Notify};
 use tokio_postgres::config::SslMode;
 use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
-use tokio_postgres::{AsyncMessage, NoTls, Socket};
+use tokio_postgres::{AsyncMessage, NoTls, Row, Socket};
 
 mod processing;
-
-pub(crate) use self::processing::{Extra, FailOutcome, Fresh, Granted, Imported};
 
 use super::catalog::Catalog;
 use super::Entry;
 use crate::clock::Clock;
+use crate::config::PgConfig;
 use crate::core::{QueueCore, QueueId};
+use crate::engine::processing::EXPIRED;
 use crate::error::{Error, Result};
-use crate::processing::RetryPolicy;
+use crate::processing::{max_delay_ms, RetryPolicy, MAX_ATTEMPTS};
 use crate::sync::process::Mutex;
 
 /// The schema version this build reads and writes.
@@ -58,9 +58,6 @@ const DB_NOW: &str = "(extract(epoch FROM clock_timestamp()) * 1000)::int8";
 /// to the `BEGIN`.
 const IN_TRANSACTION: &str = "reliable_queue.in_transaction";
 
-/// The default PostgreSQL schema (namespace) of a store.
-pub(crate) const DEFAULT_SCHEMA: &str = "reliable_queue";
-
 /// How long a call waits for a pooled connection when every one is in use.
 pub(crate) const POOL_WAIT: Duration = Duration::from_secs(30);
 
@@ -68,14 +65,6 @@ pub(crate) const POOL_WAIT: Duration = Duration::from_secs(30);
 /// server's startup included, when the URL sets no `connect_timeout`: a port that accepts
 /// connections but never answers as PostgreSQL would otherwise hold the caller for ever.
 pub(crate) const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Default number of pooled connections.
-pub(crate) const DEFAULT_POOL_SIZE: usize = 16;
-
-/// How often a waiting consumer looks for an item when no notification came, by default: a
-/// lost notification (the listening connection was down when it was sent) delays a consumer
-/// by at most this.
-pub(crate) const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(1);
 
 /// The first keys of the schema's advisory locks (two-key form, objsubid 2 in `pg_locks`):
 /// `item` marks a row held by an open transaction (second key: the low 32 bits of its id),
@@ -101,109 +90,6 @@ impl LockKeys {
             item,
             watch: item | 0x4000_0000,
         }
-    }
-}
-
-/// Where a PostgreSQL store lives.
-#[derive(Clone)]
-pub(crate) struct PgConfig {
-    /// A libpq-style URL or key-value connection string.
-    pub(crate) url: String,
-    /// The schema (namespace) of the store's tables: lower-case letters, digits and `_`.
-    pub(crate) schema: String,
-    pub(crate) pool_size: usize,
-    /// The server ends a transaction left idle longer than this
-    /// (`idle_in_transaction_session_timeout` on every connection of the store).
-    pub(crate) idle_transaction_timeout: Option<Duration>,
-    /// Dead letters older than this are deleted by the maintenance pass.
-    pub(crate) dead_letter_retention: Option<Duration>,
-    /// PEM certificates to trust for TLS instead of the system's.
-    pub(crate) tls_roots: Option<Vec<u8>>,
-    /// The caller's multi-thread tokio runtime, to run the store's connections and tasks on
-    /// instead of a runtime thread of the store's own.
-    pub(crate) runtime: Option<Handle>,
-    /// How long a waiting consumer waits for a notification before it looks anyway.
-    pub(crate) poll_interval: Duration,
-    /// Connect may create the schema or migrate it (else it only checks its version).
-    pub(crate) migrate: bool,
-}
-
-impl fmt::Debug for PgConfig {
-    /// Leaves the URL out: it may carry a password.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PgConfig")
-            .field("schema", &self.schema)
-            .field("pool_size", &self.pool_size)
-            .field("own_runtime", &self.runtime.is_none())
-            .finish_non_exhaustive()
-    }
-}
-
-impl PgConfig {
-    pub(crate) fn new(url: &str) -> PgConfig {
-        PgConfig {
-            url: url.to_owned(),
-            schema: DEFAULT_SCHEMA.to_owned(),
-            pool_size: DEFAULT_POOL_SIZE,
-            idle_transaction_timeout: None,
-            dead_letter_retention: None,
-            tls_roots: None,
-            runtime: None,
-            poll_interval: DEFAULT_POLL_INTERVAL,
-            migrate: true,
-        }
-    }
-
-    /// Checks the schema name: it is spliced into statements, so only a plain identifier is
-    /// accepted.
-    pub(crate) fn validate(&self) -> Result<()> {
-        let ok = !self.schema.is_empty()
-            && self.schema.len() <= 63
-            && self
-                .schema
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
-            && !self.schema.as_bytes()[0].is_ascii_digit();
-        if !ok {
-            return Err(Error::InvalidConfig {
-                setting: "postgres_schema",
-                expected:
-                    "1 to 63 lower-case ASCII letters, digits or '_', not starting with a digit",
-            });
-        }
-        if self.pool_size == 0 || self.pool_size > 1024 {
-            return Err(Error::InvalidConfig {
-                setting: "postgres_pool_size",
-                expected: "between 1 and 1024 connections",
-            });
-        }
-        if self.idle_transaction_timeout.is_some_and(|t| {
-            t.is_zero() || t.as_millis() > u128::from(crate::config::MAX_TIMEOUT_MS)
-        }) {
-            // The server refuses every connection whose options carry a larger one.
-            return Err(Error::InvalidConfig {
-                setting: "postgres_idle_transaction_timeout",
-                expected: "between 1 ms and 2^31 - 1 ms (24.8 days)",
-            });
-        }
-        if self.poll_interval < Duration::from_millis(1)
-            || self.poll_interval > Duration::from_secs(24 * 3600)
-        {
-            return Err(Error::InvalidConfig {
-                setting: "postgres_poll_interval",
-                expected: "between 1 ms and 24 hours",
-            });
-        }
-        if let Some(handle) = &self.runtime {
-            if handle.runtime_flavor() != tokio::runtime::RuntimeFlavor::MultiThread {
-                return Err(Error::InvalidConfig {
-                    setting: "postgres_runtime",
-                    expected: "a handle of a multi-thread tokio runtime (a current-thread \
-                               runtime runs tasks only while its owner polls it)",
-                });
-            }
-        }
-        Ok(())
     }
 }
 
@@ -262,7 +148,7 @@ struct Sql {
     /// The channel every store of the schema listens on; the payload is a queue id.
     channel: String,
     /// The processing layer's statements.
-    proc: processing::ProcSql,
+    proc: ProcSql,
     /// The server process of each pooled connection, once learnt.
     pids: Mutex<HashMap<deadpool_postgres::ObjectId, i32>>,
 }
@@ -301,7 +187,7 @@ impl Sql {
                  WHERE NOT pg_try_advisory_xact_lock({watch_key}, t.q)"
             ),
             channel: channel_of(schema),
-            proc: processing::ProcSql::new(schema, item_key),
+            proc: ProcSql::new(schema, item_key),
             pids: Mutex::new(HashMap::new()),
             queue: format!(
                 "INSERT INTO {s}.queues (name) VALUES ($1) \
@@ -926,7 +812,7 @@ impl Postgres {
         store
             .run(async move { migrate(&pool, &sql, create).await })
             .await?;
-        let maintain = store.rt.spawn(processing::maintain(
+        let maintain = store.rt.spawn(maintain(
             store.pool.clone(),
             Arc::clone(&store.sql),
             Arc::clone(&store.maintained),
@@ -2048,9 +1934,9 @@ async fn finish(
             .await
             .map_err(|e| pg("commit", e))?;
     }
-    processing::write_extra(client, sql, &extra, now).await?;
+    write_extra(client, sql, &extra, now).await?;
     let granted = match extra.lease {
-        Some((queue, n, ttl)) => processing::lease_on(client, sql, queue, n, now, ttl).await?,
+        Some((queue, n, ttl)) => lease_on(client, sql, queue, n, now, ttl).await?,
         None => Vec::new(),
     };
     let committed = client.batch_execute("COMMIT").await;
@@ -2069,6 +1955,546 @@ fn commit_error(e: tokio_postgres::Error) -> Error {
         }
     } else {
         pg("commit", e)
+    }
+}
+
+// ---- the processing layer's statements and rows, and what the commit path and the
+// maintenance task run of it (the calls, `impl Postgres`, are in `processing.rs`) ----
+
+/// The processing layer's statements, with the schema spliced in. Every one takes the time
+/// as a nullable `int8` parameter (`NULL`: the database's clock).
+#[derive(Debug)]
+struct ProcSql {
+    /// `$1` queue, `$2` n, `$3` now, `$4` ttl: leases up to n visible rows at the head
+    /// (burying on the way up to 100 expired at the maximum attempts). One row per lease,
+    /// or one of NULLs when none; each row also has how many were buried, and the queue's
+    /// name when some were (for the metrics).
+    lease: String,
+    /// `$1` tokens: leases handed to nobody (an item that did not decode) given back as
+    /// they were, their attempt not counted.
+    unlease: String,
+    /// `$1` tokens, `$2` now: acknowledged leases deleted; returns the tokens found live.
+    ack: String,
+    /// `$1` queue, `$2` token, `$3` now, `$4` reason: a failed lease retried after the
+    /// queue's backoff or buried. Returns whether the lease was live, and the retry time.
+    fail: String,
+    /// `$1` token, `$2` now, `$3` delay: a lease given back (at the head for no delay).
+    release: String,
+    /// `$1` token, `$2` now, `$3` ttl: a new deadline for a live lease.
+    extend: String,
+    /// `$1` queue, `$2` now, `$3` retention (NULL: none): every expired lease at the
+    /// maximum attempts to dead letters, and dead letters past the retention deleted.
+    bury: String,
+    /// `$1` queue, `$2` now: counts, and the queue's policy.
+    stats: String,
+    /// `$1` queue, `$2` after, `$3` limit, `$4` now.
+    browse: String,
+    /// `$1` queue, `$2` after, `$3` limit.
+    dead: String,
+    /// `$1` queue, `$2` ids or NULL, `$3` limit or NULL, `$4` reset attempts, `$5` now:
+    /// dead letters back at the tail; returns their ids.
+    replay: String,
+    /// `$1` queue, `$2` ids or NULL, `$3` limit or NULL: dead letters deleted.
+    purge: String,
+    /// `$1` queue, policy columns `$2..$5`.
+    set_policy: String,
+    /// Delayed and keyed enqueues: `$1` queues, `$2` payloads, `$3` delays, `$4` due
+    /// times, `$5` keys, `$6` now. A key already in its queue makes that row a no-op.
+    insert: String,
+    /// `$1` queue, `$2` now: when the next delayed item or lease of the queue falls due.
+    next_due: String,
+    /// Imported items: `$1` queues, `$2` payloads, `$3` attempts, `$4` due times, `$5`
+    /// enqueue times, `$6` first and `$7` latest attempt times (0: unknown), `$8` now.
+    import_items: String,
+    /// Imported dead letters: as [`import_items`](Self::import_items) without the due
+    /// times, `$4` reasons.
+    import_dead: String,
+}
+
+const NOW_T: &str = "(SELECT now FROM t)";
+
+impl ProcSql {
+    fn new(schema: &str, item_key: i32) -> ProcSql {
+        let s = format!("\"{schema}\"");
+        let t = |param: &str| format!("t AS (SELECT coalesce({param}::int8, {DB_NOW}) AS now)");
+        let bury_cte = |limit: &str| {
+            format!(
+                "dead AS (DELETE FROM {s}.items i WHERE i.id IN (\
+                   SELECT x.id FROM {s}.items x WHERE x.queue = $1 \
+                   AND x.leased_until <= {NOW_T} \
+                   AND x.attempts >= (SELECT max_attempts FROM {s}.queues WHERE id = $1) \
+                   ORDER BY x.leased_until {limit} FOR UPDATE SKIP LOCKED) \
+                 RETURNING i.*), \
+                 buried AS (INSERT INTO {s}.dead_letters (queue, payload, reason, attempts, \
+                   enqueued_ms, first_attempt_ms, last_attempt_ms, dedup_key, died_ms) \
+                   SELECT queue, payload, '{EXPIRED}', attempts, enqueued_ms, first_attempt_ms, \
+                   last_attempt_ms, dedup_key, {NOW_T} FROM dead RETURNING id)"
+            )
+        };
+        let dead_filter = "SELECT id FROM {s}.dead_letters WHERE queue = $1 \
+             AND ($2::int8[] IS NULL OR id = ANY($2::int8[])) ORDER BY id LIMIT $3::int8 FOR UPDATE"
+            .replace("{s}", &s);
+        ProcSql {
+            lease: format!(
+                "WITH {t}, {bury}, \
+                 got AS (UPDATE {s}.items i SET attempts = CASE \
+                   WHEN i.attempts < {MAX_ATTEMPTS} THEN i.attempts + 1 ELSE i.attempts END, \
+                   leased_until = {NOW_T} + $4::int8, \
+                   lease_token = nextval('{s}.lease_tokens'), \
+                   first_attempt_ms = coalesce(i.first_attempt_ms, {NOW_T}), \
+                   last_attempt_ms = {NOW_T} \
+                 WHERE i.{rows} \
+                 RETURNING i.id, i.payload, i.attempts, i.lease_token, i.leased_until, \
+                   i.enqueued_ms, i.first_attempt_ms, i.last_attempt_ms, i.ready_ms, \
+                   i.dedup_key), \
+                 dead_count AS (SELECT count(*) AS buried FROM buried) \
+                 SELECT got.*, dead_count.buried, \
+                   CASE WHEN dead_count.buried > 0 \
+                     THEN (SELECT name FROM {s}.queues WHERE id = $1) END \
+                 FROM dead_count LEFT JOIN got ON true",
+                t = t("$3"),
+                bury = bury_cte("LIMIT 100"),
+                rows = head_rows(&s, "$1", "$2::int8"),
+            ),
+            unlease: format!(
+                "UPDATE {s}.items SET leased_until = NULL, lease_token = NULL, \
+                   attempts = attempts - 1, \
+                   first_attempt_ms = CASE WHEN attempts = 1 THEN NULL ELSE first_attempt_ms END \
+                 WHERE lease_token = ANY($1::int8[])"
+            ),
+            ack: format!(
+                "WITH {t} DELETE FROM {s}.items \
+                 WHERE lease_token = ANY($1::int8[]) AND leased_until > {NOW_T} \
+                 RETURNING lease_token",
+                t = t("$2"),
+            ),
+            fail: format!(
+                "WITH {t}, \
+                 pol AS (SELECT max_attempts, initial_backoff_ms, max_backoff_ms, jitter_per_mille \
+                   FROM {s}.queues WHERE id = $1), \
+                 cur AS (SELECT i.id, i.attempts FROM {s}.items i \
+                   WHERE i.lease_token = $2 AND i.leased_until > {NOW_T} FOR UPDATE), \
+                 dead AS (DELETE FROM {s}.items i USING cur, pol \
+                   WHERE i.id = cur.id AND cur.attempts >= pol.max_attempts RETURNING i.*), \
+                 buried AS (INSERT INTO {s}.dead_letters (queue, payload, reason, attempts, \
+                   enqueued_ms, first_attempt_ms, last_attempt_ms, dedup_key, died_ms) \
+                   SELECT queue, payload, $4, attempts, enqueued_ms, first_attempt_ms, \
+                   last_attempt_ms, dedup_key, {NOW_T} FROM dead RETURNING id), \
+                 back AS (SELECT cur.id, cur.attempts, \
+                   least(pol.initial_backoff_ms::numeric \
+                     * power(2::numeric, least(greatest(cur.attempts - 1, 0), 63)), \
+                     pol.max_backoff_ms, {max_backoff})::int8 AS base, \
+                   least(greatest(pol.jitter_per_mille, 0), 1000) AS j \
+                   FROM cur, pol WHERE cur.attempts < pol.max_attempts), \
+                 spread AS (SELECT id, attempts, base, base * j / 1000 AS s FROM back), \
+                 retried AS (UPDATE {s}.items i SET leased_until = NULL, lease_token = NULL, \
+                   ready_ms = {NOW_T} + sp.base - sp.s \
+                     + (hashint8extended(sp.id, sp.attempts) & 9223372036854775807) \
+                       % (2 * sp.s + 1) \
+                   FROM spread sp WHERE i.id = sp.id RETURNING i.ready_ms) \
+                 SELECT (SELECT count(*) FROM cur), (SELECT ready_ms FROM retried)",
+                t = t("$3"),
+                max_backoff = max_delay_ms(),
+            ),
+            release: format!(
+                "WITH {t} UPDATE {s}.items SET leased_until = NULL, lease_token = NULL, \
+                   ready_ms = CASE WHEN $3::int8 = 0 THEN ready_ms ELSE {NOW_T} + $3::int8 END \
+                 WHERE lease_token = $1 AND leased_until > {NOW_T} RETURNING queue",
+                t = t("$2"),
+            ),
+            extend: format!(
+                "WITH {t} UPDATE {s}.items SET leased_until = {NOW_T} + $3::int8 \
+                 WHERE lease_token = $1 AND leased_until > {NOW_T} RETURNING leased_until",
+                t = t("$2"),
+            ),
+            bury: format!(
+                "WITH {t}, {bury}, \
+                 old AS (DELETE FROM {s}.dead_letters WHERE queue = $1 \
+                   AND died_ms < {NOW_T} - $3::int8 RETURNING id) \
+                 SELECT (SELECT count(*) FROM buried), (SELECT count(*) FROM old), \
+                   (SELECT name FROM {s}.queues WHERE id = $1)",
+                t = t("$2"),
+                bury = bury_cte(""),
+            ),
+            stats: format!(
+                "WITH {t}, h AS ({held}), \
+                 r AS (SELECT i.*, ((i.id & 4294967295) IN (SELECT * FROM h)) AS held, \
+                   {visible} AS visible FROM {s}.items i WHERE i.queue = $1) \
+                 SELECT \
+                   count(*) FILTER (WHERE visible AND NOT held), \
+                   count(*) FILTER (WHERE leased_until IS NULL AND ready_ms > {NOW_T} \
+                     AND NOT held), \
+                   count(*) FILTER (WHERE leased_until > {NOW_T} AND NOT held), \
+                   count(*) FILTER (WHERE held), \
+                   (SELECT count(*) FROM {s}.dead_letters WHERE queue = $1), \
+                   (SELECT enqueued_ms FROM r WHERE visible AND NOT held \
+                     ORDER BY leased_until IS NULL, ready_ms, id LIMIT 1), \
+                   (SELECT max_attempts FROM {s}.queues WHERE id = $1), \
+                   (SELECT initial_backoff_ms FROM {s}.queues WHERE id = $1), \
+                   (SELECT max_backoff_ms FROM {s}.queues WHERE id = $1), \
+                   (SELECT jitter_per_mille FROM {s}.queues WHERE id = $1) \
+                 FROM r",
+                t = t("$2"),
+                held = held_ids(item_key),
+                visible = is_visible(&s, "$1"),
+            ),
+            browse: format!(
+                "WITH {t} SELECT i.id, i.payload, i.ready_ms, i.leased_until, i.attempts, \
+                   i.enqueued_ms \
+                 FROM {s}.items i WHERE i.queue = $1 AND i.id > $2 \
+                 AND (i.id & 4294967295) NOT IN ({held}) \
+                 ORDER BY i.id LIMIT $3",
+                t = t("$4"),
+                held = held_ids(item_key),
+            ),
+            dead: format!(
+                "SELECT id, payload, reason, attempts, first_attempt_ms, last_attempt_ms, \
+                   enqueued_ms \
+                 FROM {s}.dead_letters WHERE queue = $1 AND id > $2 ORDER BY id LIMIT $3"
+            ),
+            replay: format!(
+                "WITH {t}, \
+                 moved AS (DELETE FROM {s}.dead_letters d WHERE d.id IN ({dead_filter}) \
+                   RETURNING d.*), \
+                 ins AS (INSERT INTO {s}.items (queue, payload, enqueued_ms, ready_ms, attempts, \
+                   first_attempt_ms, last_attempt_ms, dedup_key) \
+                   SELECT m.queue, m.payload, m.enqueued_ms, {NOW_T}, \
+                     CASE WHEN $4 THEN 0 ELSE m.attempts END, \
+                     CASE WHEN $4 THEN NULL ELSE m.first_attempt_ms END, \
+                     CASE WHEN $4 THEN NULL ELSE m.last_attempt_ms END, \
+                     CASE WHEN m.dedup_key IS NOT NULL \
+                       AND row_number() OVER (PARTITION BY m.dedup_key ORDER BY m.id) = 1 \
+                       AND NOT EXISTS (SELECT 1 FROM {s}.items x \
+                         WHERE x.queue = $1 AND x.dedup_key = m.dedup_key) \
+                     THEN m.dedup_key END \
+                   FROM moved m ORDER BY m.id RETURNING 1) \
+                 SELECT id FROM moved",
+                t = t("$5"),
+            ),
+            purge: format!(
+                "DELETE FROM {s}.dead_letters d WHERE d.id IN ({dead_filter}) RETURNING d.id"
+            ),
+            set_policy: format!(
+                "UPDATE {s}.queues SET max_attempts = $2, initial_backoff_ms = $3, \
+                   max_backoff_ms = $4, jitter_per_mille = $5 WHERE id = $1"
+            ),
+            insert: format!(
+                "INSERT INTO {s}.items (queue, payload, enqueued_ms, ready_ms, dedup_key) \
+                 SELECT q, p, c.now, \
+                   CASE WHEN d > 0 THEN c.now + d WHEN a > 0 THEN a ELSE c.now END, k \
+                 FROM unnest($1::int4[], $2::bytea[], $3::int8[], $4::int8[], $5::bytea[]) \
+                   WITH ORDINALITY AS u(q, p, d, a, k, n), \
+                   (SELECT coalesce($6::int8, {DB_NOW}) AS now) c \
+                 ORDER BY n ON CONFLICT DO NOTHING"
+            ),
+            next_due: format!(
+                "WITH {t} SELECT least(\
+                   (SELECT min(ready_ms) FROM {s}.items WHERE queue = $1 \
+                     AND leased_until IS NULL AND ready_ms > {NOW_T}), \
+                   (SELECT min(leased_until) FROM {s}.items WHERE queue = $1 \
+                     AND leased_until > {NOW_T})) - {NOW_T}",
+                t = t("$2"),
+            ),
+            import_items: format!(
+                "WITH {t} INSERT INTO {s}.items (queue, payload, attempts, ready_ms, enqueued_ms, \
+                   first_attempt_ms, last_attempt_ms) \
+                 SELECT q, p, a, CASE WHEN d > 0 THEN d ELSE {NOW_T} END, \
+                   CASE WHEN e > 0 THEN e ELSE {NOW_T} END, nullif(f, 0), nullif(l, 0) \
+                 FROM unnest($1::int4[], $2::bytea[], $3::int4[], $4::int8[], $5::int8[], \
+                   $6::int8[], $7::int8[]) WITH ORDINALITY AS u(q, p, a, d, e, f, l, n) \
+                 ORDER BY n",
+                t = t("$8"),
+            ),
+            import_dead: format!(
+                "WITH {t} INSERT INTO {s}.dead_letters (queue, payload, attempts, reason, \
+                   enqueued_ms, first_attempt_ms, last_attempt_ms, died_ms) \
+                 SELECT q, p, a, r, CASE WHEN e > 0 THEN e ELSE {NOW_T} END, nullif(f, 0), \
+                   nullif(l, 0), {NOW_T} \
+                 FROM unnest($1::int4[], $2::bytea[], $3::int4[], $4::text[], $5::int8[], \
+                   $6::int8[], $7::int8[]) WITH ORDINALITY AS u(q, p, a, r, e, f, l, n) \
+                 ORDER BY n",
+                t = t("$8"),
+            ),
+        }
+    }
+}
+
+/// A lease as a statement granted it.
+#[derive(Debug)]
+pub(crate) struct Granted {
+    pub(crate) entry: Entry,
+    pub(crate) token: u64,
+    pub(crate) deadline: u64,
+}
+
+/// A delayed or keyed enqueue, as a commit writes it.
+#[derive(Debug)]
+pub(crate) struct Fresh {
+    pub(crate) queue: i32,
+    pub(crate) payload: Vec<u8>,
+    /// Due this many ms after the commit (0: see `at`).
+    pub(crate) delay: i64,
+    /// Due at this time (0: at once).
+    pub(crate) at: i64,
+    pub(crate) key: Option<Vec<u8>>,
+}
+
+/// An item imported as it stood in another store (see `MoveKind::Import`). Times are ms
+/// since the epoch, 0 for unknown (the commit's time for `enqueued`, none for the attempts).
+#[derive(Debug)]
+pub(crate) struct Imported {
+    pub(crate) queue: i32,
+    pub(crate) payload: Vec<u8>,
+    pub(crate) attempts: i32,
+    /// Due at this time (0: at once).
+    pub(crate) due: i64,
+    pub(crate) enqueued: i64,
+    pub(crate) first_attempt: i64,
+    pub(crate) last_attempt: i64,
+    /// A dead letter, with this reason.
+    pub(crate) reason: Option<String>,
+}
+
+/// What a commit does beyond the plain enqueues and dequeues.
+#[derive(Debug, Default)]
+pub(crate) struct Extra {
+    pub(crate) fresh: Vec<Fresh>,
+    /// Imported items and dead letters.
+    pub(crate) imported: Vec<Imported>,
+    /// Acknowledged leases: token, and the queue's name for the error.
+    pub(crate) acks: Vec<(i64, String)>,
+    /// Lease up to `n` visible items of `queue` in the same database transaction, for
+    /// `ttl` ms (`commit_and_lease`).
+    pub(crate) lease: Option<(i32, i64, i64)>,
+}
+
+impl Extra {
+    pub(crate) fn is_empty(&self) -> bool {
+        self.fresh.is_empty()
+            && self.imported.is_empty()
+            && self.acks.is_empty()
+            && self.lease.is_none()
+    }
+}
+
+fn ms(v: i64) -> u64 {
+    u64::try_from(v).unwrap_or(0)
+}
+
+fn opt_ms(v: Option<i64>) -> u64 {
+    v.map_or(0, ms)
+}
+
+fn i64_of(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+/// A row of the lease statement.
+fn granted(row: &Row) -> Result<Granted> {
+    let read = || -> std::result::Result<Granted, tokio_postgres::Error> {
+        let mut entry = Entry::new(
+            ms(row.try_get(0)?),
+            row.try_get::<_, Vec<u8>>(1)?.into_boxed_slice(),
+            ms(row.try_get(5)?),
+        );
+        entry.attempts = u32::try_from(row.try_get::<_, i32>(2)?).unwrap_or(0);
+        entry.times.first_attempt = opt_ms(row.try_get(6)?);
+        entry.times.last_attempt = opt_ms(row.try_get(7)?);
+        entry.not_before = ms(row.try_get(8)?);
+        entry.key = row
+            .try_get::<_, Option<Vec<u8>>>(9)?
+            .map(Vec::into_boxed_slice);
+        Ok(Granted {
+            entry,
+            token: ms(row.try_get(3)?),
+            deadline: ms(row.try_get(4)?),
+        })
+    };
+    read().map_err(|e| pg("lease", e))
+}
+
+/// Counts and traces `buried` items of queue `name` moved to the dead letters because their
+/// last lease expired (by the lease statement or the maintenance pass).
+fn buried_expired(name: &str, buried: i64) {
+    crate::metrics::buried(name, true, u64::try_from(buried).unwrap_or(0));
+    let span = tracing::debug_span!("dead_letter_moves", queue = name, buried);
+    let _entered = span.enter();
+    tracing::debug!("items whose last lease expired moved to the dead letters");
+}
+
+/// Leases up to `n` rows of `queue` on `client` (in its open transaction, if any).
+async fn lease_on(
+    client: &Object,
+    sql: &Sql,
+    queue: i32,
+    n: i64,
+    now: Option<i64>,
+    ttl: i64,
+) -> Result<Vec<Granted>> {
+    let statement = client
+        .prepare_cached(&sql.proc.lease)
+        .await
+        .map_err(|e| pg("lease", e))?;
+    let rows = client
+        .query(&statement, &[&queue, &n, &now, &ttl])
+        .await
+        .map_err(|e| pg("lease", e))?;
+    if let Some(first) = rows.first() {
+        let buried: i64 = first.try_get(10).unwrap_or(0);
+        if buried > 0 {
+            let name: String = first
+                .try_get::<_, Option<String>>(11)
+                .ok()
+                .flatten()
+                .unwrap_or_default();
+            buried_expired(&name, buried);
+        }
+    }
+    // A lease of nothing is one row of NULLs (it carries the count above).
+    let mut granted = rows
+        .iter()
+        .filter(|row| matches!(row.try_get::<_, Option<i64>>(0), Ok(Some(_))))
+        .map(granted)
+        .collect::<Result<Vec<_>>>()?;
+    // Queue order: readiness, then id (an expired lease kept its place at the head).
+    granted.sort_unstable_by_key(|g| (g.entry.not_before, g.entry.id));
+    for g in &mut granted {
+        g.entry.not_before = 0;
+    }
+    Ok(granted)
+}
+
+/// Writes a commit's delayed and keyed enqueues and its acks on `client`, inside its open
+/// transaction: an ack of a lease no longer live fails with [`Error::LeaseExpired`].
+async fn write_extra(client: &Object, sql: &Sql, extra: &Extra, now: Option<i64>) -> Result<()> {
+    if !extra.fresh.is_empty() {
+        let mut queues = Vec::with_capacity(extra.fresh.len());
+        let mut payloads = Vec::with_capacity(extra.fresh.len());
+        let mut delays = Vec::with_capacity(extra.fresh.len());
+        let mut ats = Vec::with_capacity(extra.fresh.len());
+        let mut keys = Vec::with_capacity(extra.fresh.len());
+        for f in &extra.fresh {
+            queues.push(f.queue);
+            payloads.push(f.payload.as_slice());
+            delays.push(f.delay);
+            ats.push(f.at);
+            keys.push(f.key.as_deref());
+        }
+        let statement = client
+            .prepare_cached(&sql.proc.insert)
+            .await
+            .map_err(|e| pg("commit", e))?;
+        client
+            .execute(
+                &statement,
+                &[&queues, &payloads, &delays, &ats, &keys, &now],
+            )
+            .await
+            .map_err(|e| pg("commit", e))?;
+    }
+    for dead in [false, true] {
+        let rows: Vec<&Imported> = extra
+            .imported
+            .iter()
+            .filter(|i| i.reason.is_some() == dead)
+            .collect();
+        if rows.is_empty() {
+            continue;
+        }
+        let queues: Vec<i32> = rows.iter().map(|i| i.queue).collect();
+        let payloads: Vec<&[u8]> = rows.iter().map(|i| i.payload.as_slice()).collect();
+        let attempts: Vec<i32> = rows.iter().map(|i| i.attempts).collect();
+        let dues: Vec<i64> = rows.iter().map(|i| i.due).collect();
+        let reasons: Vec<&str> = rows.iter().filter_map(|i| i.reason.as_deref()).collect();
+        let enqueued: Vec<i64> = rows.iter().map(|i| i.enqueued).collect();
+        let firsts: Vec<i64> = rows.iter().map(|i| i.first_attempt).collect();
+        let lasts: Vec<i64> = rows.iter().map(|i| i.last_attempt).collect();
+        let text = if dead {
+            &sql.proc.import_dead
+        } else {
+            &sql.proc.import_items
+        };
+        let statement = client
+            .prepare_cached(text)
+            .await
+            .map_err(|e| pg("commit", e))?;
+        let fourth: &(dyn tokio_postgres::types::ToSql + Sync) =
+            if dead { &reasons } else { &dues };
+        client
+            .execute(
+                &statement,
+                &[
+                    &queues, &payloads, &attempts, fourth, &enqueued, &firsts, &lasts, &now,
+                ],
+            )
+            .await
+            .map_err(|e| pg("commit", e))?;
+    }
+    if !extra.acks.is_empty() {
+        let tokens: Vec<i64> = extra.acks.iter().map(|(t, _)| *t).collect();
+        let statement = client
+            .prepare_cached(&sql.proc.ack)
+            .await
+            .map_err(|e| pg("commit", e))?;
+        let rows = client
+            .query(&statement, &[&tokens, &now])
+            .await
+            .map_err(|e| pg("commit", e))?;
+        if rows.len() != tokens.len() {
+            let live: Vec<i64> = rows.iter().filter_map(|r| r.try_get(0).ok()).collect();
+            let (token, queue) = extra
+                .acks
+                .iter()
+                .find(|(t, _)| !live.contains(t))
+                .cloned()
+                .unwrap_or_else(|| extra.acks[0].clone());
+            return Err(Error::LeaseExpired {
+                queue,
+                token: ms(token),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// What `fail` did.
+#[derive(Debug)]
+pub(crate) enum FailOutcome {
+    /// The lease had ended: nothing was done.
+    Ended,
+    /// Due again at this time.
+    Retry(u64),
+    /// Buried.
+    Dead,
+}
+
+/// How often each store runs its maintenance pass.
+const MAINTENANCE: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// The store's maintenance task: every [`MAINTENANCE`], on each queue the store has opened,
+/// moves expired leases at their maximum attempts to the dead letters and applies the
+/// dead-letter retention. Runs until the store's runtime stops. Failures are logged and
+/// retried at the next pass.
+async fn maintain(
+    pool: Pool,
+    sql: Arc<Sql>,
+    queues: Arc<Mutex<Vec<i32>>>,
+    clock: Option<Clock>,
+    retention: Option<i64>,
+) {
+    loop {
+        tokio::time::sleep(MAINTENANCE).await;
+        let list = queues.lock().clone();
+        let Ok(client) = pool.get().await else {
+            continue;
+        };
+        for queue in list {
+            let now = clock.as_ref().map(|c| i64_of(c.now()));
+            if let Err(e) = Postgres::bury(&client, &sql, queue, now, retention).await {
+                tracing::warn!(error = %e, queue, "the maintenance pass failed");
+                break;
+            }
+        }
     }
 }
 

@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError};
+use tokio::sync::oneshot;
 
 use super::directory::{close_after_failure, wait_until_released, DirLock, DiskSync};
 use super::liveness::Liveness;
@@ -23,11 +24,10 @@ use super::marks::{MarkedQueue, Marker};
 use super::record::{self, Bytes, Op, RecordBuilder, Version};
 use super::recovery::LogState;
 use super::trees::{self, Trees};
-use super::Reply;
 use crate::config::{Config, Durability};
 use crate::core::{publish_all, Entry, QueueId};
 use crate::engine::processing::{apply, due_after, Move, MoveKind, Timers};
-use crate::engine::Work;
+use crate::engine::work::Work;
 use crate::error::{Error, Result};
 
 /// Records larger than this are split: sled 0.34 stores a value over about 128 KiB as a file
@@ -37,6 +37,27 @@ const RECORD_SIZE: usize = 64 << 10;
 
 /// Compaction rounds a closing store runs at most (see `compact_before_close`).
 const CLOSING_ROUNDS: usize = 4;
+
+/// How the committer answers a request. A reply dropped unanswered (the committer stopped)
+/// reads as [`Error::Closed`].
+pub(crate) type Reply = oneshot::Sender<Result<()>>;
+
+/// Where the committer's answer arrives.
+pub(crate) type Answer = oneshot::Receiver<Result<()>>;
+
+/// Waits for the committer's answer.
+pub(crate) async fn answer(rx: Answer) -> Result<()> {
+    rx.await.unwrap_or(Err(Error::Closed))
+}
+
+/// Items' bytes by id, as the committer reads them from the log.
+pub(crate) type ItemBytes = Vec<(u64, Box<[u8]>)>;
+
+/// Where the committer's answer to a read arrives.
+pub(crate) type ItemsAnswer = oneshot::Receiver<Result<ItemBytes>>;
+
+/// How the committer answers a read.
+pub(crate) type ItemsReply = oneshot::Sender<Result<ItemBytes>>;
 
 /// One record of a commit group: enqueues with ids `first .. first + len`, and acks.
 #[derive(Debug)]
@@ -63,7 +84,7 @@ impl CommitRequest {
     /// Answers the request with a failure, giving its dequeued items back to their queues
     /// and undoing its moves.
     fn fail(self, error: Error) {
-        crate::engine::abort(self.work);
+        crate::engine::work::abort(self.work);
         drop(self.reply.send(Err(error)));
     }
 }
@@ -92,7 +113,7 @@ pub(crate) enum Message {
     /// Read live items' bytes from the log (dead letters, which are not kept in memory).
     ReadItems {
         ids: Vec<u64>,
-        reply: super::ItemsReply,
+        reply: ItemsReply,
     },
     /// Flush everything written so far to disk, then answer.
     Flush(Reply),
@@ -448,7 +469,7 @@ impl Committer {
     }
 
     /// Reads the bytes of live items from their records.
-    fn read_items(&self, ids: &[u64]) -> Result<super::ItemBytes> {
+    fn read_items(&self, ids: &[u64]) -> Result<ItemBytes> {
         let trees = self.usable()?;
         let mut out = Vec::with_capacity(ids.len());
         for &id in ids {

@@ -27,7 +27,8 @@ use std::thread::JoinHandle;
 use crossbeam_channel::Sender;
 use tokio::sync::oneshot;
 
-use self::committer::{CommitRequest, Committer, Message};
+pub(crate) use self::committer::{answer, Answer};
+use self::committer::{CommitRequest, Committer, ItemBytes, ItemsAnswer, Message, Reply};
 use self::directory::{
     complete_torn_sled_config, open_sled, prepare_dir, restrict_blobs, DirLock, DiskSync,
 };
@@ -36,33 +37,12 @@ use self::recovery::{recover, Opening, Recovered};
 use self::trees::Trees;
 use super::catalog::Catalog;
 use super::processing::{DeadSlot, Timers};
-use super::Work;
+use super::work::Work;
 use crate::config::Config;
 use crate::core::{Entry, QueueCore, QueueId};
 use crate::error::{Error, Result};
 use crate::processing::RetryPolicy;
 use crate::sync::process::Mutex;
-
-/// How the committer answers a request. A reply dropped unanswered (the committer stopped)
-/// reads as [`Error::Closed`].
-pub(crate) type Reply = oneshot::Sender<Result<()>>;
-
-/// Where the committer's answer arrives.
-pub(crate) type Answer = oneshot::Receiver<Result<()>>;
-
-/// Waits for the committer's answer.
-pub(crate) async fn answer(rx: Answer) -> Result<()> {
-    rx.await.unwrap_or(Err(Error::Closed))
-}
-
-/// Items' bytes by id, as the committer reads them from the log.
-pub(crate) type ItemBytes = Vec<(u64, Box<[u8]>)>;
-
-/// Where the committer's answer to a read arrives.
-pub(crate) type ItemsAnswer = oneshot::Receiver<Result<ItemBytes>>;
-
-/// How the committer answers a read.
-pub(crate) type ItemsReply = oneshot::Sender<Result<ItemBytes>>;
 
 /// A queue as recovered, with what the processing layer keeps of it.
 #[derive(Debug)]
