@@ -161,12 +161,10 @@ impl Committer {
                     from: None,
                     ..v.clone()
                 }),
-                Op::Retry(v) | Op::Replay(v) | Op::Moved(v) | Op::Keyed(v) => {
-                    Op::Moved(Version {
-                        from: None,
-                        ..v.clone()
-                    })
-                }
+                Op::Retry(v) | Op::Replay(v) | Op::Moved(v) | Op::Keyed(v) => Op::Moved(Version {
+                    from: None,
+                    ..v.clone()
+                }),
                 Op::Bury(v) => Op::Bury(Version {
                     from: None,
                     ..v.clone()
