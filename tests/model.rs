@@ -40,7 +40,8 @@
 //! At checkpoints (a `Check` step, every restart, the end of a case) each queue is also read
 //! whole by dequeue-then-abort and its order compared with the model's. After a restart
 //! every queue holds exactly the model's items (S7, S8): leases are over with their attempts
-//! kept, items delayed past the reopening stay delayed, dead letters stay. Each case ends by
+//! kept and their items at the head, items delayed past the reopening stay delayed, dead
+//! letters stay. Each case ends by
 //! dropping what is open, restarting (on disk) and moving the clock on 10 s: then every item
 //! committed and not consumed is visible or dead.
 //!

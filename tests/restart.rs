@@ -564,3 +564,253 @@ fn a_large_log_recovers_and_the_store_keeps_working() {
     expected.push((u32::MAX, vec![1]));
     assert_eq!(drain(&store, &q), expected);
 }
+
+// ---- leases ended by a killed process -------------------------------------------------------
+
+/// Set in a child's environment: the store directory it works on. Its presence selects the
+/// child role of the two tests below.
+const LEASE_CHILD_DIR: &str = "RQ_RESTART_LEASE_CHILD_DIR";
+/// Set in a child's environment when it should churn another queue until compaction has
+/// copied the records that hold its leases forward.
+const LEASE_CHILD_CHURN: &str = "RQ_RESTART_LEASE_CHILD_CHURN";
+/// The line a child prints once it holds its leases (and, churning, has flushed the store).
+const LEASE_CHILD_READY: &str = "RQ|leases-held";
+/// The compaction floor of the stores of the two tests: small, so that a short churn makes
+/// compaction rewrite the oldest records.
+const LEASE_FLOOR: u64 = 64 * 1024;
+
+/// Item `n` of the leased queue: text no other item of the store contains, so that the
+/// parent can find the log records that hold it.
+fn numbered(n: u32) -> String {
+    format!("restart-order-item-{n}")
+}
+
+fn number_of(item: &str) -> u32 {
+    item.strip_prefix("restart-order-item-")
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("not an item of the test: {item:?}"))
+}
+
+fn open_for_leases(path: &Path) -> Store {
+    Store::builder()
+        .path(path)
+        .compaction_floor(LEASE_FLOOR)
+        .open()
+        .expect("open the store")
+}
+
+/// The child's part: enqueues items 1..=5 durably, leases 1 and 3 (2 is held by a
+/// transaction meanwhile, then given back by its abort, so that its version in the log stays
+/// the enqueued one), churns another queue if asked, reports that it is ready and waits to be
+/// killed (or for its stdin to close, should the parent die first).
+fn hold_leases_as_child(path: &Path, churn: bool) {
+    let store = open_for_leases(path);
+    let queue = store.blocking_queue::<String>("q").unwrap();
+    enqueue_all(&store, "q", (1..=5).map(numbered));
+    let ttl = Duration::from_secs(3600);
+    let first = queue.blocking_try_lease(ttl).unwrap().expect("item 1");
+    assert_eq!((number_of(first.item()), first.attempt()), (1, 1));
+    let mut holder = store.begin();
+    let held = queue.blocking_try_dequeue(&mut holder).unwrap();
+    assert_eq!(held.as_deref().map(number_of), Some(2));
+    let third = queue.blocking_try_lease(ttl).unwrap().expect("item 3");
+    assert_eq!((number_of(third.item()), third.attempt()), (3, 1));
+    holder.blocking_abort().expect("abort");
+    let stats = queue.blocking_stats().unwrap();
+    assert_eq!((stats.visible, stats.leased), (3, 2));
+    if churn {
+        // Items of about 120 bytes, five out and five in per commit: some 200 commits take
+        // the log three times past the compaction floor, far past twice the live bytes.
+        let side = store.blocking_queue::<(u64, Vec<u8>)>("side").unwrap();
+        let mut next = 0u64;
+        let mut tx = store.begin();
+        for _ in 0..5 {
+            side.enqueue(&mut tx, (next, vec![7u8; 100])).unwrap();
+            next += 1;
+        }
+        tx.blocking_commit().unwrap();
+        for _ in 0..3 * LEASE_FLOOR / (5 * 120) {
+            let mut tx = store.begin();
+            for _ in 0..5 {
+                side.blocking_try_dequeue(&mut tx)
+                    .unwrap()
+                    .expect("the side backlog");
+                side.enqueue(&mut tx, (next, vec![7u8; 100])).unwrap();
+                next += 1;
+            }
+            tx.blocking_commit().unwrap();
+        }
+        store.blocking_flush().unwrap();
+    }
+    println!("{LEASE_CHILD_READY}");
+    // Nothing is ever written to stdin: this returns when the parent closes it or dies.
+    let mut rest = Vec::new();
+    let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut rest);
+    drop((first, third));
+    std::process::exit(3);
+}
+
+/// Kills the child when dropped, so a failing parent leaves no process behind.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Runs this test binary again as the child of test `test_name` on store `path`, waits for
+/// it to report that it holds its leases and kills it with SIGKILL.
+fn run_child_and_kill_it(test_name: &str, path: &Path, churn: bool) {
+    use std::io::BufRead;
+    use std::process::{Command, Stdio};
+
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let mut command = Command::new(exe);
+    command
+        .args([test_name, "--exact", "--nocapture", "--test-threads=1"])
+        .env(LEASE_CHILD_DIR, path)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    if churn {
+        command.env(LEASE_CHILD_CHURN, "1");
+    }
+    let mut child = KillOnDrop(command.spawn().expect("start the child"));
+    let stdout = child.0.stdout.take().expect("the child's stdout");
+    let (ready, readiness) = mpsc::channel();
+    thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines() {
+            let Ok(line) = line else { return };
+            // libtest may print the test's name on the same line first.
+            if line.trim_end().ends_with(LEASE_CHILD_READY) {
+                let _ = ready.send(());
+                return;
+            }
+        }
+    });
+    match readiness.recv_timeout(Duration::from_secs(120)) {
+        Ok(()) => {}
+        Err(e) => panic!(
+            "the child did not report its leases ({e}); it exited: {:?}",
+            { child.0.try_wait() }
+        ),
+    }
+    child.0.kill().expect("kill the child");
+    let status = child.0.wait().expect("wait for the child");
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(status.signal(), Some(9), "killed by SIGKILL: {status:?}");
+    }
+    #[cfg(not(unix))]
+    assert!(!status.success(), "the child was killed: {status:?}");
+}
+
+/// Reopens the store a killed child held leases on: items 1 and 3, whose leases ended with
+/// the process, come first (in the order they were leased), with their attempt counted, then
+/// the items that were merely queued, in commit order.
+fn check_order_after_the_kill(path: &Path) {
+    let store = open_for_leases(path);
+    let queue = store.blocking_queue::<String>("q").unwrap();
+    let stats = queue.blocking_stats().unwrap();
+    assert_eq!(
+        (stats.visible, stats.leased, stats.delayed, stats.held),
+        (5, 0, 0, 0),
+        "every item visible after the restart"
+    );
+    let mut attempts: Vec<(u32, u32)> = queue
+        .blocking_browse(None, 10)
+        .unwrap()
+        .into_iter()
+        .map(|b| (number_of(&b.item), b.attempts))
+        .collect();
+    attempts.sort_unstable();
+    assert_eq!(
+        attempts,
+        [(1, 1), (2, 0), (3, 1), (4, 0), (5, 0)],
+        "attempts kept"
+    );
+    let order: Vec<u32> = peek_all(&store, &queue)
+        .iter()
+        .map(|s| number_of(s))
+        .collect();
+    assert_eq!(
+        order,
+        [1, 3, 2, 4, 5],
+        "items whose leases the restart ended come first"
+    );
+    // The next lease takes the head, counting one more attempt.
+    let lease = queue
+        .blocking_try_lease(Duration::from_secs(60))
+        .unwrap()
+        .expect("an item");
+    assert_eq!((number_of(lease.item()), lease.attempt()), (1, 2));
+    drop(lease);
+    let order: Vec<u32> = drain(&store, &queue).iter().map(|s| number_of(s)).collect();
+    assert_eq!(order, [1, 3, 2, 4, 5], "given back at the head");
+}
+
+#[test]
+fn leases_ended_by_a_kill_come_back_at_the_head() {
+    if let Some(dir) = std::env::var_os(LEASE_CHILD_DIR) {
+        hold_leases_as_child(Path::new(&dir), false);
+        return;
+    }
+    let (_guard, path) = temp_dir();
+    run_child_and_kill_it("leases_ended_by_a_kill_come_back_at_the_head", &path, false);
+    check_order_after_the_kill(&path);
+}
+
+/// The keys of the log records that hold the bytes of item `n`.
+fn records_holding(log: &sled::Tree, n: u32) -> Vec<u64> {
+    let needle = numbered(n).into_bytes();
+    log.iter()
+        .map(|kv| kv.expect("read the log"))
+        .filter(|(_, v)| v.windows(needle.len()).any(|w| w == needle.as_slice()))
+        .map(|(k, _)| u64::from_be_bytes(k.as_ref().try_into().expect("a sequence number")))
+        .collect()
+}
+
+#[test]
+fn leases_ended_by_a_kill_come_back_at_the_head_after_compaction() {
+    if let Some(dir) = std::env::var_os(LEASE_CHILD_DIR) {
+        hold_leases_as_child(
+            Path::new(&dir),
+            std::env::var_os(LEASE_CHILD_CHURN).is_some(),
+        );
+        return;
+    }
+    let (_guard, path) = temp_dir();
+    run_child_and_kill_it(
+        "leases_ended_by_a_kill_come_back_at_the_head_after_compaction",
+        &path,
+        true,
+    );
+    {
+        // Compaction copied the leased items forward: each is in one record, which is not
+        // the record of its lease. Records are rewritten front first, each into a new record
+        // at the end of the log, so a leased item's copy comes after the copy of the record
+        // that enqueued items 1..=5 (the only record holding item 2 now).
+        let db = common::open_raw_sled(&path);
+        let log = db.open_tree("log").unwrap();
+        let enqueued = records_holding(&log, 2);
+        assert_eq!(enqueued.len(), 1, "item 2 is in one record: {enqueued:?}");
+        for n in [1, 3] {
+            let holding = records_holding(&log, n);
+            assert_eq!(
+                holding.len(),
+                1,
+                "the enqueue of item {n} was compacted away: {holding:?}"
+            );
+            assert!(
+                holding[0] > enqueued[0],
+                "the lease of item {n} (record {}) was copied forward, after record {}",
+                holding[0],
+                enqueued[0]
+            );
+        }
+    }
+    check_order_after_the_kill(&path);
+}

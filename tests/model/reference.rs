@@ -11,7 +11,9 @@
 //!   commit order (a commit's plain enqueues first, then its moves, in order; see
 //!   ARCHITECTURE.md, "The processing layer"), so the model can replay the order without
 //!   knowing the ids: browse and the dead letters list in id order, timers that fall due
-//!   together fire in id order, and a restart rebuilds each queue in id order;
+//!   together fire in id order, and a restart rebuilds each queue in id order, except that
+//!   the items whose current version a lease wrote come first (a restart ends every lease,
+//!   and an ended lease puts its item back at the head);
 //! - the ready order of each queue as a row of blocks, front first: a dequeue or lease must
 //!   take an item of the first block, in any order within it. Items given back together (by
 //!   one abort, a failed commit) form one block at the front, whose inner order the contract
@@ -68,6 +70,10 @@ pub(crate) struct Item {
     pub(crate) queue: usize,
     /// The order of the current version's id.
     pub(crate) seq: u64,
+    /// Its current version was written by a lease (the lease may have ended since: an
+    /// expiry, a release without delay, a dropped lease write nothing). A restart puts these
+    /// items at the head of their queue.
+    pub(crate) lease_version: bool,
     pub(crate) attempts: u32,
     pub(crate) place: Place,
     /// Commit time of the enqueue (0: unknown).
@@ -438,6 +444,7 @@ impl Model {
             Item {
                 queue: q,
                 seq,
+                lease_version: false,
                 attempts: 0,
                 place,
                 enqueued_at: now,
@@ -458,6 +465,7 @@ impl Model {
         let deadline = now + ttl;
         let item = self.item(value);
         item.seq = token;
+        item.lease_version = true;
         item.attempts += 1;
         if item.first_attempt == 0 {
             item.first_attempt = now;
@@ -518,6 +526,7 @@ impl Model {
         let seq = self.seq();
         let item = self.item(value);
         item.seq = seq;
+        item.lease_version = false;
         item.place = Place::Dead(reason);
     }
 
@@ -526,6 +535,7 @@ impl Model {
         let seq = self.seq();
         let item = self.item(value);
         item.seq = seq;
+        item.lease_version = false;
         item.place = Place::Delayed { due };
     }
 
@@ -595,6 +605,7 @@ impl Model {
             let seq = self.seq();
             let item = self.item(v);
             item.seq = seq;
+            item.lease_version = false;
             if reset {
                 item.attempts = 0;
             }
@@ -668,8 +679,10 @@ impl Model {
     /// The store is closed, the clock moves to `now` while it is, and the store is reopened:
     /// open transactions are gone (what they held is back in its queue), every lease ends
     /// (its item is ready, its attempts kept), delayed items that fell due meanwhile are
-    /// ready, each queue comes back in id order; other delayed items and dead letters stay.
-    /// Handles go stale.
+    /// ready, each queue comes back with the items whose current version a lease wrote first
+    /// (the restart ended their leases, or one ended before: either puts the item back at the
+    /// head), then the others, each part in id order; other delayed items and dead letters
+    /// stay. Handles go stale.
     pub(crate) fn restart(&mut self, now: u64) {
         self.note("restart");
         if now > self.now {
@@ -705,16 +718,17 @@ impl Model {
         for h in &mut self.handles {
             h.stale = true;
         }
-        let mut ready: [Vec<(u64, u64)>; QUEUES] = Default::default();
+        // (after the items of ended leases, id order, value) per queue.
+        let mut ready: [Vec<(bool, u64, u64)>; QUEUES] = Default::default();
         for (&v, item) in &mut self.items {
             match item.place {
                 Place::Ready | Place::Held(_) | Place::Leased { .. } => {
                     item.place = Place::Ready;
-                    ready[item.queue].push((item.seq, v));
+                    ready[item.queue].push((!item.lease_version, item.seq, v));
                 }
                 Place::Delayed { due } if due <= now => {
                     item.place = Place::Ready;
-                    ready[item.queue].push((item.seq, v));
+                    ready[item.queue].push((!item.lease_version, item.seq, v));
                     self.coverage
                         .entry("delayed item due while the store was closed")
                         .and_modify(|n| *n += 1)
@@ -725,7 +739,14 @@ impl Model {
         }
         for (q, mut items) in ready.into_iter().enumerate() {
             items.sort_unstable();
-            self.ready[q] = items.into_iter().map(|(_, v)| vec![v]).collect();
+            let oldest_queued = items.iter().filter(|i| i.0).map(|i| i.1).min();
+            if items
+                .iter()
+                .any(|&(queued, seq, _)| !queued && oldest_queued.is_some_and(|o| o < seq))
+            {
+                self.note("restart: an item of an ended lease ahead of older queued items");
+            }
+            self.ready[q] = items.into_iter().map(|(_, _, v)| vec![v]).collect();
         }
     }
 

@@ -154,12 +154,17 @@ impl Committer {
                     key: None,
                     bytes: *bytes,
                 }),
-                Op::Lease(v) | Op::Retry(v) | Op::Replay(v) | Op::Moved(v) | Op::Keyed(v) => {
-                    Op::Moved(Version {
-                        from: None,
-                        ..v.clone()
-                    })
-                }
+                // A lease version stays a `Lease`, so that recovery still puts the item back
+                // at the head when a restart ends its lease; as `Moved` it would come back in
+                // id order, behind items that were merely queued.
+                Op::Lease(v) => Op::Lease(Version {
+                    from: None,
+                    ..v.clone()
+                }),
+                Op::Retry(v) | Op::Replay(v) | Op::Moved(v) | Op::Keyed(v) => Op::Moved(Version {
+                    from: None,
+                    ..v.clone()
+                }),
                 Op::Bury(v) => Op::Bury(Version {
                     from: None,
                     ..v.clone()

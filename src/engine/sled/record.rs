@@ -61,7 +61,9 @@ pub(crate) enum Op<'a> {
     /// A committed dequeue: the item with this id is gone for good.
     Ack { queue: QueueId, id: u64 },
     /// A lease was granted: the item lives on under a new id with one more attempt. (The
-    /// lease itself is not kept: a restart ends every lease of the previous process.)
+    /// lease itself is not kept: a restart ends every lease of the previous process, and
+    /// recovery puts the item back at the head.) Compaction copies a live one forward as a
+    /// `Lease` with `from` `None`, not as a `Moved`, so that a restart still finds it leased.
     Lease(#[serde(borrow)] Version<'a>),
     /// A failed lease below the maximum attempts, or a lease given back with a delay: the item
     /// lives on under a new id, due at `not_before`.
@@ -72,7 +74,9 @@ pub(crate) enum Op<'a> {
     Replay(#[serde(borrow)] Version<'a>),
     /// A dead letter was deleted for good.
     Purge { queue: QueueId, id: u64 },
-    /// A live item copied forward by compaction, as it stands (`from` is `None`).
+    /// A live item copied forward by compaction, as it stands (`from` is `None`); a lease
+    /// version is copied as a `Lease` instead. (Builds before that copied it as a `Moved`:
+    /// such a copy comes back in id order, not at the head.)
     Moved(#[serde(borrow)] Version<'a>),
     /// A fresh item enqueued with a deduplication key (`from` is `None`).
     Keyed(#[serde(borrow)] Version<'a>),

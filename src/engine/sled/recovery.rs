@@ -4,12 +4,17 @@
 //! it (an `Ack` for an id that is not live is ignored). A record that fails its checksum or
 //! decode is copied to the `quarantine` tree and only then removed from the log; the queues it
 //! names (every queue, when its header is unreadable too) are fenced until the user lifts the
-//! fence. Items come back per queue in id order, which is commit order.
+//! fence. Items come back per queue in id order, which is commit order, except that items
+//! whose leases the restart ended come first (see below).
 //!
 //! The processing layer's ops (see `record::Op`) each end an item's current id and give it a
-//! new version: a lease or a compaction copy comes back visible (a restart ends every lease),
-//! a retry or a delayed enqueue comes back delayed until its due time, a `Bury` comes back as
-//! a dead letter (without its bytes, which stay in the log), a `Purge` ends a dead letter.
+//! new version: a lease or a compaction copy comes back visible. A restart ends every lease of
+//! the previous process, and an ended lease puts its item back at the head, as an abort does
+//! (P2): an item whose live version a `Lease` wrote (or compaction's copy of one, which it
+//! writes as a `Lease` replacing nothing) comes back at the head of its queue, those items in
+//! lease (id) order, before the items that were merely queued. A retry or a delayed enqueue
+//! comes back delayed until its due time, a `Bury` comes back as a dead letter (without its
+//! bytes, which stay in the log), a `Purge` ends a dead letter.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::ops::RangeInclusive;
@@ -96,6 +101,7 @@ pub(crate) fn recover(trees: &Trees, disk: &DiskSync, opening: Opening<'_>) -> R
     let Replayed {
         liveness,
         items,
+        leased,
         buried,
         dead,
         max_id,
@@ -202,6 +208,14 @@ pub(crate) fn recover(trees: &Trees, disk: &DiskSync, opening: Opening<'_>) -> R
                 entries.sort_by_key(|e| e.id);
             }
             entries.dedup_by_key(|e| e.id);
+            // Items whose leases the restart ended go back at the head, as after an abort
+            // (P2): before the items that were merely queued, in lease (id) order.
+            if !leased.is_empty() && entries.iter().any(|e| leased.contains(&e.id)) {
+                let (ended, queued): (Vec<Entry>, Vec<Entry>) =
+                    entries.into_iter().partition(|e| leased.contains(&e.id));
+                entries = ended;
+                entries.extend(queued);
+            }
             entries.shrink_to_fit();
             (queue, VecDeque::from(entries))
         })
@@ -380,6 +394,9 @@ impl Gaps {
 struct Replayed {
     liveness: Liveness,
     items: PerQueue<Entry>,
+    /// Ids of live items whose current version a lease wrote (`Lease`, or its copy by
+    /// compaction): the restart ended those leases.
+    leased: HashSet<u64>,
     /// Dead letters (some may be ended later in the log: see `dead`).
     buried: PerQueue<DeadSlot>,
     dead: HashSet<u64>,
@@ -401,6 +418,7 @@ fn replay(
     let mut first_seq: Option<u64> = None;
     let mut liveness = Liveness::default();
     let mut items = PerQueue::default();
+    let mut leased: HashSet<u64> = HashSet::new();
     let mut buried = PerQueue::default();
     // Ids of items enqueued earlier in the log and acknowledged later: removed at the end, so
     // that replay never searches a queue.
@@ -475,6 +493,7 @@ fn replay(
                 if liveness.ack(id) {
                     dead.insert(id);
                 }
+                leased.remove(&id);
             }
             match op {
                 Op::Enqueue {
@@ -498,8 +517,11 @@ fn replay(
                         key: None,
                     },
                 ),
-                Op::Lease(v)
-                | Op::Retry(v)
+                Op::Lease(v) => {
+                    leased.insert(v.id);
+                    items.push(v.queue, entry_of(&v, true));
+                }
+                Op::Retry(v)
                 | Op::Replay(v)
                 | Op::Keyed(v)
                 | Op::Moved(v @ Version { reason: None, .. }) => {
@@ -521,6 +543,7 @@ fn replay(
     Ok(Replayed {
         liveness,
         items,
+        leased,
         buried,
         dead,
         max_id,
