@@ -1,5 +1,6 @@
 //! Closing and reopening an on-disk store: what was committed is there, what was not is not,
-//! in commit order; directories in use are refused; the catalog survives.
+//! in commit order; directories in use are refused; the catalog survives. A process killed
+//! while it holds leases: their items come back at the head, with their attempts.
 
 mod common;
 
