@@ -350,8 +350,10 @@ class Crate:
         return [(a, b, line, p) for (a, b), (line, p) in sorted(found.items())]
 
 
-def scopes_and_mods(text: str, module: Module):
-    """Yields (enclosing module, "inline"|"file", name, offset) for each `mod` item."""
+def walk_mods(text: str, module: Module):
+    """Walks the braces and `mod` items of `text`; yields ("mod", enclosing module, "inline" or
+    "file", name, offset) for each `mod` item and ("scope", module, offset) wherever the
+    enclosing (inline) module changes."""
     stack: list[tuple[Module, int]] = [(module, 0)]
     depth = 0
     token = re.compile(r"\bmod\s+(\w+)\s*([{;])|[{}]")
@@ -363,35 +365,31 @@ def scopes_and_mods(text: str, module: Module):
             depth -= 1
             if len(stack) > 1 and depth < stack[-1][1]:
                 stack.pop()
+                yield "scope", stack[-1][0], m.end()
         else:
             current = stack[-1][0]
             if m.group(2) == "{":
                 depth += 1
-                yield current, "inline", m.group(1), m.start()
+                yield "mod", current, "inline", m.group(1), m.start()
                 stack.append((current + (m.group(1),), depth))
+                yield "scope", stack[-1][0], m.end()
             else:
-                yield current, "file", m.group(1), m.start()
+                yield "mod", current, "file", m.group(1), m.start()
+
+
+def scopes_and_mods(text: str, module: Module):
+    """Yields (enclosing module, "inline"|"file", name, offset) for each `mod` item."""
+    for event in walk_mods(text, module):
+        if event[0] == "mod":
+            yield event[1:]
 
 
 def scope_at(text: str, module: Module):
     """A function from an offset to the (inline) module that encloses it."""
     marks: list[tuple[int, Module]] = [(0, module)]
-    stack: list[tuple[Module, int]] = [(module, 0)]
-    depth = 0
-    token = re.compile(r"\bmod\s+(\w+)\s*\{|[{}]")
-    for m in token.finditer(text):
-        s = m.group(0)
-        if s == "{":
-            depth += 1
-        elif s == "}":
-            depth -= 1
-            if len(stack) > 1 and depth < stack[-1][1]:
-                stack.pop()
-                marks.append((m.end(), stack[-1][0]))
-        else:
-            depth += 1
-            stack.append((stack[-1][0] + (m.group(1),), depth))
-            marks.append((m.end(), stack[-1][0]))
+    for event in walk_mods(text, module):
+        if event[0] == "scope":
+            marks.append((event[2], event[1]))
 
     def at(offset: int) -> Module:
         scope = module
