@@ -357,7 +357,7 @@ fn a_port_that_never_answers_is_an_error_naming_the_host(_: &PgServer) {
         drop(held);
     });
     let url = format!("postgresql://u:p@127.0.0.1:{port}/app?connect_timeout=1");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_rq"))
+    let child = Command::new(env!("CARGO_BIN_EXE_rq"))
         .args(["--postgres", &url, "stats"])
         .env_remove("RQ_STORE")
         .env_remove("RQ_POSTGRES_URL")
@@ -365,20 +365,18 @@ fn a_port_that_never_answers_is_an_error_naming_the_host(_: &PgServer) {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    let pid = child.id().to_string();
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = done.send(child.wait_with_output());
+    });
     // Bounded: a hang is a failure, not a stuck test.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("rq still waits for a silent port after 60 s");
-        }
-        std::thread::sleep(Duration::from_millis(20));
+    let Ok(out) = finished.recv_timeout(Duration::from_secs(60)) else {
+        let _ = Command::new("kill").args(["-9", &pid]).status();
+        panic!("rq still waits for a silent port after 60 s");
     };
-    let out = child.wait_with_output().unwrap();
-    assert!(!status.success());
+    let out = out.unwrap();
+    assert!(!out.status.success());
     let message = String::from_utf8_lossy(&out.stderr);
     assert!(
         message.contains(&format!("127.0.0.1:{port}")) && message.contains("no answer"),
