@@ -1285,8 +1285,13 @@ impl Waiters {
         // This store's own waiters at once: the notification the listener sends is for the
         // other stores (its own lock on a queue this store waits on hides this store from
         // the "anyone waiting?" check, and the listener drops what it sent itself).
-        for &queue in &queues {
-            self.wake_one(queue);
+        {
+            let waited = self.queues.lock();
+            for queue in &queues {
+                if let Some(waited) = waited.get(queue) {
+                    waited.notify.notify_one();
+                }
+            }
         }
         // A listener gone (store closing) has nobody left to wake.
         let _ = self.commands.send(Command::Notify(queues));
