@@ -41,14 +41,6 @@ mod pg;
 
 type Item = [u8; 16];
 
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a tokio runtime")
-}
-
 /// A fresh schema name for each sample (each side starts from empty tables).
 fn schema(prefix: &str) -> String {
     static NEXT: AtomicU64 = AtomicU64::new(0);
@@ -329,7 +321,7 @@ fn bench(c: &mut Criterion) {
         }
     };
     let url = server.url().to_owned();
-    let rt = runtime();
+    let rt = pg::bench_runtime();
     // The harness runs its test server without fsync; the figures here are for the durable
     // configuration a user runs (the server's defaults).
     rt.block_on(pg::make_durable(&url));

@@ -146,14 +146,6 @@ fn samples_from_args() -> Result<usize, String> {
     Ok(samples)
 }
 
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a tokio runtime")
-}
-
 /// A store on the bench server in `schema` whose consumers wait for notifications only.
 async fn store(url: &str, schema: &str) -> Store {
     Store::builder()
@@ -502,7 +494,7 @@ fn main() -> ExitCode {
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs() % 100_000)
     );
-    let rt = runtime();
+    let rt = pg::bench_runtime();
     let (settings, scenarios) = rt.block_on(async {
         let settings = settings(&url, server.started_here()).await;
         println!("reliable-queue: waking a consumer waiting on PostgreSQL");

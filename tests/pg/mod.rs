@@ -804,6 +804,16 @@ pub fn run_suite_with(tests: Vec<(&'static str, Needs, TestFn)>) -> ExitCode {
     conclusion.exit_code()
 }
 
+/// The runtime the PostgreSQL benches drive their clients on: multi-thread, two workers
+/// (the machine's cores), with IO and timers.
+pub fn bench_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime")
+}
+
 /// Turns on what the harness turns off for speed (`fsync`, `full_page_writes`) and
 /// `synchronous_commit`, for figures of the durable configuration a user runs (a bench's),
 /// and checks that a new session sees them. Panics on failure.
