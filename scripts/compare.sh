@@ -9,7 +9,9 @@
 #
 # Each BENCH:FILTER runs `benches/BENCH.rs` with criterion filter FILTER. The default set is
 # every reliable-queue benchmark of `inmemory`, `durable` and `contention`. Extra criterion
-# options go in CRITERION_ARGS (e.g. CRITERION_ARGS="--measurement-time 10").
+# options go in CRITERION_ARGS (e.g. CRITERION_ARGS="--measurement-time 10"); cargo features
+# for both builds in FEATURES (FEATURES=postgres for `benches/postgres.rs`, which starts its
+# own server).
 #
 # The base revision is checked out with `git worktree` under target/compare/<rev> and built
 # there with a target directory of its own. Run on a quiet machine: nothing else may run, and
@@ -39,8 +41,10 @@ out=$here/target/compare/results-$(date +%Y%m%d-%H%M%S)
 mkdir -p "$out"
 
 echo "building both sides" >&2
-(cd "$base_dir" && CARGO_TARGET_DIR=$base_dir/target cargo bench --no-run >/dev/null 2>&1)
-cargo bench --no-run >/dev/null 2>&1
+features=()
+[[ -n ${FEATURES:-} ]] && features=(--features "$FEATURES")
+(cd "$base_dir" && CARGO_TARGET_DIR=$base_dir/target cargo bench --no-run "${features[@]}" >/dev/null 2>&1)
+cargo bench --no-run "${features[@]}" >/dev/null 2>&1
 
 bench_bin() { # DIR BENCH: the newest bench executable of that name
     ls -t "$1"/target/release/deps/"$2"-* | grep -v '\.d$' | head -n 1

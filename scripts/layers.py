@@ -7,7 +7,10 @@ and fails (exit 1) with a list when
 
   - a file imports a file of a higher layer (an import points up),
   - two files import each other (a cycle of two),
-  - a source file is in no layer of the table, or in two, or a row names no file.
+  - a source file is in no layer of the table, or in two, or a row names no file,
+  - two source files have the same name (but `mod.rs`),
+  - the diagram in ARCHITECTURE.md is not the one the imports give (`--write-diagram`
+    writes it).
 
 A longer cycle among files of one layer is printed as a warning, and so is a file that no `mod`
 reaches. Imports within a layer are allowed otherwise.
@@ -514,6 +517,14 @@ def main() -> int:
                     f"warning: {f}: no `mod` declaration reaches it from {c.root}; "
                     f"its imports are not checked"
                 )
+    by_name: dict[str, list[str]] = {}
+    for f in files:
+        name = f.rpartition("/")[2]
+        if name not in ("mod.rs", "lib.rs", "main.rs"):
+            by_name.setdefault(name, []).append(f)
+    for name, same in sorted(by_name.items()):
+        if len(same) > 1:
+            problems.append(f"{', '.join(same)}: two source files named {name}")
     for f in files:
         if f not in layer_of:
             problems.append(f"{f}: in no layer of the table ({TABLE_DOC}, {TABLE_HEADING})")
@@ -537,6 +548,23 @@ def main() -> int:
     for cycle in longer_cycles(pairs):
         warnings.append("warning: a cycle of imports: " + " -> ".join(cycle + [cycle[0]]))
 
+    drawn = diagram(rows, layer_of, edges)
+    doc_path = ROOT / TABLE_DOC
+    doc = doc_path.read_text()
+    begin, end = doc.find(DIAGRAM_BEGIN), doc.find(DIAGRAM_END)
+    if begin < 0 or end < begin:
+        problems.append(f"{TABLE_DOC}: no diagram between `{DIAGRAM_BEGIN}` and `{DIAGRAM_END}`")
+    else:
+        current = doc[begin + len(DIAGRAM_BEGIN) : end]
+        if "--write-diagram" in sys.argv[1:]:
+            doc_path.write_text(doc[: begin + len(DIAGRAM_BEGIN)] + drawn + doc[end:])
+            print(f"layers: wrote the diagram into {TABLE_DOC}")
+        elif current != drawn:
+            problems.append(
+                f"{TABLE_DOC}: the diagram is not the one the imports give: "
+                f"run `python3 scripts/layers.py --write-diagram`"
+            )
+
     for w in warnings:
         print(w)
     if problems:
@@ -550,6 +578,43 @@ def main() -> int:
         f"import each other"
     )
     return 0
+
+
+DIAGRAM_BEGIN = "<!-- diagram: written by `scripts/layers.py --write-diagram`; checked in CI -->"
+DIAGRAM_END = "<!-- end of diagram -->"
+
+
+def diagram(
+    rows: list[tuple[int, list[str], str]],
+    layer_of: dict[str, int],
+    edges: list[tuple[str, str, int, str]],
+) -> str:
+    """The layers top down, each with its files (one line a folder) and the lower layers its
+    files import, from the imports found: the picture ARCHITECTURE.md shows."""
+    out = ["", "```"]
+    for layer, _, role in sorted(rows, key=lambda r: -r[0]):
+        files = sorted(f for f, l in layer_of.items() if l == layer)
+        folders: dict[str, list[str]] = {}
+        for f in files:
+            folder, _, name = f.rpartition("/")
+            folders.setdefault(folder, []).append(name.removesuffix(".rs"))
+        below: dict[int, int] = {}
+        for a, b, _, _ in edges:
+            la, lb = layer_of.get(a), layer_of.get(b)
+            if la == layer and lb is not None and lb < layer:
+                below[lb] = below.get(lb, 0) + 1
+        title = role.split(":")[0]
+        out.append(f"{layer:>2} {title}")
+        for folder, names in folders.items():
+            listed = names[0] if len(names) == 1 else "{" + ",".join(names) + "}"
+            out.append(f"     {folder}/{listed}.rs")
+        if below:
+            reach = ", ".join(f"{l} ({n})" for l, n in sorted(below.items(), reverse=True))
+            out.append(f"     imports from layers {reach}")
+        out.append("      |")
+    out[-1] = "```"
+    out.append("")
+    return "\n".join(out)
 
 
 def longer_cycles(pairs: set[tuple[str, str]]) -> list[list[str]]:

@@ -13,7 +13,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::config::{Config, Durability};
-use crate::engine::{Engine, SetAsideRecord};
+use crate::engine::{block_on, Engine, SetAsideRecord};
 use crate::error::Result;
 use crate::queue::ReliableConcurrentQueue;
 use crate::transaction::Transaction;
@@ -221,8 +221,7 @@ impl Store {
     where
         T: Serialize + DeserializeOwned + Send + 'static,
     {
-        let queue = self.engine.blocking_queue(name)?;
-        Ok(ReliableConcurrentQueue::new(self.engine.clone(), queue))
+        block_on(self.queue(name))
     }
 
     /// Starts a transaction. It may touch any queues of this store; it does nothing until
@@ -302,7 +301,7 @@ impl Store {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn blocking_flush(&self) -> Result<()> {
-        self.engine.blocking_flush()
+        block_on(self.flush())
     }
 
     /// Closes the store, for every clone of it: waiting consumers wake with
@@ -358,7 +357,7 @@ impl Store {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn blocking_close(self) -> Result<()> {
-        self.engine.blocking_close()
+        block_on(self.close())
     }
 
     /// Names of every queue in the store, sorted. On PostgreSQL, every queue of the store's
@@ -551,7 +550,7 @@ impl Store {
     /// # Ok::<(), reliable_queue::Error>(())
     /// ```
     pub fn blocking_unfence(&self, name: &str) -> Result<()> {
-        self.engine.blocking_unfence(name)
+        block_on(self.unfence(name))
     }
 
     /// The store's directory, `None` in memory.
@@ -623,12 +622,8 @@ impl Builder {
     /// made by another version of this crate.
     #[cfg(feature = "postgres")]
     pub async fn connect(self) -> Result<Store> {
-        let config = self.config.validate()?;
-        if config.postgres.is_none() {
-            return Store::open_with(config);
-        }
         Ok(Store::from_engine(
-            crate::engine::Engine::connect(config).await?,
+            crate::engine::Engine::connect(self.config.validate()?).await?,
         ))
     }
 }

@@ -3,8 +3,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use crate::engine::processing::MoveKind;
-use crate::engine::{Engine, Work};
+use crate::engine::{block_on, Engine, Work};
 use crate::error::Result;
 
 /// A set of enqueues and dequeues, over any queues of one store, applied atomically.
@@ -179,15 +178,7 @@ impl Transaction {
     #[inline]
     fn tally(&self) -> (usize, usize, Option<std::time::Instant>) {
         let work = &self.work;
-        let mut enqueued = work.enqueues.len();
-        let mut dequeued = work.held();
-        for mv in &work.moves {
-            match mv.kind {
-                MoveKind::Enqueue { .. } | MoveKind::Import { reason: None, .. } => enqueued += 1,
-                MoveKind::Ack { .. } => dequeued += 1,
-                _ => {}
-            }
-        }
+        let (enqueued, dequeued) = work.tally();
         let started = self.engine.is_durable().then(std::time::Instant::now);
         (enqueued, dequeued, started)
     }
@@ -210,17 +201,12 @@ impl Transaction {
     /// assert_eq!(q.blocking_count()?, 1);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn blocking_commit(mut self) -> Result<()> {
-        let (enqueued, dequeued, started) = self.tally();
-        let outcome = self.engine.blocking_commit(&mut self.work);
-        self.engine
-            .metrics
-            .commit(outcome.is_ok(), enqueued, dequeued, started);
-        outcome
+    pub fn blocking_commit(self) -> Result<()> {
+        block_on(self.commit())
     }
 
     /// Discards the enqueues and puts the dequeued items back at the front of their queues,
-    /// visible once this returns. Dropping the transaction does the same (on a remote engine,
+    /// visible once this returns. Dropping the transaction does the same (on PostgreSQL,
     /// best effort). On the embedded engines it is applied at once and cannot fail; once the
     /// task has spent tokio's cooperative budget, the future then yields once before returning.
     ///
@@ -249,14 +235,9 @@ impl Transaction {
     /// assert_eq!(q.count().await?, 1);
     /// # Ok(()) }
     /// ```
-    pub async fn abort(self) -> Result<()> {
-        #[cfg(feature = "postgres")]
-        if self.engine.is_remote() {
-            let mut this = self;
-            let work = std::mem::take(&mut this.work);
-            return this.engine.abort_remote(work).await;
-        }
-        let aborted = self.blocking_abort();
+    pub async fn abort(mut self) -> Result<()> {
+        let work = std::mem::take(&mut self.work);
+        let aborted = self.engine.abort(work).await;
         crate::engine::consume_budget().await;
         aborted
     }
@@ -279,13 +260,8 @@ impl Transaction {
     /// assert_eq!(q.blocking_count()?, 1);
     /// # Ok::<(), reliable_queue::Error>(())
     /// ```
-    pub fn blocking_abort(mut self) -> Result<()> {
-        if self.engine.is_remote() {
-            return crate::engine::block_on(self.abort());
-        }
-        let work = std::mem::take(&mut self.work);
-        self.engine.abort(work);
-        Ok(())
+    pub fn blocking_abort(self) -> Result<()> {
+        block_on(self.abort())
     }
 }
 
@@ -332,8 +308,8 @@ impl Transaction {
         params: &[&(dyn crate::postgres::ToSql + Sync)],
     ) -> Result<u64> {
         match self.run_sql(sql, params, false).await? {
-            crate::engine::postgres::SqlOutcome::Affected(n) => Ok(n),
-            crate::engine::postgres::SqlOutcome::Rows(rows) => {
+            crate::engine::SqlOutcome::Affected(n) => Ok(n),
+            crate::engine::SqlOutcome::Rows(rows) => {
                 Ok(u64::try_from(rows.len()).unwrap_or(u64::MAX))
             }
         }
@@ -355,8 +331,8 @@ impl Transaction {
         params: &[&(dyn crate::postgres::ToSql + Sync)],
     ) -> Result<Vec<crate::postgres::Row>> {
         match self.run_sql(sql, params, true).await? {
-            crate::engine::postgres::SqlOutcome::Rows(rows) => Ok(rows),
-            crate::engine::postgres::SqlOutcome::Affected(_) => Ok(Vec::new()),
+            crate::engine::SqlOutcome::Rows(rows) => Ok(rows),
+            crate::engine::SqlOutcome::Affected(_) => Ok(Vec::new()),
         }
     }
 
@@ -370,7 +346,7 @@ impl Transaction {
         sql: &str,
         params: &[&(dyn crate::postgres::ToSql + Sync)],
     ) -> Result<u64> {
-        crate::engine::block_on(self.execute(sql, params))
+        block_on(self.execute(sql, params))
     }
 
     /// [`query`](Self::query) for threads.
@@ -383,7 +359,7 @@ impl Transaction {
         sql: &str,
         params: &[&(dyn crate::postgres::ToSql + Sync)],
     ) -> Result<Vec<crate::postgres::Row>> {
-        crate::engine::block_on(self.query(sql, params))
+        block_on(self.query(sql, params))
     }
 
     async fn run_sql(
@@ -391,18 +367,8 @@ impl Transaction {
         sql: &str,
         params: &[&(dyn crate::postgres::ToSql + Sync)],
         rows: bool,
-    ) -> Result<crate::engine::postgres::SqlOutcome> {
-        self.engine.check_open()?;
-        let Some(pg) = self.engine.postgres() else {
-            return Err(crate::Error::Unsupported {
-                operation: "SQL in a transaction",
-                engine: "embedded (memory or sled)",
-            });
-        };
-        self.work.check_live()?;
-        let ran = pg.sql(&mut self.work.pg, sql, params, rows).await;
-        self.engine.arm_remote(&self.work);
-        ran
+    ) -> Result<crate::engine::SqlOutcome> {
+        self.engine.sql(&mut self.work, sql, params, rows).await
     }
 }
 
@@ -413,7 +379,7 @@ impl Drop for Transaction {
             || !self.work.moves.is_empty()
             || self.work.expiry.is_some()
         {
-            self.engine.abort(std::mem::take(&mut self.work));
+            self.engine.discard(std::mem::take(&mut self.work));
         }
     }
 }

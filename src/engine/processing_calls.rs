@@ -1,20 +1,437 @@
-//! The seam's processing-layer calls (`impl Engine`): lease grants, their settlements (ack,
-//! fail, release, extend), dead letters and retry policies, and the burial of an item whose
-//! last lease expired, which the timers ask of the engine ([`BuryExpired`]). What they work
-//! on (`Proc`, `Move`, `Timers`) is in `processing.rs`, below the engines.
+//! The seam's processing-layer operations (`impl Engine`): leases (waiting or not, and with
+//! a commit), their settlements (ack, complete, fail, release, extend), delayed, keyed and
+//! imported enqueues, stats, browse, dead letters and retry policies; and the burial of an
+//! item whose last lease expired, which the timers ask of the engine ([`BuryExpired`]). Each
+//! operation serves every engine; what the embedded engines work on (`Proc`, `Move`,
+//! `Timers`) is in `processing.rs`, below the engines, and PostgreSQL's statements are in its
+//! folder.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use super::processing::{
-    count_attempt, cut_reason, BuryExpired, DeadSlot, Grant, GrantState, Granted, Leased, Move,
-    MoveKind, Pending, Proc, EXPIRED,
-};
+use super::moves::{Move, MoveKind, count_attempt};
+use super::proc::{DeadSlot, EXPIRED, Grant, GrantState, Granted, Leased, Pending, Proc, cut_reason};
+use super::timers::BuryExpired;
 use super::{Engine, Flavor, QueueRef, Work};
+use crate::clock::system_time;
 use crate::core::Entry;
 use crate::error::{Error, Result};
-use crate::processing::RetryPolicy;
+use crate::processing::{check_delay, ItemState, QueueStats, Replay, RetryPolicy};
+
+/// A lease the engine granted, with its item as the caller decoded it.
+pub(crate) type LeaseOf<X> = (Granted, X);
 
 impl Engine {
+    /// Leases up to `n` items of the first of `queues` (tried in their order; each with its
+    /// index in the caller's list) that has any, for `ttl` ms, decoding each with `decode`.
+    /// With `wait`, waits for the first item until `deadline` (if any); `None` only without
+    /// `wait` or past the deadline. If an item fails to decode, every item of the call goes
+    /// back and the error is returned.
+    pub(crate) async fn lease<'q, X>(
+        &self,
+        queues: &[(usize, &'q QueueRef)],
+        n: usize,
+        ttl: u64,
+        wait: bool,
+        deadline: Option<Instant>,
+        mut decode: impl FnMut(usize, &Entry) -> Result<X>,
+    ) -> Result<Option<(usize, Vec<LeaseOf<X>>)>> {
+        self.check_open()?;
+        #[cfg(feature = "postgres")]
+        if let Flavor::Postgres(pg) = &self.flavor {
+            let leased = Box::pin(self.lease_on_postgres(pg, queues, n, ttl, wait, deadline));
+            let Some((index, queue, granted)) = leased.await? else {
+                return Ok(None);
+            };
+            let decoded = self
+                .decoded_on_postgres(pg, queue, granted, false, |e| decode(index, e))
+                .await?;
+            return Ok(Some((index, decoded)));
+        }
+        if n == 1 {
+            for &(index, queue) in queues {
+                if let Some(leased) = self.lease_front_at_once(queue, ttl, |e| decode(index, e)) {
+                    return leased.map(|one| Some((index, vec![one])));
+                }
+            }
+        }
+        let mut work = Work::default();
+        let mut items = Vec::with_capacity(n.min(1024));
+        let first = if wait {
+            let mut waiting = self.wait(queues.to_vec(), &mut work, deadline);
+            std::future::poll_fn(|cx| {
+                waiting
+                    .poll_take(cx)
+                    .map(|got| got.map(|got| got.map(|(i, q, e)| (i, q, decode(i, e)))))
+            })
+            .await
+        } else {
+            let mut found = Ok(None);
+            for &(index, queue) in queues {
+                let mut item = None;
+                match self
+                    .take(queue, &mut work, 1, |e| {
+                        item = Some(decode(index, e));
+                        Ok(())
+                    })
+                    .await
+                {
+                    Ok(_) => {}
+                    Err(e) => {
+                        found = Err(e);
+                        break;
+                    }
+                }
+                if let Some(item) = item {
+                    found = Ok(Some((index, queue, item)));
+                    break;
+                }
+            }
+            found
+        };
+        let (index, queue, item) = match first {
+            Ok(Some((index, queue, Ok(item)))) => (index, queue, item),
+            Ok(None) => return Ok(None),
+            Ok(Some((_, _, Err(e)))) | Err(e) => {
+                self.discard(work);
+                return Err(e);
+            }
+        };
+        items.push(item);
+        if n > 1 {
+            let more = self
+                .take(queue, &mut work, n - 1, |e| {
+                    items.push(decode(index, e)?);
+                    Ok(())
+                })
+                .await;
+            if let Err(e) = more {
+                self.discard(work);
+                return Err(e);
+            }
+        }
+        let granted = self.grant(queue, &mut work, 0, ttl).await?;
+        Ok(Some((index, granted.into_iter().zip(items).collect())))
+    }
+
+    /// Commits `work` and, in the same commit, leases up to `n` items of `queue` visible then
+    /// for `ttl` ms, decoding each with `decode`. An item that fails to decode ends the
+    /// leases there: it and the rest stay in the queue, the leases before it are returned.
+    pub(crate) async fn commit_and_lease<X>(
+        &self,
+        mut work: Work,
+        queue: &QueueRef,
+        n: usize,
+        ttl: u64,
+        mut decode: impl FnMut(&Entry) -> Result<X>,
+    ) -> Result<Vec<LeaseOf<X>>> {
+        #[cfg(feature = "postgres")]
+        if let Flavor::Postgres(pg) = &self.flavor {
+            let granted = Box::pin(self.commit_on_postgres(pg, work, Some((queue, n, ttl))))
+                .await?;
+            return self
+                .decoded_on_postgres(pg, queue, granted, true, decode)
+                .await;
+        }
+        let from = work.dequeued.len();
+        let mut items = Vec::with_capacity(n.min(1024));
+        let taken = self
+            .take(queue, &mut work, n, |e| {
+                items.push(decode(e)?);
+                Ok(())
+            })
+            .await;
+        match taken {
+            Ok(_) => {}
+            // The item was taken, then failed to decode: it stays in the queue.
+            Err(Error::Deserialize { .. }) => work.give_back_last(),
+            Err(e) => {
+                self.discard(work);
+                return Err(e);
+            }
+        }
+        let granted = self.grant(queue, &mut work, from, ttl).await?;
+        Ok(granted.into_iter().zip(items).collect())
+    }
+
+    /// Decodes the items of leases PostgreSQL granted. On a failure the lease that failed and
+    /// those after it are given back; with `partial` the ones before are returned, else they
+    /// are given back too and the error is returned.
+    #[cfg(feature = "postgres")]
+    async fn decoded_on_postgres<X>(
+        &self,
+        pg: &super::postgres::Postgres,
+        queue: &QueueRef,
+        granted: Vec<super::postgres::Granted>,
+        partial: bool,
+        mut decode: impl FnMut(&Entry) -> Result<X>,
+    ) -> Result<Vec<LeaseOf<X>>> {
+        let mut leases = Vec::with_capacity(granted.len());
+        let mut rest = granted.into_iter();
+        while let Some(g) = rest.next() {
+            match decode(&g.entry) {
+                Ok(item) => leases.push((
+                    Granted {
+                        token: g.token,
+                        deadline: g.deadline,
+                        attempt: g.entry.attempts,
+                    },
+                    item,
+                )),
+                Err(e) => {
+                    let mut back = vec![g.token];
+                    back.extend(rest.map(|g| g.token));
+                    if !partial {
+                        back.extend(leases.iter().map(|(g, _): &LeaseOf<X>| g.token));
+                    }
+                    pg.unlease(&queue.core, back).await?;
+                    return if partial { Ok(leases) } else { Err(e) };
+                }
+            }
+        }
+        Ok(leases)
+    }
+
+    /// The error of a settlement of lease `token` that had ended.
+    pub(crate) fn lease_expired(&self, proc: &Proc, token: u64) -> Error {
+        Error::LeaseExpired {
+            queue: proc.core.name().to_owned(),
+            token,
+        }
+    }
+
+    /// Buffers the acknowledgement of lease `token` in `work`: the item is gone when `work`
+    /// commits. Fails with [`Error::LeaseExpired`] if the lease has ended already (on
+    /// PostgreSQL the commit checks it: the database's clock decides).
+    pub(crate) fn ack(&self, proc: &Arc<Proc>, token: u64, work: &mut Work) -> Result<()> {
+        let checked_at_commit = match &self.flavor {
+            Flavor::Memory(_) | Flavor::Sled(_) => false,
+            #[cfg(feature = "postgres")]
+            Flavor::Postgres(_) => true,
+        };
+        if !checked_at_commit && proc.lease_state(token, self.now()).is_none() {
+            return Err(self.lease_expired(proc, token));
+        }
+        work.moves.push(Move {
+            proc: Arc::clone(proc),
+            kind: MoveKind::Ack {
+                token,
+                claimed: None,
+            },
+        });
+        Ok(())
+    }
+
+    /// Acknowledges lease `token` in a commit of its own.
+    pub(crate) async fn complete(&self, proc: &Arc<Proc>, token: u64) -> Result<()> {
+        if let Some(done) = self.complete_at_once(proc, token) {
+            return done;
+        }
+        let mut work = Work::default();
+        self.ack(proc, token, &mut work)?;
+        let started = self.is_durable().then(Instant::now);
+        let outcome = self.commit(&mut work).await;
+        self.metrics.commit(outcome.is_ok(), 0, 1, started);
+        outcome
+    }
+
+    /// Settles lease `token` as failed with `reason` (already checked): due again at the
+    /// returned time after the backoff, or (`None`) moved to the dead letters once the item
+    /// had its attempts.
+    pub(crate) async fn fail(&self, proc: &Arc<Proc>, token: u64, reason: &str) -> Result<Option<u64>> {
+        #[cfg(feature = "postgres")]
+        if let Flavor::Postgres(pg) = &self.flavor {
+            self.check_open()?;
+            return match Box::pin(pg.fail(&proc.core, token, reason)).await? {
+                super::postgres::FailOutcome::Ended => Err(self.lease_expired(proc, token)),
+                super::postgres::FailOutcome::Retry(at) => Ok(Some(at)),
+                super::postgres::FailOutcome::Dead => Ok(None),
+            };
+        }
+        let (mut work, due) = self.fail_work(proc, token, reason)?;
+        self.commit(&mut work).await?;
+        Ok(due)
+    }
+
+    /// Settles lease `token` by giving its item back, due after `delay` (at the head of the
+    /// queue for zero). An invalid `delay` gives the item back at once and is refused.
+    pub(crate) async fn release(&self, proc: &Arc<Proc>, token: u64, delay: Duration) -> Result<()> {
+        let delay = match check_delay(delay) {
+            Ok(delay) => delay,
+            Err(e) => {
+                self.drop_lease(proc, token);
+                return Err(e);
+            }
+        };
+        #[cfg(feature = "postgres")]
+        if let Flavor::Postgres(pg) = &self.flavor {
+            self.check_open()?;
+            return match Box::pin(pg.release(token, delay)).await? {
+                true => Ok(()),
+                false => Err(self.lease_expired(proc, token)),
+            };
+        }
+        match self.release_work(proc, token, delay)? {
+            Some(mut work) => self.commit(&mut work).await,
+            None => Ok(()),
+        }
+    }
+
+    /// Moves the deadline of lease `token` to `ttl` ms from now; returns the new deadline.
+    pub(crate) async fn extend(&self, proc: &Arc<Proc>, token: u64, ttl: u64) -> Result<u64> {
+        #[cfg(feature = "postgres")]
+        if let Flavor::Postgres(pg) = &self.flavor {
+            self.check_open()?;
+            return match Box::pin(pg.extend(token, ttl)).await? {
+                Some(deadline) => Ok(deadline),
+                None => Err(self.lease_expired(proc, token)),
+            };
+        }
+        self.extend_now(proc, token, ttl)
+    }
+
+    /// Buffers an enqueue of `entry` in `work` due after `delay` ms (or at `entry.not_before`
+    /// when that is set), and with `key` one that a live item of the same key in the queue
+    /// refuses: false then (the duplicate is not buffered).
+    pub(crate) fn enqueue_entry(
+        &self,
+        queue: &QueueRef,
+        work: &mut Work,
+        mut entry: Entry,
+        delay: u64,
+        key: Option<&[u8]>,
+    ) -> Result<bool> {
+        work.check_live()?;
+        if let Some(key) = key {
+            if !queue.core.reserve_key(key) {
+                return Ok(false);
+            }
+            entry.key = Some(key.into());
+        }
+        work.moves.push(Move {
+            proc: Arc::clone(&queue.proc),
+            kind: MoveKind::Enqueue { entry, delay },
+        });
+        Ok(true)
+    }
+
+    /// Buffers an imported item in `work`: at the tail of the queue with its history, or
+    /// with a `reason` among the dead letters.
+    pub(crate) fn import(
+        &self,
+        queue: &QueueRef,
+        work: &mut Work,
+        entry: Entry,
+        reason: Option<String>,
+    ) -> Result<()> {
+        work.check_live()?;
+        work.moves.push(Move {
+            proc: Arc::clone(&queue.proc),
+            kind: MoveKind::Import { entry, reason },
+        });
+        Ok(())
+    }
+
+    /// The figures of `proc`'s queue now.
+    pub(crate) async fn stats(&self, proc: &Arc<Proc>) -> Result<QueueStats> {
+        self.check_open()?;
+        #[cfg(feature = "postgres")]
+        if let Flavor::Postgres(pg) = &self.flavor {
+            let (stats, policy) = Box::pin(pg.stats(&proc.core)).await?;
+            proc.set_policy(policy);
+            return Ok(stats);
+        }
+        Ok(QueueStats {
+            visible: proc.core.count(),
+            delayed: proc.delayed(),
+            leased: proc.leased(),
+            held: proc.core.held(),
+            dead: proc.dead_count(),
+            front_enqueued_at: known(proc.core.front_enqueued_at()),
+        })
+    }
+
+    /// Up to `limit` items of `proc`'s queue, in id order, whose id (a lease's token for a
+    /// leased item) is above `after`; with their state.
+    pub(crate) async fn browse(
+        &self,
+        proc: &Arc<Proc>,
+        after: Option<u64>,
+        limit: usize,
+    ) -> Result<Vec<(Entry, ItemState)>> {
+        self.check_open()?;
+        #[cfg(feature = "postgres")]
+        if let Flavor::Postgres(pg) = &self.flavor {
+            return Box::pin(pg.browse(&proc.core, after, limit)).await;
+        }
+        let above = |id: u64| after.is_none_or(|a| id > a);
+        let mut found: Vec<(Entry, ItemState)> = Vec::new();
+        for e in proc.core.ready_entries() {
+            if above(e.id) {
+                found.push((e, ItemState::Ready));
+            }
+        }
+        for e in self.timers.delayed_entries(proc) {
+            if above(e.id) {
+                let until = system_time(e.not_before);
+                found.push((e, ItemState::Delayed { until }));
+            }
+        }
+        for (token, deadline, e) in proc.leased_entries() {
+            if above(token) {
+                let state = ItemState::Leased {
+                    until: system_time(deadline),
+                    attempt: e.attempts,
+                };
+                found.push((e, state));
+            }
+        }
+        found.sort_by_key(|(e, _)| e.id);
+        found.truncate(limit);
+        Ok(found)
+    }
+
+    /// Up to `limit` dead letters of `proc`'s queue whose id is above `after`, oldest first.
+    pub(crate) async fn dead_letters(
+        &self,
+        proc: &Arc<Proc>,
+        after: Option<u64>,
+        limit: usize,
+    ) -> Result<Vec<DeadSlot>> {
+        self.check_open()?;
+        #[cfg(feature = "postgres")]
+        if let Flavor::Postgres(pg) = &self.flavor {
+            return Box::pin(pg.dead_letters(&proc.core, after, limit)).await;
+        }
+        let mut slots = proc.dead_page(after, limit);
+        self.dead_bytes(&mut slots).await?;
+        Ok(slots)
+    }
+
+    /// Replays the dead letters `which` of `proc`'s queue to its tail (with `reset`, their
+    /// attempts back to 0), or with `purge` deletes them; returns how many.
+    pub(crate) async fn settle_dead(
+        &self,
+        proc: &Arc<Proc>,
+        which: Replay,
+        reset: bool,
+        purge: bool,
+    ) -> Result<usize> {
+        self.check_open()?;
+        #[cfg(feature = "postgres")]
+        if let Flavor::Postgres(pg) = &self.flavor {
+            return Box::pin(pg.dead_work(&proc.core, which, reset, purge)).await;
+        }
+        let ids = match which {
+            Replay::All => proc.dead_ids(None),
+            Replay::First(n) => proc.dead_ids(Some(n)),
+            Replay::Ids(ids) => ids,
+        };
+        let mut work = self.dead_work(proc, &ids, reset, purge)?;
+        self.commit(&mut work).await?;
+        Ok(ids.len())
+    }
+
     /// Claims what the moves of `work` settle, all or nothing: acknowledged leases must still
     /// run now (else [`Error::LeaseExpired`] and nothing is claimed).
     pub(crate) fn prepare_moves(&self, work: &mut Work) -> Result<()> {
@@ -41,39 +458,21 @@ impl Engine {
         }
     }
 
-    /// Turns the items dequeued into `work` from its `from`th on into leases of `ttl` ms:
-    /// commits `work` (its other items, enqueues and moves too) with their next attempt,
-    /// then returns the leases in the order the items were dequeued.
-    pub(crate) async fn grant(
+    /// The embedded engines' grant: turns the items dequeued into `work` from its `from`th on
+    /// into leases of `ttl` ms: commits `work` (its other items, enqueues and moves too) with
+    /// their next attempt, then returns the leases in the order the items were dequeued.
+    async fn grant(
         &self,
         queue: &QueueRef,
         work: &mut Work,
         from: usize,
         ttl: u64,
     ) -> Result<Vec<Granted>> {
-        self.check_embedded("leases")?;
         if let Some(granted) = self.grant_at_once(queue, work, from, ttl) {
             return granted;
         }
         let pending = self.lease_moves(queue, work, from, ttl);
         self.commit(work).await?;
-        Ok(self.granted(pending))
-    }
-
-    /// [`grant`](Self::grant) for threads.
-    pub(crate) fn blocking_grant(
-        &self,
-        queue: &QueueRef,
-        work: &mut Work,
-        from: usize,
-        ttl: u64,
-    ) -> Result<Vec<Granted>> {
-        self.check_embedded("leases")?;
-        if let Some(granted) = self.grant_at_once(queue, work, from, ttl) {
-            return granted;
-        }
-        let pending = self.lease_moves(queue, work, from, ttl);
-        self.blocking_commit(work)?;
         Ok(self.granted(pending))
     }
 
@@ -132,7 +531,7 @@ impl Engine {
     /// (as [`grant_at_once`](Self::grant_at_once) does for a transaction's items). `decode`
     /// reads the item first; if it fails, the item goes back to the front. `None` on disk or
     /// when no item is visible: the caller takes the transaction's way.
-    pub(crate) fn lease_front_at_once<X>(
+    fn lease_front_at_once<X>(
         &self,
         queue: &QueueRef,
         ttl: u64,
@@ -170,7 +569,7 @@ impl Engine {
 
     /// The memory engine's completion of lease `token`: claimed and gone at once, as the
     /// commit of its `Ack` alone would do. `None` on disk (the ack needs a durable write).
-    pub(crate) fn complete_at_once(&self, proc: &Arc<Proc>, token: u64) -> Option<Result<()>> {
+    fn complete_at_once(&self, proc: &Arc<Proc>, token: u64) -> Option<Result<()>> {
         if !matches!(self.flavor, Flavor::Memory(_)) {
             return None;
         }
@@ -226,7 +625,7 @@ impl Engine {
 
     /// The work that settles lease `token` of `proc` with a failure: a retry after the
     /// backoff, or the dead letters once the item had its attempts.
-    pub(crate) fn fail_work(
+    fn fail_work(
         &self,
         proc: &Arc<Proc>,
         token: u64,
@@ -260,7 +659,7 @@ impl Engine {
 
     /// Settles lease `token` by giving the item back, due after `delay` ms: at once without a
     /// write when `delay` is 0; else the work to commit.
-    pub(crate) fn release_work(
+    fn release_work(
         &self,
         proc: &Arc<Proc>,
         token: u64,
@@ -293,13 +692,18 @@ impl Engine {
 
     /// Gives back lease `token` at once (its `Lease` was dropped unsettled).
     pub(crate) fn drop_lease(&self, proc: &Arc<Proc>, token: u64) {
+        #[cfg(feature = "postgres")]
+        if let Flavor::Postgres(pg) = &self.flavor {
+            pg.drop_lease(token);
+            return;
+        }
         if let Some(leased) = proc.take_lease(token) {
             proc.core.restore(std::iter::once(leased.entry));
         }
     }
 
-    /// Moves the deadline of lease `token` to `ttl` ms from now.
-    pub(crate) fn extend(&self, proc: &Arc<Proc>, token: u64, ttl: u64) -> Result<u64> {
+    /// The embedded engines' [`extend`](Self::extend).
+    fn extend_now(&self, proc: &Arc<Proc>, token: u64, ttl: u64) -> Result<u64> {
         self.check_open()?;
         let now = self.now();
         let deadline = now.saturating_add(ttl);
@@ -317,7 +721,7 @@ impl Engine {
 
     /// The work that replays (or, with `purge`, deletes) the dead letters `ids` of `proc`.
     /// Fails with [`Error::NotDeadLetter`] for an id that is not one, taking nothing.
-    pub(crate) fn dead_work(
+    fn dead_work(
         &self,
         proc: &Arc<Proc>,
         ids: &[u64],
@@ -348,7 +752,7 @@ impl Engine {
     }
 
     /// Bytes of the dead letters in `slots` that the engine keeps on disk only.
-    pub(crate) async fn dead_bytes(&self, slots: &mut [DeadSlot]) -> Result<()> {
+    async fn dead_bytes(&self, slots: &mut [DeadSlot]) -> Result<()> {
         let ids: Vec<u64> = slots
             .iter()
             .filter(|s| !s.has_bytes)
@@ -373,17 +777,16 @@ impl Engine {
     /// Sets the retry policy of `proc`'s queue, durably.
     pub(crate) async fn set_policy(&self, proc: &Arc<Proc>, policy: RetryPolicy) -> Result<()> {
         self.check_open()?;
-        if let Flavor::Sled(sled) = &self.flavor {
-            sled.set_policy(proc.core.id(), policy).await?;
+        match &self.flavor {
+            Flavor::Memory(_) => {}
+            Flavor::Sled(sled) => sled.set_policy(proc.core.id(), policy).await?,
+            #[cfg(feature = "postgres")]
+            Flavor::Postgres(pg) => Box::pin(pg.set_policy(&proc.core, policy)).await?,
         }
         proc.set_policy(policy);
         Ok(())
     }
 
-    /// Delayed items of `proc`'s queue, for browsing.
-    pub(crate) fn delayed_entries(&self, proc: &Arc<Proc>) -> Vec<Entry> {
-        self.timers.delayed_entries(proc)
-    }
 }
 
 impl BuryExpired for Engine {
@@ -410,4 +813,9 @@ impl BuryExpired for Engine {
             }
         }
     }
+}
+
+/// A time the store keeps as milliseconds since the epoch, 0 for none.
+fn known(ms: u64) -> Option<std::time::SystemTime> {
+    (ms != 0).then(|| system_time(ms))
 }

@@ -13,13 +13,13 @@ use std::time::Instant;
 
 use tokio::task::coop;
 
-/// Wakes a thread parked in [`block_on`] or in a blocking dequeue.
+/// Wakes a thread parked in [`block_on`].
 #[derive(Debug)]
-pub(crate) struct Unparker(Thread);
+struct Unparker(Thread);
 
 impl Unparker {
     /// A waker for the calling thread.
-    pub(crate) fn current() -> Waker {
+    fn current() -> Waker {
         Waker::from(Arc::new(Unparker(thread::current())))
     }
 }
@@ -34,33 +34,49 @@ impl Wake for Unparker {
     }
 }
 
-/// Runs `future` to completion on the calling thread.
+/// Runs `future` to completion on the calling thread: the blocking form of an async call.
 ///
 /// Between polls the thread parks at once. Measured on the durable benches (2 CPUs), this
 /// beats yielding the processor a few times first: with 16 + 16 committing threads, 28.6k
 /// against 21-23k one-item commits/s, and 517k against 467-491k items/s with 4 + 4 threads
-/// and 64-item transactions (`BENCHMARKS.md`).
+/// and 64-item transactions (`BENCHMARKS.md`). The future runs outside tokio's cooperative
+/// budget: a thread has no task to yield to.
 pub(crate) fn block_on<F: Future>(future: F) -> F::Output {
-    let mut future = pin!(future);
-    // Most calls are ready at once: try before making a waker.
-    if let Poll::Ready(out) = future
-        .as_mut()
-        .poll(&mut Context::from_waker(Waker::noop()))
-    {
-        return out;
-    }
-    let waker = Unparker::current();
-    let mut cx = Context::from_waker(&waker);
-    loop {
-        if let Poll::Ready(out) = future.as_mut().poll(&mut cx) {
-            return out;
+    block_on_until(future, None)
+}
+
+/// [`block_on`] for a future that resolves by itself once `deadline` passes but is not woken
+/// then (an embedded [`Wait`](super::Wait)): the thread parks until woken or the deadline,
+/// whichever comes first, and polls again.
+pub(crate) fn block_on_until<F: Future>(future: F, deadline: Option<Instant>) -> F::Output {
+    let mut future = pin!(coop::unconstrained(future));
+    // One poll per wake-up, each with the thread's waker: a waiting take's poll that finds
+    // nothing is a miss (`core/waiters.rs`), so a first poll with a waker of no use would
+    // count one miss too many. The thread's waker is made once per thread.
+    let mut run = |waker: &Waker| {
+        let mut cx = Context::from_waker(waker);
+        loop {
+            if let Poll::Ready(out) = future.as_mut().poll(&mut cx) {
+                return out;
+            }
+            park_until(deadline);
         }
-        thread::park();
+    };
+    // While the thread's locals are torn down (a store dropped by one of them), a waker of
+    // its own.
+    match THREAD_WAKER.try_with(|waker| run(waker)) {
+        Ok(out) => out,
+        Err(_) => run(&Unparker::current()),
     }
 }
 
+thread_local! {
+    /// The calling thread's waker, for [`block_on`].
+    static THREAD_WAKER: Waker = Unparker::current();
+}
+
 /// Parks the calling thread until woken or until `deadline` (`None`: no deadline).
-pub(crate) fn park_until(deadline: Option<Instant>) {
+fn park_until(deadline: Option<Instant>) {
     match deadline {
         None => thread::park(),
         Some(deadline) => {
@@ -77,8 +93,8 @@ pub(crate) fn park_until(deadline: Option<Instant>) {
 /// turn. Await it before doing anything a cancelled future must not have done (taking an
 /// item), or after what a polled future must have done whatever happens (a commit).
 ///
-/// Outside a tokio runtime (and inside `coop::unconstrained`) the budget is unlimited: a
-/// thread-local read, always ready, never a panic. The blocking forms never call it.
+/// Outside a tokio runtime (and inside `coop::unconstrained`, as in [`block_on`]) the budget
+/// is unlimited: a thread-local read, always ready, never a panic.
 #[inline]
 pub(crate) async fn consume_budget() {
     coop::consume_budget().await;

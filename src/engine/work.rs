@@ -8,7 +8,8 @@ use smallvec::SmallVec;
 
 #[cfg(feature = "postgres")]
 use super::postgres;
-use super::processing::{Move, TxExpiry};
+use super::moves::{Move, MoveKind};
+use super::timers::TxExpiry;
 use crate::core::{restore_all, Entry, QueueCore, Ticket};
 use crate::error::{Error, Result};
 
@@ -78,6 +79,22 @@ impl Work {
 
     /// Items the transaction holds: taken from the in-memory core, or rows deleted in its
     /// database transaction.
+    /// The items a commit of this work adds to queues and removes from them, for the
+    /// metrics: enqueues (imports to a queue's tail among them) and dequeues (acks among
+    /// them).
+    pub(crate) fn tally(&self) -> (usize, usize) {
+        let mut enqueued = self.enqueues.len();
+        let mut dequeued = self.held();
+        for mv in &self.moves {
+            match mv.kind {
+                MoveKind::Enqueue { .. } | MoveKind::Import { reason: None, .. } => enqueued += 1,
+                MoveKind::Ack { .. } => dequeued += 1,
+                _ => {}
+            }
+        }
+        (enqueued, dequeued)
+    }
+
     pub(crate) fn held(&self) -> usize {
         #[cfg(feature = "postgres")]
         if !self.pg.is_idle() {

@@ -40,7 +40,7 @@ use super::Entry;
 use crate::clock::Clock;
 use crate::config::PgConfig;
 use crate::core::{QueueCore, QueueId};
-use crate::engine::processing::EXPIRED;
+use crate::engine::proc::EXPIRED;
 use crate::error::{Error, Result};
 use crate::processing::{max_delay_ms, RetryPolicy, MAX_ATTEMPTS};
 use crate::sync::process::Mutex;

@@ -24,7 +24,7 @@ use super::{
 };
 use crate::clock::Clock;
 use crate::core::{Entry, QueueCore};
-use crate::engine::processing::{cut_reason, DeadSlot};
+use crate::engine::proc::{DeadSlot, cut_reason};
 use crate::error::{Error, Result};
 use crate::processing::{ItemState, QueueStats, Replay, RetryPolicy};
 

@@ -26,7 +26,8 @@ use super::recovery::LogState;
 use super::trees::{self, Trees};
 use crate::config::{Config, Durability};
 use crate::core::{publish_all, Entry, QueueId};
-use crate::engine::processing::{apply, due_after, Move, MoveKind, Timers};
+use crate::engine::moves::{Move, MoveKind, apply, due_after};
+use crate::engine::timers::Timers;
 use crate::engine::work::Work;
 use crate::error::{Error, Result};
 

@@ -27,7 +27,7 @@ use super::record::{self, Op, Version};
 use super::trees::{self, seq_of, Trees};
 use crate::core::{Entry, QueueId, Times};
 use crate::engine::catalog::{BadRecord, Fence};
-use crate::engine::processing::DeadSlot;
+use crate::engine::proc::DeadSlot;
 use crate::error::{Error, Result};
 
 /// Where the committer starts from: what is live in the log and the next numbers to use.

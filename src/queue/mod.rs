@@ -1,5 +1,12 @@
 //! [`ReliableConcurrentQueue`]: the typed handle on one named queue.
 
+pub(crate) mod dequeue;
+pub(crate) mod delays;
+pub(crate) mod import;
+mod inspect;
+pub(crate) mod lease;
+pub(crate) mod set;
+
 use std::borrow::Borrow;
 use std::fmt;
 use std::marker::PhantomData;
@@ -10,7 +17,8 @@ use serde::Serialize;
 
 use crate::codec::{self, EncodeError};
 
-use crate::engine::{Engine, Entry, QueueRef};
+use crate::engine::proc::Proc;
+use crate::engine::{block_on, Engine, Entry, QueueRef};
 use crate::error::{Error, Result};
 use crate::transaction::Transaction;
 
@@ -83,6 +91,11 @@ impl<T> ReliableConcurrentQueue<T> {
         &self.queue
     }
 
+    /// The queue's processing-layer state (leases, dead letters, retry policy).
+    pub(crate) fn proc(&self) -> &Arc<Proc> {
+        &self.queue.proc
+    }
+
     /// The queue's name.
     ///
     /// # Examples
@@ -126,7 +139,7 @@ impl<T> ReliableConcurrentQueue<T> {
     /// ```
     pub async fn count(&self) -> Result<u64> {
         crate::engine::consume_budget().await;
-        self.engine.count_async(&self.queue).await
+        self.engine.count(&self.queue).await
     }
 
     /// [`count`](Self::count) for threads.
@@ -144,10 +157,7 @@ impl<T> ReliableConcurrentQueue<T> {
     /// # Ok::<(), reliable_queue::Error>(())
     /// ```
     pub fn blocking_count(&self) -> Result<u64> {
-        if self.engine.is_remote() {
-            return crate::engine::block_on(self.engine.count_async(&self.queue));
-        }
-        self.engine.count(&self.queue)
+        block_on(self.count())
     }
 
     /// The number of consumers waiting in [`dequeue`](Self::dequeue) or
@@ -272,11 +282,15 @@ where
     pub async fn try_dequeue(&self, tx: &mut Transaction) -> Result<Option<T>> {
         // Before taking anything: a future that yields here has taken nothing.
         crate::engine::consume_budget().await;
-        #[cfg(feature = "postgres")]
-        if self.engine.is_remote() {
-            return Ok(self.take_remote(tx, 1).await?.pop());
-        }
-        self.blocking_try_dequeue(tx)
+        self.check(tx)?;
+        let mut item = None;
+        self.engine
+            .take(&self.queue, tx.work_mut(), 1, |entry| {
+                item = Some(self.decode(entry)?);
+                Ok(())
+            })
+            .await?;
+        Ok(item)
     }
 
     /// [`try_dequeue`](Self::try_dequeue) for threads.
@@ -298,14 +312,7 @@ where
     /// # Ok::<(), reliable_queue::Error>(())
     /// ```
     pub fn blocking_try_dequeue(&self, tx: &mut Transaction) -> Result<Option<T>> {
-        if self.engine.is_remote() {
-            return crate::engine::block_on(self.try_dequeue(tx));
-        }
-        self.check(tx)?;
-        match self.engine.try_dequeue(&self.queue, tx.work_mut())? {
-            Some(entry) => self.decode(entry).map(Some),
-            None => Ok(None),
-        }
+        block_on(self.try_dequeue(tx))
     }
 
     /// Takes up to `n` items from the front of the queue into the transaction, as many calls
@@ -337,22 +344,15 @@ where
     /// ```
     pub async fn try_dequeue_many(&self, tx: &mut Transaction, n: usize) -> Result<Vec<T>> {
         crate::engine::consume_budget().await;
-        #[cfg(feature = "postgres")]
-        if self.engine.is_remote() {
-            return self.take_remote(tx, n).await;
-        }
-        self.blocking_try_dequeue_many(tx, n)
-    }
-
-    /// Up to `n` items into `tx` on a remote engine, decoded (one round trip).
-    #[cfg(feature = "postgres")]
-    async fn take_remote(&self, tx: &mut Transaction, n: usize) -> Result<Vec<T>> {
         self.check(tx)?;
-        let taken = self
-            .engine
-            .try_dequeue_remote(&self.queue, tx.work_mut(), n)
+        let mut items = Vec::with_capacity(n.min(1024));
+        self.engine
+            .take(&self.queue, tx.work_mut(), n, |entry| {
+                items.push(self.decode(entry)?);
+                Ok(())
+            })
             .await?;
-        taken.iter().map(|entry| self.decode(entry)).collect()
+        Ok(items)
     }
 
     /// [`try_dequeue_many`](Self::try_dequeue_many) for threads.
@@ -361,17 +361,7 @@ where
     ///
     /// As [`try_dequeue_many`](Self::try_dequeue_many).
     pub fn blocking_try_dequeue_many(&self, tx: &mut Transaction, n: usize) -> Result<Vec<T>> {
-        if self.engine.is_remote() {
-            return crate::engine::block_on(self.try_dequeue_many(tx, n));
-        }
-        let mut items = Vec::with_capacity(n.min(1024));
-        while items.len() < n {
-            match self.blocking_try_dequeue(tx)? {
-                Some(item) => items.push(item),
-                None => break,
-            }
-        }
-        Ok(items)
+        block_on(self.try_dequeue_many(tx, n))
     }
 
     /// Decodes an entry the transaction now holds.
@@ -394,7 +384,6 @@ impl<T> fmt::Debug for ReliableConcurrentQueue<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ReliableConcurrentQueue")
             .field("name", &self.name())
-            .field("count", &self.engine.count(&self.queue).ok())
             .finish()
     }
 }

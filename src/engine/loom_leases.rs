@@ -22,8 +22,8 @@ fn queue_with(ids: &[u64]) -> Arc<QueueCore> {
 }
 
 /// A lease (token 7, deadline 10) with its item, on a queue of its own.
-fn leased_item() -> (Arc<crate::engine::processing::Proc>, Arc<QueueCore>) {
-    use crate::engine::processing::{Leased, Proc};
+fn leased_item() -> (Arc<crate::engine::proc::Proc>, Arc<QueueCore>) {
+    use crate::engine::proc::{Leased, Proc};
     let core = queue_with(&[]);
     let proc = Arc::new(Proc::new(core.clone(), crate::RetryPolicy::default()));
     let entry = Entry::new(7, Box::new([0]), 0);

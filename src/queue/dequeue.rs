@@ -16,7 +16,8 @@ use std::time::{Duration, Instant};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::engine::{park_until, poll_budget, Unparker, Waiting};
+use crate::engine::take::{no_item_without_deadline, Wait};
+use crate::engine::{block_on, block_on_until};
 use crate::error::Result;
 use crate::queue::ReliableConcurrentQueue;
 use crate::transaction::Transaction;
@@ -27,32 +28,33 @@ use crate::transaction::Transaction;
 /// safe: see the method's `# Cancel safety`.
 #[must_use = "futures do nothing unless polled"]
 pub struct Dequeue<'a, T> {
-    inner: Inner<'a, T>,
+    inner: Taking<'a, T>,
 }
 
-enum Inner<'a, T> {
-    /// The embedded engines: a request in the queue core's line of waiters.
-    Embedded(Embedded<'a, T>),
-    /// A remote engine: the engine's own waiting loop.
-    #[cfg(feature = "postgres")]
-    Remote(Pin<Box<dyn Future<Output = Result<T>> + Send + 'a>>),
-}
-
-#[derive(Debug)]
-struct Embedded<'a, T> {
+/// A waiting take into a transaction, until a deadline if any: resolves to the item, or
+/// `None` past the deadline.
+struct Taking<'a, T> {
     queue: &'a ReliableConcurrentQueue<T>,
-    tx: &'a mut Transaction,
-    waiting: Waiting<'a>,
-    checked: bool,
+    state: State<'a>,
 }
 
-impl<T: std::fmt::Debug> std::fmt::Debug for Dequeue<'_, T> {
+enum State<'a> {
+    /// Not polled yet: the transaction is checked at the first poll.
+    Start {
+        tx: &'a mut Transaction,
+        deadline: Option<Instant>,
+    },
+    /// In the engine's hands.
+    Waiting(Wait<'a, 'a>),
+    /// Resolved.
+    Done,
+}
+
+impl<T> std::fmt::Debug for Dequeue<'_, T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match &self.inner {
-            Inner::Embedded(e) => f.debug_tuple("Dequeue").field(e).finish(),
-            #[cfg(feature = "postgres")]
-            Inner::Remote(_) => f.write_str("Dequeue(remote)"),
-        }
+        f.debug_struct("Dequeue")
+            .field("queue", &self.inner.queue.name())
+            .finish_non_exhaustive()
     }
 }
 
@@ -63,43 +65,43 @@ where
     type Output = Result<T>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<T>> {
-        match &mut self.get_mut().inner {
-            Inner::Embedded(this) => this.poll_embedded(cx),
-            #[cfg(feature = "postgres")]
-            Inner::Remote(waiting) => waiting.as_mut().poll(cx),
-        }
+        let taken = std::task::ready!(Pin::new(&mut self.get_mut().inner).poll(cx));
+        // Without a deadline the wait only ends with an item or an error.
+        Poll::Ready(taken.and_then(|item| {
+            item.ok_or_else(no_item_without_deadline)
+        }))
     }
 }
 
-impl<T> Embedded<'_, T>
+impl<T> Future for Taking<'_, T>
 where
     T: Serialize + DeserializeOwned + Send + 'static,
 {
-    fn poll_embedded(&mut self, cx: &mut Context<'_>) -> Poll<Result<T>> {
-        let this = self;
-        if !this.checked {
-            this.queue.check(this.tx)?;
-            // A dequeue of this transaction leaked before this one started: withdrawn now.
-            this.tx.work_mut().withdraw_leaked();
-            this.checked = true;
-        }
-        // tokio's cooperative budget, before taking anything: a poll refused by it leaves the
-        // transaction as it was (an item already handed to the request stays with its ticket,
-        // and goes back to the queue if the future is dropped) and is not a miss.
-        let budget = std::task::ready!(poll_budget(cx));
-        let engine = this.queue.engine();
-        match engine.poll_dequeue(&mut this.waiting, this.tx.work_mut(), cx.waker()) {
-            Poll::Ready(Ok(entry)) => {
-                budget.made_progress();
-                Poll::Ready(this.queue.decode(entry))
+    type Output = Result<Option<T>>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<Option<T>>> {
+        let this = self.get_mut();
+        match std::mem::replace(&mut this.state, State::Done) {
+            State::Start { tx, deadline } => {
+                this.queue.check(tx)?;
+                let queues = vec![(0, this.queue.queue_ref())];
+                let wait = this.queue.engine().wait(queues, tx.work_mut(), deadline);
+                this.state = State::Waiting(wait);
             }
-            Poll::Ready(Err(e)) => {
-                budget.made_progress();
-                Poll::Ready(Err(e))
-            }
-            // Waiting for an item is not progress: the budget unit is given back.
-            Poll::Pending => Poll::Pending,
+            other => this.state = other,
         }
+        let State::Waiting(wait) = &mut this.state else {
+            return Poll::Ready(Err(crate::Error::Bug {
+                invariant: "a resolved dequeue is not polled again",
+            }));
+        };
+        let taken = std::task::ready!(wait.poll_take(cx));
+        let item = taken.and_then(|got| match got {
+            Some((_, _, entry)) => this.queue.decode(entry).map(Some),
+            None => Ok(None),
+        });
+        this.state = State::Done;
+        Poll::Ready(item)
     }
 }
 
@@ -195,40 +197,17 @@ where
     /// # Ok(()) }
     /// ```
     pub fn dequeue<'a>(&'a self, tx: &'a mut Transaction) -> Dequeue<'a, T> {
-        #[cfg(feature = "postgres")]
-        if self.engine().is_remote() {
-            return Dequeue {
-                inner: Inner::Remote(Box::pin(async move {
-                    let waited = self.wait_remote(tx, None).await?;
-                    waited.ok_or(crate::Error::Bug {
-                        invariant: "a wait without a deadline ends with an item",
-                    })
-                })),
-            };
-        }
         Dequeue {
-            inner: Inner::Embedded(Embedded {
-                queue: self,
-                tx,
-                waiting: self.engine().waiting(self.queue_ref()),
-                checked: false,
-            }),
+            inner: self.taking(tx, None),
         }
     }
 
-    /// The waiting dequeue of a remote engine, until `deadline` if there is one.
-    #[cfg(feature = "postgres")]
-    async fn wait_remote(
-        &self,
-        tx: &mut Transaction,
-        deadline: Option<Instant>,
-    ) -> Result<Option<T>> {
-        self.check(tx)?;
-        let taken = self
-            .engine()
-            .dequeue_remote(self.queue_ref(), tx.work_mut(), deadline)
-            .await?;
-        taken.map(|entry| self.decode(&entry)).transpose()
+    /// A waiting take into `tx`, until `deadline` if there is one.
+    fn taking<'a>(&'a self, tx: &'a mut Transaction, deadline: Option<Instant>) -> Taking<'a, T> {
+        Taking {
+            queue: self,
+            state: State::Start { tx, deadline },
+        }
     }
 
     /// Like [`dequeue`](Self::dequeue), for threads outside an async runtime: blocks the
@@ -259,11 +238,7 @@ where
     /// # Ok::<(), reliable_queue::Error>(())
     /// ```
     pub fn blocking_dequeue(&self, tx: &mut Transaction) -> Result<T> {
-        let waited = self.blocking_wait(tx, None)?;
-        // Without a deadline the wait only ends with an item or an error.
-        waited.ok_or(crate::Error::Bug {
-            invariant: "a wait without a deadline ends with an item",
-        })
+        block_on(self.dequeue(tx))
     }
 
     /// Like [`blocking_dequeue`](Self::blocking_dequeue), giving up after `timeout`:
@@ -289,33 +264,7 @@ where
         tx: &mut Transaction,
         timeout: Duration,
     ) -> Result<Option<T>> {
-        self.blocking_wait(tx, Instant::now().checked_add(timeout))
-    }
-
-    fn blocking_wait(&self, tx: &mut Transaction, deadline: Option<Instant>) -> Result<Option<T>> {
-        #[cfg(feature = "postgres")]
-        if self.engine().is_remote() {
-            return crate::engine::block_on(self.wait_remote(tx, deadline));
-        }
-        self.check(tx)?;
-        tx.work_mut().withdraw_leaked();
-        let engine = self.engine();
-        let waker = Unparker::current();
-        let mut waiting = engine.waiting(self.queue_ref());
-        loop {
-            match engine.poll_dequeue(&mut waiting, tx.work_mut(), &waker) {
-                Poll::Ready(Ok(entry)) => return self.decode(entry).map(Some),
-                Poll::Ready(Err(e)) => return Err(e),
-                Poll::Pending => {}
-            }
-            if deadline.is_some_and(|deadline| Instant::now() >= deadline) {
-                // An item handed over at the last moment is ours to take.
-                return match engine.withdraw(&mut waiting, tx.work_mut()) {
-                    Some(entry) => self.decode(entry).map(Some),
-                    None => Ok(None),
-                };
-            }
-            park_until(deadline);
-        }
+        let deadline = Instant::now().checked_add(timeout);
+        block_on_until(self.taking(tx, deadline), deadline)
     }
 }

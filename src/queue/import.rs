@@ -10,7 +10,6 @@
 //! PostgreSQL it is one `INSERT ... SELECT FROM unnest(...)` per kind at commit.
 
 use std::borrow::Borrow;
-use std::sync::Arc;
 use std::time::SystemTime;
 
 use serde::de::DeserializeOwned;
@@ -18,7 +17,7 @@ use serde::Serialize;
 
 use crate::clock::wall_ms;
 use crate::core::Entry;
-use crate::engine::processing::{check_reason, cut_reason, Move, MoveKind};
+use crate::engine::proc::{check_reason, cut_reason};
 use crate::error::{Error, Result};
 use crate::processing::MAX_ATTEMPTS;
 use crate::queue::ReliableConcurrentQueue;
@@ -155,13 +154,9 @@ where
         reason: Option<String>,
     ) -> Result<()> {
         self.check(tx)?;
-        tx.work_mut().check_live()?;
         let mut entry = Entry::new(0, self.encode(item)?, 0);
         meta.fill(&mut entry)?;
-        tx.work_mut().moves.push(Move {
-            proc: Arc::clone(&self.queue_ref().proc),
-            kind: MoveKind::Import { entry, reason },
-        });
-        Ok(())
+        self.engine()
+            .import(self.queue_ref(), tx.work_mut(), entry, reason)
     }
 }

@@ -8,7 +8,8 @@ use std::sync::Arc;
 use crossbeam_utils::CachePadded;
 
 use super::catalog::Catalog;
-use super::processing::{apply, Timers};
+use super::moves::apply;
+use super::timers::Timers;
 use super::work::Work;
 use crate::core::{publish_all, QueueCore};
 use crate::error::Result;

@@ -3,15 +3,15 @@
 use std::fmt;
 use std::future::poll_fn;
 use std::sync::Arc;
-use std::task::{Poll, Waker};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::engine::{park_until, poll_budget, Unparker, Waiting};
+use crate::engine::take::no_item_without_deadline;
+use crate::engine::{block_on, block_on_until, QueueRef};
 use crate::error::{Error, Result};
-use crate::lease::Lease;
+use crate::queue::lease::Lease;
 use crate::processing::check_ttl;
 use crate::queue::ReliableConcurrentQueue;
 use crate::sync::process::Mutex;
@@ -129,15 +129,11 @@ where
     ///
     /// As [`ReliableConcurrentQueue::try_dequeue`].
     pub fn blocking_try_dequeue(&self, tx: &mut Transaction) -> Result<Option<(usize, T)>> {
-        for i in self.order() {
-            if let Some(item) = self.queues[i].blocking_try_dequeue(tx)? {
-                return Ok(Some((i, item)));
-            }
-        }
-        Ok(None)
+        block_on(self.try_dequeue(tx))
     }
 
-    /// [`blocking_try_dequeue`](Self::blocking_try_dequeue) for tasks.
+    /// Takes the first visible item, in the set's order, into `tx`, without waiting.
+    /// Returns the index of its queue in the set, and the item.
     ///
     /// # Cancel safety
     ///
@@ -147,17 +143,12 @@ where
     ///
     /// As [`ReliableConcurrentQueue::try_dequeue`].
     pub async fn try_dequeue(&self, tx: &mut Transaction) -> Result<Option<(usize, T)>> {
-        #[cfg(feature = "postgres")]
-        if self.is_remote() {
-            for i in self.order() {
-                if let Some(item) = self.queues[i].try_dequeue(tx).await? {
-                    return Ok(Some((i, item)));
-                }
+        for i in self.order() {
+            if let Some(item) = self.queues[i].try_dequeue(tx).await? {
+                return Ok(Some((i, item)));
             }
-            return Ok(None);
         }
-        crate::engine::consume_budget().await;
-        self.blocking_try_dequeue(tx)
+        Ok(None)
     }
 
     /// Takes an item from the set into `tx`, waiting on every queue at once if none is
@@ -172,46 +163,37 @@ where
     ///
     /// As [`ReliableConcurrentQueue::dequeue`].
     pub async fn dequeue(&self, tx: &mut Transaction) -> Result<(usize, T)> {
+        let taken = self.wait(tx, None).await?;
+        // Without a deadline the wait only ends with an item or an error.
+        taken.ok_or_else(no_item_without_deadline)
+    }
+
+    /// The waiting take of the set, until `deadline` if there is one.
+    async fn wait(
+        &self,
+        tx: &mut Transaction,
+        deadline: Option<Instant>,
+    ) -> Result<Option<(usize, T)>> {
         for q in &self.queues {
             q.check(tx)?;
         }
-        #[cfg(feature = "postgres")]
-        if self.is_remote() {
-            return self.remote_dequeue(tx, None).await?.ok_or(Error::Closed);
-        }
-        tx.work_mut().withdraw_leaked();
-        let order = self.order();
-        let mut waits: Vec<Waiting<'_>> = order
-            .iter()
-            .map(|&i| self.queues[i].engine().waiting(self.queues[i].queue_ref()))
-            .collect();
+        let queues = self.ordered();
+        let mut wait = self.queues[0].engine().wait(queues, tx.work_mut(), deadline);
         poll_fn(|cx| {
-            let budget = std::task::ready!(poll_budget(cx));
-            let polled = self.poll_all(&order, &mut waits, tx, cx.waker());
-            if polled.is_ready() {
-                budget.made_progress();
-            }
-            polled
+            wait.poll_take(cx).map(|taken| match taken? {
+                Some((i, _, entry)) => self.queues[i].decode(entry).map(|t| Some((i, t))),
+                None => Ok(None),
+            })
         })
         .await
     }
 
-    fn poll_all(
-        &self,
-        order: &[usize],
-        waits: &mut [Waiting<'_>],
-        tx: &mut Transaction,
-        waker: &Waker,
-    ) -> Poll<Result<(usize, T)>> {
-        for (&i, waiting) in order.iter().zip(waits.iter_mut()) {
-            let q = &self.queues[i];
-            match q.engine().poll_dequeue(waiting, tx.work_mut(), waker) {
-                Poll::Ready(Ok(entry)) => return Poll::Ready(q.decode(entry).map(|t| (i, t))),
-                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
-                Poll::Pending => {}
-            }
-        }
-        Poll::Pending
+    /// The queues in the order to try them in for one call, with their indexes.
+    fn ordered(&self) -> Vec<(usize, &QueueRef)> {
+        self.order()
+            .into_iter()
+            .map(|i| (i, self.queues[i].queue_ref()))
+            .collect()
     }
 
     /// [`dequeue`](Self::dequeue) for threads, giving up after `timeout` if one is given.
@@ -224,36 +206,8 @@ where
         tx: &mut Transaction,
         timeout: Option<Duration>,
     ) -> Result<Option<(usize, T)>> {
-        for q in &self.queues {
-            q.check(tx)?;
-        }
-        tx.work_mut().withdraw_leaked();
-        let deadline = timeout.and_then(|t| std::time::Instant::now().checked_add(t));
-        #[cfg(feature = "postgres")]
-        if self.is_remote() {
-            return crate::engine::block_on(self.remote_dequeue(tx, deadline));
-        }
-        let order = self.order();
-        let mut waits: Vec<Waiting<'_>> = order
-            .iter()
-            .map(|&i| self.queues[i].engine().waiting(self.queues[i].queue_ref()))
-            .collect();
-        let waker = Unparker::current();
-        loop {
-            if let Poll::Ready(got) = self.poll_all(&order, &mut waits, tx, &waker) {
-                return got.map(Some);
-            }
-            if deadline.is_some_and(|d| std::time::Instant::now() >= d) {
-                for (&i, waiting) in order.iter().zip(waits.iter_mut()) {
-                    let q = &self.queues[i];
-                    if let Some(entry) = q.engine().withdraw(waiting, tx.work_mut()) {
-                        return q.decode(entry).map(|t| Some((i, t)));
-                    }
-                }
-                return Ok(None);
-            }
-            park_until(deadline);
-        }
+        let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
+        block_on_until(self.wait(tx, deadline), deadline)
     }
 
     /// Leases an item from the set, waiting on every queue at once if none is visible.
@@ -266,16 +220,29 @@ where
     ///
     /// As [`ReliableConcurrentQueue::lease`].
     pub async fn lease(&self, ttl: Duration) -> Result<(usize, Lease<T>)> {
-        check_ttl(ttl)?;
-        #[cfg(feature = "postgres")]
-        if self.is_remote() {
-            return self.remote_lease(ttl, None).await?.ok_or(Error::Closed);
-        }
-        let q0 = &self.queues[0];
-        let mut tx = Transaction::new(Arc::clone(q0.engine_arc()));
-        let (i, item) = self.dequeue(&mut tx).await?;
-        let lease = self.queues[i].grant_one(&mut tx, item, ttl).await?;
-        Ok((i, lease))
+        let leased = self.lease_until(ttl, None).await?;
+        // Without a deadline the wait only ends with a lease or an error.
+        leased.ok_or_else(no_item_without_deadline)
+    }
+
+    /// The waiting lease of the set, until `deadline` if there is one.
+    async fn lease_until(
+        &self,
+        ttl: Duration,
+        deadline: Option<Instant>,
+    ) -> Result<Option<(usize, Lease<T>)>> {
+        let ttl = check_ttl(ttl)?;
+        let queues = self.ordered();
+        let leased = self.queues[0]
+            .engine()
+            .lease(&queues, 1, ttl, true, deadline, |i, e| {
+                self.queues[i].decode(e)
+            })
+            .await?;
+        Ok(leased.and_then(|(i, leased)| {
+            let lease = self.queues[i].leases(leased).pop()?;
+            Some((i, lease))
+        }))
     }
 
     /// [`lease`](Self::lease) for threads; `None` if `timeout` passes first.
@@ -288,77 +255,8 @@ where
         ttl: Duration,
         timeout: Option<Duration>,
     ) -> Result<Option<(usize, Lease<T>)>> {
-        check_ttl(ttl)?;
-        #[cfg(feature = "postgres")]
-        if self.is_remote() {
-            let deadline = timeout.and_then(|t| std::time::Instant::now().checked_add(t));
-            return crate::engine::block_on(self.remote_lease(ttl, deadline));
-        }
-        let q0 = &self.queues[0];
-        let mut tx = Transaction::new(Arc::clone(q0.engine_arc()));
-        let Some((i, item)) = self.blocking_dequeue(&mut tx, timeout)? else {
-            return Ok(None);
-        };
-        let lease = self.queues[i].blocking_grant_one(&mut tx, item, ttl)?;
-        Ok(Some((i, lease)))
-    }
-}
-
-#[cfg(feature = "postgres")]
-impl<T> QueueSet<T>
-where
-    T: Serialize + DeserializeOwned + Send + 'static,
-{
-    fn is_remote(&self) -> bool {
-        self.queues[0].engine().is_remote()
-    }
-
-    /// On PostgreSQL: looks in every queue in the set's order; if none has an item, waits
-    /// for a notification on any of them (or the fallback poll) and looks again. `None`
-    /// past `deadline`.
-    async fn remote_dequeue(
-        &self,
-        tx: &mut Transaction,
-        deadline: Option<std::time::Instant>,
-    ) -> Result<Option<(usize, T)>> {
-        let engine = self.queues[0].engine();
-        let watches = engine
-            .watch_set(self.queues.iter().map(|q| q.queue_ref()).collect())
-            .await?;
-        loop {
-            for i in self.order() {
-                if let Some(item) = self.queues[i].try_dequeue(tx).await? {
-                    watches.pass_on();
-                    return Ok(Some((i, item)));
-                }
-            }
-            if !watches.wait(deadline).await? {
-                return Ok(None);
-            }
-        }
-    }
-
-    /// [`remote_dequeue`](Self::remote_dequeue) for leases.
-    async fn remote_lease(
-        &self,
-        ttl: Duration,
-        deadline: Option<std::time::Instant>,
-    ) -> Result<Option<(usize, Lease<T>)>> {
-        let engine = self.queues[0].engine();
-        let watches = engine
-            .watch_set(self.queues.iter().map(|q| q.queue_ref()).collect())
-            .await?;
-        loop {
-            for i in self.order() {
-                if let Some(lease) = self.queues[i].try_lease(ttl).await? {
-                    watches.pass_on();
-                    return Ok(Some((i, lease)));
-                }
-            }
-            if !watches.wait(deadline).await? {
-                return Ok(None);
-            }
-        }
+        let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
+        block_on_until(self.lease_until(ttl, deadline), deadline)
     }
 }
 

@@ -1,0 +1,296 @@
+//! Taking items into a transaction: at once ([`Engine::take`]) or waiting for the first item
+//! of one or several queues ([`Wait`], for a queue's dequeue and a queue set's).
+//!
+//! On the embedded engines both are operations of the in-memory core: a take is ready at once
+//! and a wait is a request in the queue's line of waiters (`core/waiters.rs`). On PostgreSQL a
+//! take is a statement and a wait looks, then sleeps until a notification of a commit to one
+//! of its queues, the fallback poll or its deadline, and looks again.
+
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+#[cfg(feature = "postgres")]
+use std::future::Future;
+#[cfg(feature = "postgres")]
+use std::pin::Pin;
+
+#[cfg(feature = "postgres")]
+use super::postgres::Postgres;
+
+#[cfg(feature = "postgres")]
+use super::Flavor;
+use super::{hold, poll_budget, Engine, Entry, QueueRef, Work};
+use crate::core::Request;
+use crate::core::Ticket;
+use crate::error::{Error, Result};
+
+impl Engine {
+    /// Takes up to `n` items at the head of `queue` into `work`, in queue order, without
+    /// waiting, and hands each to `each` (which decodes it) as it is taken. Returns how many
+    /// were taken. An error of `each` ends the take; what was taken stays held by `work`.
+    ///
+    /// Ready at once on the embedded engines; one round trip on PostgreSQL.
+    pub(crate) async fn take(
+        &self,
+        queue: &QueueRef,
+        work: &mut Work,
+        n: usize,
+        mut each: impl FnMut(&Entry) -> Result<()>,
+    ) -> Result<usize> {
+        work.withdraw_leaked();
+        self.check_open()?;
+        work.check_live()?;
+        match &self.flavor {
+            #[cfg(feature = "postgres")]
+            Flavor::Postgres(pg) => {
+                // Boxed: the embedded engines' take must not carry the statement's future.
+                let taken = Box::pin(self.take_on_postgres(pg, queue, work, n)).await?;
+                for entry in &taken {
+                    each(entry)?;
+                }
+                Ok(taken.len())
+            }
+            _ => {
+                let mut count = 0;
+                while count < n {
+                    let Some(entry) = queue.core.try_take() else {
+                        break;
+                    };
+                    count += 1;
+                    each(hold(work, queue, entry))?;
+                }
+                Ok(count)
+            }
+        }
+    }
+
+    /// A waiting take of the first item of any of `queues` (tried in their order; each with
+    /// its index in the caller's list) into `work`, until `deadline` if any.
+    pub(crate) fn wait<'a, 'q: 'a>(
+        &'a self,
+        queues: Vec<(usize, &'q QueueRef)>,
+        work: &'a mut Work,
+        deadline: Option<Instant>,
+    ) -> Wait<'a, 'q> {
+        debug_assert!(!queues.is_empty(), "a wait is on at least one queue");
+        // A wait of this transaction leaked before this one started: withdrawn now.
+        work.withdraw_leaked();
+        let state = match &self.flavor {
+            #[cfg(feature = "postgres")]
+            Flavor::Postgres(pg) => State::Remote {
+                looking: Box::pin(self.wait_on_postgres(pg, queues, work, deadline)),
+                got: None,
+            },
+            _ => State::Core {
+                waits: queues
+                    .into_iter()
+                    .map(|(i, queue)| CoreWait {
+                        index: i,
+                        queue,
+                        request: Request::default(),
+                        noted: None,
+                    })
+                    .collect(),
+                work,
+            },
+        };
+        Wait {
+            engine: self,
+            deadline,
+            state,
+        }
+    }
+}
+
+/// What a wait without a deadline that ended without an item returns: it cannot happen (such
+/// a wait ends with an item or an error).
+pub(crate) fn no_item_without_deadline() -> Error {
+    Error::Bug {
+        invariant: "a wait without a deadline ends with an item",
+    }
+}
+
+/// A waiting take, made by [`Engine::wait`]: poll it with [`poll_take`](Self::poll_take).
+/// Dropping it withdraws it: an item already handed to it goes back to the front of its queue
+/// (or to the next waiter). One that is never dropped nor polled again (leaked) loses the
+/// item handed to it, and its place, to the second take on the queue that finds nothing
+/// after the hand-over (see `core/waiters.rs`).
+pub(crate) struct Wait<'a, 'q> {
+    engine: &'a Engine,
+    deadline: Option<Instant>,
+    state: State<'a, 'q>,
+}
+
+enum State<'a, 'q> {
+    /// The embedded engines: a request in each queue's line of waiters.
+    Core {
+        waits: Vec<CoreWait<'q>>,
+        work: &'a mut Work,
+    },
+    /// PostgreSQL: the looking and sleeping, and the item it found.
+    #[cfg(feature = "postgres")]
+    Remote {
+        looking: Pin<Box<dyn Future<Output = Result<Option<Found<'q>>>> + Send + 'a>>,
+        got: Option<Entry>,
+    },
+}
+
+/// What PostgreSQL's waiting take found: the queue's index and queue, and the entry.
+#[cfg(feature = "postgres")]
+type Found<'a> = (usize, &'a QueueRef, Entry);
+
+/// One queue's request of an embedded wait.
+struct CoreWait<'a> {
+    index: usize,
+    queue: &'a QueueRef,
+    request: Request,
+    /// The ticket noted in the transaction's [`Work`], so that the transaction can withdraw
+    /// the request should the wait be leaked.
+    noted: Option<Ticket>,
+}
+
+impl Drop for CoreWait<'_> {
+    fn drop(&mut self) {
+        self.queue.core.cancel(&mut self.request);
+    }
+}
+
+impl std::fmt::Debug for Wait<'_, '_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Wait")
+            .field("deadline", &self.deadline)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'q> Wait<'_, 'q> {
+    /// Takes the first item that any of the queues has for this wait, returning the queue's
+    /// index and the entry (held by the work now); `None` once the deadline has passed (an
+    /// item handed over at the last moment is taken still). `Pending` puts the wait in line,
+    /// to be woken through `cx`; the embedded engines do not wake it at the deadline: a
+    /// caller with a deadline wakes itself then ([`block_on_until`](super::block_on_until)).
+    ///
+    /// Takes a unit of tokio's cooperative budget before taking anything: a poll refused by
+    /// it leaves the transaction as it was.
+    pub(crate) fn poll_take(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<Option<(usize, &'q QueueRef, &Entry)>>> {
+        let budget = std::task::ready!(poll_budget(cx));
+        let engine = self.engine;
+        let polled = match &mut self.state {
+            State::Core { waits, work } => {
+                poll_core(engine, waits, work, self.deadline, cx).map_ok(|got| {
+                    got.map(|(index, queue, at)| (index, queue, &work.dequeued[at].1))
+                })
+            }
+            #[cfg(feature = "postgres")]
+            State::Remote { looking, got } => match looking.as_mut().poll(cx) {
+                Poll::Ready(Ok(Some((index, queue, entry)))) => {
+                    Poll::Ready(Ok(Some((index, queue, &*got.insert(entry)))))
+                }
+                Poll::Ready(Ok(None)) => Poll::Ready(Ok(None)),
+                Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+                Poll::Pending => Poll::Pending,
+            },
+        };
+        // Waiting for an item is not progress: the budget unit is given back then.
+        if polled.is_ready() {
+            budget.made_progress();
+        }
+        polled
+    }
+}
+
+/// An embedded wait's poll: the index of the queue and the place in `work.dequeued` of the
+/// entry taken.
+fn poll_core<'a>(
+    engine: &Engine,
+    waits: &mut [CoreWait<'a>],
+    work: &mut Work,
+    deadline: Option<Instant>,
+    cx: &mut Context<'_>,
+) -> Poll<Result<Option<(usize, &'a QueueRef, usize)>>> {
+    if let Err(e) = engine.check_open().and_then(|()| work.check_live()) {
+        return Poll::Ready(Err(e));
+    }
+    for wait in waits.iter_mut() {
+        let queue = wait.queue;
+        let polled = queue.core.poll_take(&mut wait.request, cx.waker());
+        if polled.is_pending() {
+            if let (None, Some(ticket)) = (wait.noted, wait.request.ticket()) {
+                work.requests.push((Arc::clone(&queue.core), ticket));
+                wait.noted = Some(ticket);
+            }
+        } else if let Some(ticket) = wait.noted.take() {
+            work.requests.retain(|(_, t)| *t != ticket);
+        }
+        match polled {
+            Poll::Ready(Ok(entry)) => {
+                hold(work, queue, entry);
+                return Poll::Ready(Ok(Some((wait.index, queue, work.dequeued.len() - 1))));
+            }
+            Poll::Ready(Err(_closed)) => return Poll::Ready(Err(Error::Closed)),
+            Poll::Pending => {}
+        }
+    }
+    if deadline.is_some_and(|deadline| Instant::now() >= deadline) {
+        // An item handed over at the last moment is the caller's to take.
+        for wait in waits.iter_mut() {
+            if let Some(ticket) = wait.noted.take() {
+                work.requests.retain(|(_, t)| *t != ticket);
+            }
+            if let Some(entry) = wait.queue.core.withdraw(&mut wait.request) {
+                hold(work, wait.queue, entry);
+                return Poll::Ready(Ok(Some((wait.index, wait.queue, work.dequeued.len() - 1))));
+            }
+        }
+        return Poll::Ready(Ok(None));
+    }
+    Poll::Pending
+}
+
+#[cfg(feature = "postgres")]
+impl Engine {
+    /// PostgreSQL's take: up to `n` items at the head of `queue` into `work`'s database
+    /// transaction, in queue order.
+    async fn take_on_postgres(
+        &self,
+        pg: &Postgres,
+        queue: &QueueRef,
+        work: &mut Work,
+        n: usize,
+    ) -> Result<Vec<Entry>> {
+        self.check_open()?;
+        work.check_live()?;
+        let taken = pg.try_dequeue(&queue.core, &mut work.pg, n).await;
+        self.arm_deadline(work);
+        taken
+    }
+
+    /// PostgreSQL's waiting take: looks in each queue in order; if none has an item, waits
+    /// for a notification of a commit to any of them (woken one at a time with this store's
+    /// other consumers), the fallback poll or `deadline`, and looks again.
+    async fn wait_on_postgres<'a>(
+        &self,
+        pg: &Postgres,
+        queues: Vec<(usize, &'a QueueRef)>,
+        work: &mut Work,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Found<'a>>> {
+        let refs: Vec<&QueueRef> = queues.iter().map(|(_, q)| *q).collect();
+        let watches = self.watch_set(pg, refs).await?;
+        loop {
+            for &(index, queue) in &queues {
+                if let Some(entry) = self.take_on_postgres(pg, queue, work, 1).await?.pop() {
+                    watches.pass_on();
+                    return Ok(Some((index, queue, entry)));
+                }
+            }
+            if !watches.wait(deadline).await? {
+                return Ok(None);
+            }
+        }
+    }
+}
