@@ -1,5 +1,5 @@
-//! The processing layer on PostgreSQL: leases, retries, delayed items, dead letters, browse
-//! and stats as statements on the schema's rows.
+//! The processing layer's calls on PostgreSQL (`impl Postgres`): leases, retries, delayed
+//! items, dead letters, browse and stats as statements on the schema's rows.
 //!
 //! A lease is columns of its row (`attempts`, `leased_until`, `lease_token`), set by one
 //! autocommitted `UPDATE` (durable before the `Lease` is returned, P1) and checked by token
@@ -10,31 +10,24 @@
 //! the next lease, stats, browse or dead-letter call on its queue (until then it is neither
 //! visible nor leased). ARCHITECTURE.md ("The PostgreSQL engine") lists the statements.
 //!
-//! This file holds the calls (`impl Postgres`); the statements (`ProcSql`), the rows they
-//! return and what the commit path and the maintenance task run of them are in `mod.rs`, so
-//! that this file imports `mod.rs` and not the other way round.
+//! The statements (`ProcSql`) are in `statements.rs`, what the commit path and the
+//! maintenance pass run of them in `leases.rs` and `commit.rs`: this file imports `mod.rs`
+//! (for `Postgres`) and nothing imports this file.
 
 use std::sync::Arc;
 
-use deadpool_postgres::Object;
 use tokio_postgres::Row;
 
-use super::{
-    buried_expired, i64_of, lease_on, ms, opt_ms, pg, FailOutcome, Granted, Postgres, Sql,
-};
-use crate::clock::Clock;
+use super::failure::pg;
+use super::leases::{bury, lease_on, FailOutcome, Granted};
+use super::statements::{i64_of, ms, opt_ms};
+use super::Postgres;
 use crate::core::{Entry, QueueCore};
 use crate::engine::processing::{cut_reason, DeadSlot};
 use crate::error::{Error, Result};
 use crate::processing::{ItemState, QueueStats, Replay, RetryPolicy};
 
 impl Postgres {
-    /// The time to pass to the statements: the injected clock's, or `None` for the
-    /// database's.
-    pub(crate) fn now_param(&self) -> Option<i64> {
-        self.clock.is_manual().then(|| i64_of(self.clock.now()))
-    }
-
     /// Leases up to `n` visible items of `core`'s queue for `ttl` ms, in one autocommitted
     /// statement (durable when this returns); none if nothing is visible.
     pub(crate) async fn lease(&self, core: &QueueCore, n: usize, ttl: u64) -> Result<Vec<Granted>> {
@@ -164,32 +157,6 @@ impl Postgres {
         .await
     }
 
-    /// The store's time source for tasks that outlive a call: the injected clock, if any.
-    pub(super) fn now_source(&self) -> Option<Clock> {
-        self.clock.is_manual().then(|| self.clock.clone())
-    }
-
-    /// Moves every expired lease of the queue at its maximum attempts to the dead letters,
-    /// and deletes dead letters past the retention.
-    pub(super) async fn bury(
-        client: &Object,
-        sql: &Sql,
-        queue: i32,
-        now: Option<i64>,
-        retention: Option<i64>,
-    ) -> Result<()> {
-        let row = client
-            .query_one(&sql.proc.bury, &[&queue, &now, &retention])
-            .await
-            .map_err(|e| pg("bury", e))?;
-        let buried: i64 = row.try_get(0).unwrap_or(0);
-        if buried > 0 {
-            let name: String = row.try_get(2).unwrap_or_default();
-            buried_expired(&name, buried);
-        }
-        Ok(())
-    }
-
     /// The queue's counts, and its policy as stored.
     pub(crate) async fn stats(&self, core: &QueueCore) -> Result<(QueueStats, RetryPolicy)> {
         let queue = self.db_id(core)?;
@@ -197,7 +164,7 @@ impl Postgres {
         let (pool, sql) = (self.pool.clone(), Arc::clone(&self.sql));
         self.run(async move {
             let client = pool.get().await.map_err(|e| pg("stats", e))?;
-            Self::bury(&client, &sql, queue, now, retention).await?;
+            bury(&client, &sql, queue, now, retention).await?;
             let row = client
                 .query_one(&sql.proc.stats, &[&queue, &now])
                 .await
@@ -262,7 +229,7 @@ impl Postgres {
         let (pool, sql) = (self.pool.clone(), Arc::clone(&self.sql));
         self.run(async move {
             let client = pool.get().await.map_err(|e| pg("browse", e))?;
-            Self::bury(&client, &sql, queue, now, retention).await?;
+            bury(&client, &sql, queue, now, retention).await?;
             let rows = client
                 .query(&sql.proc.browse, &[&queue, &after, &limit, &now])
                 .await
@@ -313,7 +280,7 @@ impl Postgres {
         let (pool, sql) = (self.pool.clone(), Arc::clone(&self.sql));
         self.run(async move {
             let client = pool.get().await.map_err(|e| pg("dead_letters", e))?;
-            Self::bury(&client, &sql, queue, now, retention).await?;
+            bury(&client, &sql, queue, now, retention).await?;
             let rows = client
                 .query(&sql.proc.dead, &[&queue, &after, &limit])
                 .await
@@ -367,7 +334,7 @@ impl Postgres {
         let (pool, sql) = (self.pool.clone(), Arc::clone(&self.sql));
         self.run(async move {
             let mut client = pool.get().await.map_err(|e| pg(operation, e))?;
-            Self::bury(&client, &sql, queue, now, retention).await?;
+            bury(&client, &sql, queue, now, retention).await?;
             let tx = client.transaction().await.map_err(|e| pg(operation, e))?;
             let rows = if purge {
                 tx.query(&sql.proc.purge, &[&queue, &ids, &limit]).await
