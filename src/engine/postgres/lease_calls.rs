@@ -20,20 +20,26 @@ use tokio_postgres::Row;
 
 use super::failure::pg;
 use super::leases::{bury, lease_on, FailOutcome, Granted};
-use super::statements::{i64_of, ms, opt_ms};
+use super::statements::{after_id, int8, ms, opt_ms, up_to};
 use super::Postgres;
 use crate::core::{Entry, QueueCore};
 use crate::engine::processing::{cut_reason, DeadSlot};
 use crate::error::{Error, Result};
 use crate::processing::{ItemState, QueueStats, Replay, RetryPolicy};
 
+/// What a lease token passed back to the database is: one it gave, an `int8` (see [`int8`]).
+const TOKEN: &str = "a lease token is one the database gave, an int8";
+/// What a lease time is: checked against `MAX_TTL` by the caller.
+const TTL: &str = "a lease time passed to the engine is at most MAX_TTL";
+/// What a delay is: checked against `MAX_DELAY` by the caller.
+const DELAY: &str = "a delay passed to the engine is at most MAX_DELAY";
+
 impl Postgres {
     /// Leases up to `n` visible items of `core`'s queue for `ttl` ms, in one autocommitted
     /// statement (durable when this returns); none if nothing is visible.
     pub(crate) async fn lease(&self, core: &QueueCore, n: usize, ttl: u64) -> Result<Vec<Granted>> {
         let queue = self.db_id(core)?;
-        let n = i64::try_from(n).unwrap_or(i64::MAX);
-        let (now, ttl) = (self.now_param(), i64_of(ttl));
+        let (n, now, ttl) = (up_to(n), self.now_param(), int8(ttl, TTL)?);
         let (pool, sql) = (self.pool.clone(), Arc::clone(&self.sql));
         self.run(async move {
             let client = pool.get().await.map_err(|e| pg("lease", e))?;
@@ -46,7 +52,10 @@ impl Postgres {
     /// attempts not counted, and wakes a waiter.
     pub(crate) async fn unlease(&self, core: &QueueCore, tokens: Vec<u64>) -> Result<()> {
         let queue = self.db_id(core)?;
-        let tokens: Vec<i64> = tokens.into_iter().map(i64_of).collect();
+        let tokens = tokens
+            .into_iter()
+            .map(|token| int8(token, TOKEN))
+            .collect::<Result<Vec<i64>>>()?;
         let (pool, sql) = (self.pool.clone(), Arc::clone(&self.sql));
         self.run(async move {
             let client = pool.get().await.map_err(|e| pg("lease", e))?;
@@ -69,7 +78,7 @@ impl Postgres {
         reason: &str,
     ) -> Result<FailOutcome> {
         let queue = self.db_id(core)?;
-        let (now, token, reason) = (self.now_param(), i64_of(token), cut_reason(reason));
+        let (now, token, reason) = (self.now_param(), int8(token, TOKEN)?, cut_reason(reason));
         let (pool, sql) = (self.pool.clone(), Arc::clone(&self.sql));
         self.run(async move {
             let client = pool.get().await.map_err(|e| pg("fail", e))?;
@@ -91,7 +100,7 @@ impl Postgres {
     /// Gives lease `token` back, due after `delay` ms (at the head for 0). False if the
     /// lease had ended.
     pub(crate) async fn release(&self, token: u64, delay: u64) -> Result<bool> {
-        let (now, token, delay) = (self.now_param(), i64_of(token), i64_of(delay));
+        let (now, token, delay) = (self.now_param(), int8(token, TOKEN)?, int8(delay, DELAY)?);
         let (pool, sql) = (self.pool.clone(), Arc::clone(&self.sql));
         let released = self
             .run(async move {
@@ -120,7 +129,15 @@ impl Postgres {
     /// A lease dropped unsettled: given back at once, in the background (the holder is
     /// gone; should this fail, the lease ends at its deadline).
     pub(crate) fn drop_lease(&self, token: u64) {
-        let (now, token) = (self.now_param(), i64_of(token));
+        let token = match int8(token, TOKEN) {
+            Ok(token) => token,
+            Err(e) => {
+                // Nobody to tell: the lease ends at its deadline.
+                tracing::error!(error = %e, "a dropped lease was not given back");
+                return;
+            }
+        };
+        let now = self.now_param();
         let (pool, sql) = (self.pool.clone(), Arc::clone(&self.sql));
         let waiters = Arc::clone(&self.waiters);
         self.rt.spawn(async move {
@@ -141,7 +158,7 @@ impl Postgres {
 
     /// Moves lease `token`'s deadline to `ttl` ms from now; `None` if it had ended.
     pub(crate) async fn extend(&self, token: u64, ttl: u64) -> Result<Option<u64>> {
-        let (now, token, ttl) = (self.now_param(), i64_of(token), i64_of(ttl));
+        let (now, token, ttl) = (self.now_param(), int8(token, TOKEN)?, int8(ttl, TTL)?);
         let (pool, sql) = (self.pool.clone(), Arc::clone(&self.sql));
         self.run(async move {
             let client = pool.get().await.map_err(|e| pg("extend", e))?;
@@ -224,8 +241,7 @@ impl Postgres {
     ) -> Result<Vec<(Entry, ItemState)>> {
         let queue = self.db_id(core)?;
         let (now, retention) = (self.now_param(), self.retention);
-        let after = after.map_or(0, i64_of);
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let (after, limit) = (after.map_or(0, after_id), up_to(limit));
         let (pool, sql) = (self.pool.clone(), Arc::clone(&self.sql));
         self.run(async move {
             let client = pool.get().await.map_err(|e| pg("browse", e))?;
@@ -275,8 +291,7 @@ impl Postgres {
     ) -> Result<Vec<DeadSlot>> {
         let queue = self.db_id(core)?;
         let (now, retention) = (self.now_param(), self.retention);
-        let after = after.map_or(0, i64_of);
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let (after, limit) = (after.map_or(0, after_id), up_to(limit));
         let (pool, sql) = (self.pool.clone(), Arc::clone(&self.sql));
         self.run(async move {
             let client = pool.get().await.map_err(|e| pg("dead_letters", e))?;
@@ -320,11 +335,23 @@ impl Postgres {
         let queue = self.db_id(core)?;
         let name = core.name().to_owned();
         let (now, retention) = (self.now_param(), self.retention);
+        // An id past `i64::MAX` is no dead letter (ids are `int8`): not looked for, and the
+        // call fails on it unless it fails on an id in range first, as for any other id
+        // that is not a dead letter.
+        let mut beyond = None;
         let (ids, limit): (Option<Vec<i64>>, Option<i64>) = match &which {
             Replay::All => (None, None),
-            Replay::First(n) => (None, Some(i64::try_from(*n).unwrap_or(i64::MAX))),
+            Replay::First(n) => (None, Some(up_to(*n))),
             Replay::Ids(ids) => {
-                let mut ids: Vec<i64> = ids.iter().map(|&id| i64_of(id)).collect();
+                beyond = ids
+                    .iter()
+                    .copied()
+                    .filter(|&id| i64::try_from(id).is_err())
+                    .min();
+                let mut ids: Vec<i64> = ids
+                    .iter()
+                    .filter_map(|&id| i64::try_from(id).ok())
+                    .collect();
                 ids.sort_unstable();
                 ids.dedup();
                 (Some(ids), None)
@@ -345,12 +372,10 @@ impl Postgres {
             .map_err(|e| pg(operation, e))?;
             let done: Vec<i64> = rows.iter().filter_map(|r| r.try_get(0).ok()).collect();
             if let Some(ids) = &ids {
-                if let Some(&missing) = ids.iter().find(|id| !done.contains(id)) {
+                let missing = ids.iter().find(|id| !done.contains(id)).map(|&id| ms(id));
+                if let Some(id) = missing.or(beyond) {
                     // Dropping `tx` rolls back.
-                    return Err(Error::NotDeadLetter {
-                        queue: name,
-                        id: ms(missing),
-                    });
+                    return Err(Error::NotDeadLetter { queue: name, id });
                 }
             }
             tx.commit().await.map_err(|e| pg(operation, e))?;

@@ -12,7 +12,7 @@ use tokio_postgres::Row;
 
 use super::failure::pg;
 use super::pool::Pool;
-use super::statements::{i64_of, ms, opt_ms, Sql};
+use super::statements::{clock_ms, ms, opt_ms, Sql};
 use crate::clock::Clock;
 use crate::core::Entry;
 use crate::error::Result;
@@ -154,7 +154,7 @@ pub(super) async fn maintain(
             continue;
         };
         for queue in list {
-            let now = clock.as_ref().map(|c| i64_of(c.now()));
+            let now = clock.as_ref().map(|c| clock_ms(c.now()));
             if let Err(e) = bury(&client, &sql, queue, now, retention).await {
                 tracing::warn!(error = %e, queue, "the maintenance pass failed");
                 break;

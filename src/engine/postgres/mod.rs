@@ -66,7 +66,7 @@ pub(crate) use self::listener::Watch;
 use self::listener::{listen, Waiters};
 use self::migrate::migrate;
 use self::pool::{client_config, Pool};
-use self::statements::{i64_of, Sql, BEGIN};
+use self::statements::{clock_ms, up_to, Sql, BEGIN};
 use self::tls::Tls;
 use super::catalog::Catalog;
 use super::Entry;
@@ -171,6 +171,8 @@ impl Postgres {
             tls: tls.clone(),
             maintained: Arc::new(Mutex::new(Vec::new())),
             poll_interval: config.poll_interval,
+            // Saturating on purpose: a retention past `i64::MAX` ms (292 million years)
+            // deletes nothing, as `i64::MAX` ms does.
             retention: config
                 .dead_letter_retention
                 .map(|r| i64::try_from(r.as_millis()).unwrap_or(i64::MAX)),
@@ -367,7 +369,7 @@ impl Postgres {
         n: usize,
     ) -> Result<Vec<Entry>> {
         let queue = self.db_id(core)?;
-        let n = i64::try_from(n).unwrap_or(i64::MAX);
+        let n = up_to(n);
         let mut held = slot.begin_call(&self.rt)?;
         let pool = self.pool.clone();
         let sql = Arc::clone(&self.sql);
@@ -536,7 +538,7 @@ impl Postgres {
     /// The time to pass to the statements: the injected clock's, or `None` for the
     /// database's.
     pub(crate) fn now_param(&self) -> Option<i64> {
-        self.clock.is_manual().then(|| i64_of(self.clock.now()))
+        self.clock.is_manual().then(|| clock_ms(self.clock.now()))
     }
 
     /// The store's time source for tasks that outlive a call: the injected clock, if any.

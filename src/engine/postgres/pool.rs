@@ -58,6 +58,8 @@ pub(super) fn client_config(config: &PgConfig) -> Result<(tokio_postgres::Config
         .len()
         .max(pg_config.get_hostaddrs().len())
         .max(1);
+    // Saturating on purpose: the bound is "every host tried", which `saturating_mul` caps at
+    // `Duration::MAX`; more than `u32::MAX` hosts (a URL of gigabytes) would wait as long.
     let connect_bound = per_host.saturating_mul(u32::try_from(hosts).unwrap_or(u32::MAX));
     Ok((pg_config, connect_bound))
 }

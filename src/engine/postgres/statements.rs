@@ -1,11 +1,13 @@
 //! The SQL text: every statement the engine sends, with the schema's name and its advisory
-//! lock keys spliced in, built once per store; and the conversions of its `int8` values.
+//! lock keys spliced in, built once per store; and the values its `int8` parameters take and
+//! its `int8` columns give.
 //!
 //! ARCHITECTURE.md ("The PostgreSQL engine") describes the schema and the statements.
 
 use std::collections::HashMap;
 
 use crate::engine::processing::EXPIRED;
+use crate::error::{Error, Result};
 use crate::processing::{max_delay_ms, MAX_ATTEMPTS};
 use crate::sync::process::Mutex;
 
@@ -486,16 +488,42 @@ impl ProcSql {
 
 // ---- values of the statements' `int8` parameters and columns ----
 
+/// An `int8` column the engine writes only non-negative (an id, a lease token, a time in ms,
+/// a count) as a `u64`. A negative one, which only a row written by hand can hold, reads as 0.
 pub(super) fn ms(v: i64) -> u64 {
     u64::try_from(v).unwrap_or(0)
 }
 
+/// [`ms`] of a column that may be `NULL` (0).
 pub(super) fn opt_ms(v: Option<i64>) -> u64 {
     v.map_or(0, ms)
 }
 
-pub(super) fn i64_of(v: u64) -> i64 {
-    i64::try_from(v).unwrap_or(i64::MAX)
+/// A `LIMIT` of "up to `n`". Saturating on purpose: no table holds more than `i64::MAX`
+/// rows, so a larger `n` asks for the same rows as `i64::MAX` does.
+pub(super) fn up_to(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+/// An id to list from ("ids above `after`"). Saturating on purpose: ids are `int8`, so none
+/// is above `i64::MAX`, and a larger `after` finds what `i64::MAX` does: nothing.
+pub(super) fn after_id(after: u64) -> i64 {
+    i64::try_from(after).unwrap_or(i64::MAX)
+}
+
+/// The injected clock's time for a statement's `now`. Saturating on purpose: a manual clock
+/// saturates itself (`ManualClock::advance`), and past `i64::MAX` ms it reads as the last
+/// time an `int8` holds (where the statements' deadlines overflow and fail, never wrap).
+pub(super) fn clock_ms(now: u64) -> i64 {
+    i64::try_from(now).unwrap_or(i64::MAX)
+}
+
+/// A value passed back to an `int8` parameter that is in range unless this crate has a bug:
+/// one read from an `int8` column (a lease token), or checked by the caller against a
+/// maximum far below `i64::MAX` (a lease time, a delay). Out of range it is [`Error::Bug`]
+/// with `invariant`, and nothing is sent.
+pub(super) fn int8(v: u64, invariant: &'static str) -> Result<i64> {
+    i64::try_from(v).map_err(|_| Error::Bug { invariant })
 }
 
 #[cfg(test)]
@@ -529,5 +557,16 @@ mod tests {
         let sql = Sql::new("s");
         assert!(sql.take.contains(IN_TRANSACTION), "{}", sql.take);
         assert!(BEGIN.contains(IN_TRANSACTION) && BEGIN.contains("SET LOCAL"));
+    }
+
+    #[test]
+    fn an_int8_out_of_range_is_a_bug_and_limits_saturate() {
+        assert_eq!(int8(7, "x").ok(), Some(7));
+        assert!(matches!(
+            int8(u64::MAX, "x"),
+            Err(Error::Bug { invariant: "x" })
+        ));
+        assert_eq!(up_to(usize::MAX), i64::MAX);
+        assert_eq!(after_id(u64::MAX), i64::MAX);
     }
 }
