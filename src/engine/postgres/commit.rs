@@ -119,7 +119,10 @@ pub(super) async fn finish(
         // One statement, atomic on its own: it commits as it completes, so a connection lost
         // once it was sent leaves the outcome unknown, as a lost `COMMIT` does.
         let inserted = match &insert {
-            Some(insert) => client.execute(insert, params).await.map(drop),
+            Some(insert) => client
+                .execute(insert, params)
+                .await
+                .map(|rows| check_inserted(rows, queues.len())),
             None => Ok(()),
         };
         return inserted
@@ -131,7 +134,10 @@ pub(super) async fn finish(
         // turns the `COMMIT` after it into a rollback.
         let inserted = async {
             match &insert {
-                Some(insert) => client.execute(insert, params).await.map(drop),
+                Some(insert) => client
+                    .execute(insert, params)
+                    .await
+                    .map(|rows| check_inserted(rows, queues.len())),
                 None => Ok(()),
             }
         };
@@ -148,10 +154,11 @@ pub(super) async fn finish(
     }
     // On any failure below the caller rolls back (`held.open` is still set).
     if let Some(insert) = &insert {
-        client
+        let rows = client
             .execute(insert, params)
             .await
             .map_err(|e| pg("commit", e))?;
+        check_inserted(rows, queues.len());
     }
     write_extra(client, sql, &extra, now).await?;
     let granted = match extra.lease {
@@ -221,7 +228,7 @@ async fn write_extra(client: &Object, sql: &Sql, extra: &Extra, now: Option<i64>
             .map_err(|e| pg("commit", e))?;
         let fourth: &(dyn tokio_postgres::types::ToSql + Sync) =
             if dead { &reasons } else { &dues };
-        client
+        let written = client
             .execute(
                 &statement,
                 &[
@@ -230,6 +237,11 @@ async fn write_extra(client: &Object, sql: &Sql, extra: &Extra, now: Option<i64>
             )
             .await
             .map_err(|e| pg("commit", e))?;
+        // No `ON CONFLICT` (an import carries no deduplication key): one row per item.
+        debug_assert!(
+            usize::try_from(written).is_ok_and(|written| written == rows.len()),
+            "an import writes one row per item"
+        );
     }
     if !extra.acks.is_empty() {
         let tokens: Vec<i64> = extra.acks.iter().map(|(t, _)| *t).collect();
@@ -241,14 +253,17 @@ async fn write_extra(client: &Object, sql: &Sql, extra: &Extra, now: Option<i64>
             .query(&statement, &[&tokens, &now])
             .await
             .map_err(|e| pg("commit", e))?;
+        debug_assert!(
+            rows.iter()
+                .all(|r| r.try_get::<_, i64>(0).is_ok_and(|t| tokens.contains(&t))),
+            "an ack deletes only the leases it names"
+        );
         if rows.len() != tokens.len() {
             let live: Vec<i64> = rows.iter().filter_map(|r| r.try_get(0).ok()).collect();
-            let (token, queue) = extra
-                .acks
-                .iter()
-                .find(|(t, _)| !live.contains(t))
-                .cloned()
-                .unwrap_or_else(|| extra.acks[0].clone());
+            let expired = extra.acks.iter().find(|(t, _)| !live.contains(t));
+            // Else a token was named twice, and the live lease would be reported as ended.
+            debug_assert!(expired.is_some(), "a commit acknowledges each lease once");
+            let (token, queue) = expired.cloned().unwrap_or_else(|| extra.acks[0].clone());
             return Err(Error::LeaseExpired {
                 queue,
                 token: ms(token),
@@ -256,4 +271,13 @@ async fn write_extra(client: &Object, sql: &Sql, extra: &Extra, now: Option<i64>
         }
     }
     Ok(())
+}
+
+/// The plain `INSERT` of a commit writes one row per item: it has no `ON CONFLICT`, and its
+/// `unnest` gives one row per element of arrays of one length.
+fn check_inserted(rows: u64, items: usize) {
+    debug_assert!(
+        u64::try_from(items).is_ok_and(|items| rows == items),
+        "the commit's INSERT wrote {rows} rows for {items} items"
+    );
 }

@@ -234,6 +234,10 @@ pub(super) async fn take(
             return Err(pg("dequeue", e));
         }
     };
+    debug_assert!(
+        usize::try_from(n).is_ok_and(|n| taken.len() <= n),
+        "a dequeue takes at most the rows it asks for"
+    );
     held.held += taken.len();
     taken.sort_unstable_by_key(|e| e.id);
     Ok(taken)

@@ -59,10 +59,15 @@ impl Postgres {
         let (pool, sql) = (self.pool.clone(), Arc::clone(&self.sql));
         self.run(async move {
             let client = pool.get().await.map_err(|e| pg("lease", e))?;
-            client
+            let given_back = client
                 .execute(&sql.proc.unlease, &[&tokens])
                 .await
                 .map_err(|e| pg("lease", e))?;
+            // Fewer when a lease ended meanwhile (its row re-leased or gone); never more.
+            debug_assert!(
+                usize::try_from(given_back).is_ok_and(|n| n <= tokens.len()),
+                "a lease token is on at most one row"
+            );
             Ok(())
         })
         .await?;
@@ -88,6 +93,10 @@ impl Postgres {
                 .map_err(|e| pg("fail", e))?;
             let found: i64 = row.try_get(0).map_err(|e| pg("fail", e))?;
             let at: Option<i64> = row.try_get(1).map_err(|e| pg("fail", e))?;
+            debug_assert!(
+                found == 0 || found == 1,
+                "a lease token is on at most one row"
+            );
             Ok(match (found, at) {
                 (0, _) => FailOutcome::Ended,
                 (_, Some(at)) => FailOutcome::Retry(ms(at)),
@@ -109,6 +118,7 @@ impl Postgres {
                     .query(&sql.proc.release, &[&token, &now, &delay])
                     .await
                     .map_err(|e| pg("release", e))?;
+                debug_assert!(rows.len() <= 1, "a lease token is on at most one row");
                 let Some(row) = rows.first() else {
                     return Ok(None);
                 };
@@ -166,6 +176,7 @@ impl Postgres {
                 .query(&sql.proc.extend, &[&token, &now, &ttl])
                 .await
                 .map_err(|e| pg("extend", e))?;
+            debug_assert!(rows.len() <= 1, "a lease token is on at most one row");
             match rows.first() {
                 None => Ok(None),
                 Some(row) => Ok(Some(ms(row.try_get(0).map_err(|e| pg("extend", e))?))),
@@ -371,6 +382,15 @@ impl Postgres {
             }
             .map_err(|e| pg(operation, e))?;
             let done: Vec<i64> = rows.iter().filter_map(|r| r.try_get(0).ok()).collect();
+            debug_assert!(
+                ids.as_ref()
+                    .is_none_or(|ids| done.iter().all(|id| ids.binary_search(id).is_ok())),
+                "a replay or purge by ids moves only the dead letters it names"
+            );
+            debug_assert!(
+                limit.is_none_or(|n| i64::try_from(done.len()).is_ok_and(|done| done <= n)),
+                "a replay or purge of the first n moves at most n"
+            );
             if let Some(ids) = &ids {
                 let missing = ids.iter().find(|id| !done.contains(id)).map(|&id| ms(id));
                 if let Some(id) = missing.or(beyond) {

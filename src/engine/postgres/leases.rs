@@ -93,6 +93,14 @@ pub(super) async fn lease_on(
         .filter(|row| matches!(row.try_get::<_, Option<i64>>(0), Ok(Some(_))))
         .map(granted)
         .collect::<Result<Vec<_>>>()?;
+    debug_assert!(
+        !rows.is_empty() && (granted.len() == rows.len() || (rows.len(), granted.len()) == (1, 0)),
+        "the lease statement returns one row per lease, or one row of NULLs"
+    );
+    debug_assert!(
+        usize::try_from(n).is_ok_and(|n| granted.len() <= n),
+        "a lease grants at most the leases it asks for"
+    );
     // Queue order: readiness, then id (an expired lease kept its place at the head).
     granted.sort_unstable_by_key(|g| (g.entry.not_before, g.entry.id));
     for g in &mut granted {

@@ -179,7 +179,12 @@ impl Drop for Watch {
     fn drop(&mut self) {
         let last = {
             let mut queues = self.waiters.queues.lock();
-            match queues.get_mut(&self.queue) {
+            let waited = queues.get_mut(&self.queue);
+            debug_assert!(
+                waited.as_ref().is_some_and(|w| w.count > 0),
+                "a queue's count of waiting consumers counts each live watch"
+            );
+            match waited {
                 Some(waited) => {
                     waited.count = waited.count.saturating_sub(1);
                     waited.count == 0

@@ -398,6 +398,12 @@ impl Postgres {
             let _rolled_back = self.end(tx).await;
             return Err(why.error());
         }
+        // What it dequeued is held by its database transaction alone: were that ended
+        // already, the commit would not consume the items.
+        debug_assert!(
+            tx.as_ref().is_none_or(|t| t.held == 0 || t.open),
+            "a transaction that dequeued rows keeps its database transaction open to its end"
+        );
         let mut queues = Vec::with_capacity(enqueues.len());
         let mut payloads = Vec::with_capacity(enqueues.len());
         for (core, bytes) in enqueues {
