@@ -87,18 +87,18 @@ pub use crate::admin::Decoders;
 pub use crate::clock::ManualClock;
 pub use crate::codec::RawItem;
 pub use crate::config::Durability;
-pub use crate::queue::dequeue::Dequeue;
 pub use crate::engine::SetAsideRecord;
 pub use crate::error::{DirectoryProblem, Error, Result};
-pub use crate::queue::import::ImportedItem;
-pub use crate::queue::delays::Enqueued;
-pub use crate::queue::lease::{Failed, Lease};
 pub use crate::processing::{
     BrowsedItem, DeadLetter, ItemState, QueueStats, Replay, RetryPolicy, MAX_ATTEMPTS, MAX_DELAY,
     MAX_TTL,
 };
-pub use crate::queue::ReliableConcurrentQueue;
+pub use crate::queue::delays::Enqueued;
+pub use crate::queue::dequeue::Dequeue;
+pub use crate::queue::import::ImportedItem;
+pub use crate::queue::lease::{Failed, Lease};
 pub use crate::queue::set::{QueueSet, SetOrder};
+pub use crate::queue::ReliableConcurrentQueue;
 pub use crate::store::Builder;
 pub use crate::store::Store;
 pub use crate::transaction::Transaction;

@@ -22,16 +22,16 @@ pub(crate) mod catalog;
 #[cfg(all(test, reliable_queue_loom))]
 mod loom_leases;
 pub(crate) mod memory;
+pub(crate) mod moves;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;
-pub(crate) mod moves;
-pub(crate) mod proc;
-pub(crate) mod timers;
 #[cfg(feature = "postgres")]
 mod postgres_calls;
+pub(crate) mod proc;
 mod processing_calls;
-pub(crate) mod take;
 pub(crate) mod sled;
+pub(crate) mod take;
+pub(crate) mod timers;
 mod wait;
 pub(crate) mod work;
 
@@ -302,7 +302,10 @@ impl Engine {
 
     /// A PostgreSQL queue's handle, with its retry policy as the database has it.
     #[cfg(feature = "postgres")]
-    fn postgres_queue_ref(&self, (core, policy): (Arc<QueueCore>, Option<RetryPolicy>)) -> QueueRef {
+    fn postgres_queue_ref(
+        &self,
+        (core, policy): (Arc<QueueCore>, Option<RetryPolicy>),
+    ) -> QueueRef {
         let queue = self.queue_ref(core);
         if let Some(policy) = policy {
             queue.proc.set_policy(policy);
@@ -401,7 +404,9 @@ impl Engine {
         #[cfg(feature = "postgres")]
         if let Flavor::Postgres(pg) = &self.flavor {
             let work = std::mem::take(work);
-            return Box::pin(self.commit_on_postgres(pg, work, None)).await.map(drop);
+            return Box::pin(self.commit_on_postgres(pg, work, None))
+                .await
+                .map(drop);
         }
         // Everything but the wait happens before the first await, so the future keeps only
         // the reply's receiver across it, not the work.

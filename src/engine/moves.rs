@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use super::proc::{DeadSlot, Grant, Leased, Proc};
+use super::proc::{DeadSlot, Grant, GrantState, Leased, Proc};
 use super::timers::Timers;
 use crate::core::Entry;
 use crate::processing::MAX_ATTEMPTS;

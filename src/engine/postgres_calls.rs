@@ -4,10 +4,11 @@
 
 use std::sync::Arc;
 
-use super::postgres::{Extra, Fresh, Granted, Imported, Postgres, Watch};
-use crate::engine::moves::MoveKind;
+use super::moves::{Move, MoveKind};
+use super::postgres::{int8, Extra, Fresh, Granted, Imported, Postgres, Watch};
 use super::{abort, drop_expired, Engine, QueueRef, Work};
-use crate::error::Result;
+use crate::core::QueueCore;
+use crate::error::{Error, Result};
 
 impl Engine {
     /// PostgreSQL's commit: the buffered enqueues, the moves and the open database
@@ -31,55 +32,21 @@ impl Engine {
         }
         let mut extra = Extra::default();
         let mut keys = Vec::new();
-        for mv in std::mem::take(&mut work.moves) {
-            match mv.kind {
-                MoveKind::Enqueue { entry, delay } => {
-                    let queue = pg.db_id(&mv.proc.core)?;
-                    if let Some(key) = &entry.key {
-                        keys.push((Arc::clone(&mv.proc.core), key.clone()));
-                    }
-                    extra.fresh.push(Fresh {
-                        queue,
-                        payload: entry.bytes.into_vec(),
-                        delay: i64::try_from(delay).unwrap_or(i64::MAX),
-                        at: i64::try_from(entry.not_before).unwrap_or(i64::MAX),
-                        key: entry.key.map(|k| k.into_vec()),
-                    });
-                }
-                MoveKind::Ack { token, .. } => extra.acks.push((
-                    i64::try_from(token).unwrap_or(i64::MAX),
-                    mv.proc.core.name().to_owned(),
-                )),
-                MoveKind::Import { entry, reason } => {
-                    let at = |ms: u64| i64::try_from(ms).unwrap_or(i64::MAX);
-                    extra.imported.push(Imported {
-                        queue: pg.db_id(&mv.proc.core)?,
-                        attempts: i32::try_from(entry.attempts).unwrap_or(i32::MAX),
-                        due: at(entry.not_before),
-                        enqueued: at(entry.times.enqueued_at),
-                        first_attempt: at(entry.times.first_attempt),
-                        last_attempt: at(entry.times.last_attempt),
-                        payload: entry.bytes.into_vec(),
-                        reason,
-                    });
-                }
-                // Leases, retries, burials, replays and purges are statements of their own
-                // on PostgreSQL, never moves of a transaction.
-                _ => {
-                    debug_assert!(false, "a PostgreSQL transaction holds only enqueues, acks and imports");
-                    abort(work);
-                    return Err(self.unsupported("this move in a transaction"));
-                }
-            }
+        let moves = std::mem::take(&mut work.moves);
+        if let Err(e) = self.moves_on_postgres(pg, moves, &mut extra, &mut keys) {
+            abort(work);
+            return Err(e);
         }
         if let Some((queue, n, ttl)) = lease {
             extra.lease = Some((
                 pg.db_id(&queue.core)?,
+                // "Up to n": a count past i64 asks for every row, as i64::MAX does.
                 i64::try_from(n).unwrap_or(i64::MAX),
-                i64::try_from(ttl).unwrap_or(i64::MAX),
+                int8(ttl, "a lease's ttl is at most MAX_TTL")?,
             ));
         }
         let enqueues = std::mem::take(&mut work.enqueues).into_vec();
+
         let done = pg
             .commit(std::mem::take(&mut work.pg), enqueues, extra)
             .await;
@@ -89,6 +56,90 @@ impl Engine {
             core.release_key(&key);
         }
         done
+    }
+
+    /// The rows and statements of a PostgreSQL commit's moves: enqueues with a delay or a
+    /// key, acks and imports.
+    fn moves_on_postgres(
+        &self,
+        pg: &Postgres,
+        moves: Vec<Move>,
+        extra: &mut Extra,
+        keys: &mut Vec<(Arc<QueueCore>, Box<[u8]>)>,
+    ) -> Result<()> {
+        let mut moves = moves.into_iter();
+        while let Some(mv) = moves.next() {
+            if let Err(e) = self.move_on_postgres(pg, mv, extra, keys) {
+                // Nothing of the commit was sent: its keys are free again.
+                for rest in moves {
+                    rest.undo();
+                }
+                for (core, key) in keys.drain(..) {
+                    core.release_key(&key);
+                }
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// One move of [`moves_on_postgres`](Self::moves_on_postgres).
+    fn move_on_postgres(
+        &self,
+        pg: &Postgres,
+        mv: Move,
+        extra: &mut Extra,
+        keys: &mut Vec<(Arc<QueueCore>, Box<[u8]>)>,
+    ) -> Result<()> {
+        match mv.kind {
+            MoveKind::Enqueue { entry, delay } => {
+                // First: a failure below releases the keys noted so far.
+                if let Some(key) = &entry.key {
+                    keys.push((Arc::clone(&mv.proc.core), key.clone()));
+                }
+                let queue = pg.db_id(&mv.proc.core)?;
+                extra.fresh.push(Fresh {
+                    queue,
+                    payload: entry.bytes.into_vec(),
+                    delay: int8(delay, "a delay is at most MAX_DELAY")?,
+                    at: time(entry.not_before)?,
+                    key: entry.key.map(|k| k.into_vec()),
+                });
+            }
+            MoveKind::Ack { token, .. } => extra.acks.push((
+                int8(token, "a lease token is a PostgreSQL bigint")?,
+                mv.proc.core.name().to_owned(),
+            )),
+            MoveKind::Import { entry, reason } => {
+                extra.imported.push(Imported {
+                    queue: pg.db_id(&mv.proc.core)?,
+                    attempts: i32::try_from(entry.attempts).map_err(|_| Error::Bug {
+                        invariant: "an imported item has at most MAX_ATTEMPTS attempts",
+                    })?,
+                    due: time(entry.not_before)?,
+                    enqueued: time(entry.times.enqueued_at)?,
+                    first_attempt: time(entry.times.first_attempt)?,
+                    last_attempt: time(entry.times.last_attempt)?,
+                    payload: entry.bytes.into_vec(),
+                    reason,
+                });
+            }
+            // Leases, retries, burials, replays and purges are statements of their own
+            // on PostgreSQL, never moves of a transaction.
+            kind => {
+                Move {
+                    proc: mv.proc,
+                    kind,
+                }
+                .undo();
+                debug_assert!(
+                    false,
+                    "a PostgreSQL transaction holds only enqueues, acks and imports"
+                );
+                return Err(self.unsupported("this move in a transaction"));
+            }
+        }
+        Ok(())
     }
 
     /// PostgreSQL's lease of up to `n` items of the first of `queues` (in their order) that
@@ -179,7 +230,6 @@ impl Engine {
             },
         })
     }
-
 }
 
 /// A consumer waiting on several PostgreSQL queues (a queue set).
@@ -217,3 +267,11 @@ impl WatchSet<'_> {
     }
 }
 
+/// A time of the store (ms since the epoch) as PostgreSQL's bigint: one past its range (a
+/// time given by the caller, over 292 million years away) is refused.
+fn time(ms: u64) -> Result<i64> {
+    i64::try_from(ms).map_err(|_| Error::InvalidArgument {
+        argument: "time",
+        expected: "a time whose milliseconds since the Unix epoch fit in 63 bits (PostgreSQL)",
+    })
+}

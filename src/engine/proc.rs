@@ -112,7 +112,7 @@ pub(crate) struct Proc {
     /// Running leases. Its lock decides every race between a settlement, an extension and an
     /// expiry (loom-modelled: `engine::loom_models`).
     leases: crate::sync::Mutex<LeaseTable>,
-    delayed: AtomicU64,
+    pub(super) delayed: AtomicU64,
     dead: Mutex<BTreeMap<u64, DeadSlot>>,
     policy: Mutex<RetryPolicy>,
 }
@@ -279,7 +279,7 @@ impl Proc {
 
 /// The answer to a lease request: filled in by the commit that records the attempt.
 #[derive(Debug, Default)]
-pub(crate) struct Grant(Mutex<GrantState>);
+pub(crate) struct Grant(pub(super) Mutex<GrantState>);
 
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum GrantState {

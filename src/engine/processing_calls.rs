@@ -9,8 +9,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::moves::{Move, MoveKind, count_attempt};
-use super::proc::{DeadSlot, EXPIRED, Grant, GrantState, Granted, Leased, Pending, Proc, cut_reason};
+use super::moves::{count_attempt, Move, MoveKind};
+use super::proc::{
+    cut_reason, DeadSlot, Grant, GrantState, Granted, Leased, Pending, Proc, EXPIRED,
+};
 use super::timers::BuryExpired;
 use super::{Engine, Flavor, QueueRef, Work};
 use crate::clock::system_time;
@@ -127,8 +129,8 @@ impl Engine {
     ) -> Result<Vec<LeaseOf<X>>> {
         #[cfg(feature = "postgres")]
         if let Flavor::Postgres(pg) = &self.flavor {
-            let granted = Box::pin(self.commit_on_postgres(pg, work, Some((queue, n, ttl))))
-                .await?;
+            let granted =
+                Box::pin(self.commit_on_postgres(pg, work, Some((queue, n, ttl)))).await?;
             return self
                 .decoded_on_postgres(pg, queue, granted, true, decode)
                 .await;
@@ -238,7 +240,12 @@ impl Engine {
     /// Settles lease `token` as failed with `reason` (already checked): due again at the
     /// returned time after the backoff, or (`None`) moved to the dead letters once the item
     /// had its attempts.
-    pub(crate) async fn fail(&self, proc: &Arc<Proc>, token: u64, reason: &str) -> Result<Option<u64>> {
+    pub(crate) async fn fail(
+        &self,
+        proc: &Arc<Proc>,
+        token: u64,
+        reason: &str,
+    ) -> Result<Option<u64>> {
         #[cfg(feature = "postgres")]
         if let Flavor::Postgres(pg) = &self.flavor {
             self.check_open()?;
@@ -255,7 +262,12 @@ impl Engine {
 
     /// Settles lease `token` by giving its item back, due after `delay` (at the head of the
     /// queue for zero). An invalid `delay` gives the item back at once and is refused.
-    pub(crate) async fn release(&self, proc: &Arc<Proc>, token: u64, delay: Duration) -> Result<()> {
+    pub(crate) async fn release(
+        &self,
+        proc: &Arc<Proc>,
+        token: u64,
+        delay: Duration,
+    ) -> Result<()> {
         let delay = match check_delay(delay) {
             Ok(delay) => delay,
             Err(e) => {
@@ -625,12 +637,7 @@ impl Engine {
 
     /// The work that settles lease `token` of `proc` with a failure: a retry after the
     /// backoff, or the dead letters once the item had its attempts.
-    fn fail_work(
-        &self,
-        proc: &Arc<Proc>,
-        token: u64,
-        reason: &str,
-    ) -> Result<(Work, Option<u64>)> {
+    fn fail_work(&self, proc: &Arc<Proc>, token: u64, reason: &str) -> Result<(Work, Option<u64>)> {
         let now = self.now();
         let leased = self.claim(proc, token, now)?;
         let mut entry = leased.entry;
@@ -659,12 +666,7 @@ impl Engine {
 
     /// Settles lease `token` by giving the item back, due after `delay` ms: at once without a
     /// write when `delay` is 0; else the work to commit.
-    fn release_work(
-        &self,
-        proc: &Arc<Proc>,
-        token: u64,
-        delay: u64,
-    ) -> Result<Option<Work>> {
+    fn release_work(&self, proc: &Arc<Proc>, token: u64, delay: u64) -> Result<Option<Work>> {
         let now = self.now();
         let leased = self.claim(proc, token, now)?;
         let mut entry = leased.entry;
@@ -721,13 +723,7 @@ impl Engine {
 
     /// The work that replays (or, with `purge`, deletes) the dead letters `ids` of `proc`.
     /// Fails with [`Error::NotDeadLetter`] for an id that is not one, taking nothing.
-    fn dead_work(
-        &self,
-        proc: &Arc<Proc>,
-        ids: &[u64],
-        reset: bool,
-        purge: bool,
-    ) -> Result<Work> {
+    fn dead_work(&self, proc: &Arc<Proc>, ids: &[u64], reset: bool, purge: bool) -> Result<Work> {
         self.check_open()?;
         let mut work = Work::default();
         for &id in ids {
@@ -786,7 +782,6 @@ impl Engine {
         proc.set_policy(policy);
         Ok(())
     }
-
 }
 
 impl BuryExpired for Engine {

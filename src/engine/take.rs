@@ -180,11 +180,8 @@ impl<'q> Wait<'_, 'q> {
         let budget = std::task::ready!(poll_budget(cx));
         let engine = self.engine;
         let polled = match &mut self.state {
-            State::Core { waits, work } => {
-                poll_core(engine, waits, work, self.deadline, cx).map_ok(|got| {
-                    got.map(|(index, queue, at)| (index, queue, &work.dequeued[at].1))
-                })
-            }
+            State::Core { waits, work } => poll_core(engine, waits, work, self.deadline, cx)
+                .map_ok(|got| got.map(|(index, queue, at)| (index, queue, &work.dequeued[at].1))),
             #[cfg(feature = "postgres")]
             State::Remote { looking, got } => match looking.as_mut().poll(cx) {
                 Poll::Ready(Ok(Some((index, queue, entry)))) => {

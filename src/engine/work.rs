@@ -6,9 +6,9 @@ use std::sync::Arc;
 
 use smallvec::SmallVec;
 
+use super::moves::{Move, MoveKind};
 #[cfg(feature = "postgres")]
 use super::postgres;
-use super::moves::{Move, MoveKind};
 use super::timers::TxExpiry;
 use crate::core::{restore_all, Entry, QueueCore, Ticket};
 use crate::error::{Error, Result};

@@ -123,9 +123,13 @@ where
         let delay = check_delay(delay)?;
         self.check(tx)?;
         let entry = self.encode_entry(item.borrow())?;
-        let buffered =
-            self.engine()
-                .enqueue_entry(self.queue_ref(), tx.work_mut(), entry, delay, Some(key))?;
+        let buffered = self.engine().enqueue_entry(
+            self.queue_ref(),
+            tx.work_mut(),
+            entry,
+            delay,
+            Some(key),
+        )?;
         Ok(match buffered {
             true => Enqueued::Enqueued,
             false => Enqueued::Duplicate,

@@ -67,9 +67,7 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<T>> {
         let taken = std::task::ready!(Pin::new(&mut self.get_mut().inner).poll(cx));
         // Without a deadline the wait only ends with an item or an error.
-        Poll::Ready(taken.and_then(|item| {
-            item.ok_or_else(no_item_without_deadline)
-        }))
+        Poll::Ready(taken.and_then(|item| item.ok_or_else(no_item_without_deadline)))
     }
 }
 

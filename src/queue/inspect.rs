@@ -18,7 +18,6 @@ impl<T> ReliableConcurrentQueue<T>
 where
     T: Serialize + DeserializeOwned + Send + 'static,
 {
-
     /// Counts of the queue's items: visible, delayed, leased, held by open transactions, dead;
     /// and the enqueue time of the item at the front. Each is a snapshot, taken one after the
     /// other, not together: an item moving between states at that moment may be counted in
@@ -64,7 +63,9 @@ where
     ///
     /// Storage errors; [`Error::Closed`] after close.
     pub async fn set_retry_policy(&self, policy: RetryPolicy) -> Result<()> {
-        self.engine().set_policy(self.proc(), policy.clamped()).await
+        self.engine()
+            .set_policy(self.proc(), policy.clamped())
+            .await
     }
 
     /// [`set_retry_policy`](Self::set_retry_policy) for threads.
@@ -155,7 +156,10 @@ where
         after: Option<u64>,
         limit: usize,
     ) -> Result<Vec<DeadLetter<T>>> {
-        let slots = self.engine().dead_letters(self.proc(), after, limit).await?;
+        let slots = self
+            .engine()
+            .dead_letters(self.proc(), after, limit)
+            .await?;
         slots.into_iter().map(|s| self.dead_letter(s)).collect()
     }
 

@@ -1,7 +1,6 @@
 //! [`Lease`]: an item taken for processing for a limited time, and the queue's
 //! processing-layer calls (leases, delayed enqueues, dead letters, browse, stats).
 
-use std::borrow::Borrow;
 use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -9,15 +8,12 @@ use std::time::{Duration, Instant, SystemTime};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::clock::{system_time, wall_ms};
-use crate::core::Entry;
-use crate::engine::proc::{DeadSlot, Granted, Proc, check_reason};
+use crate::clock::system_time;
+use crate::engine::proc::{check_reason, Granted, Proc};
 use crate::engine::take::no_item_without_deadline;
 use crate::engine::{block_on, Engine};
 use crate::error::{Error, Result};
-use crate::processing::{
-    check_delay, check_ttl, BrowsedItem, DeadLetter, ItemState, QueueStats, Replay, RetryPolicy,
-};
+use crate::processing::check_ttl;
 use crate::queue::ReliableConcurrentQueue;
 use crate::transaction::Transaction;
 
@@ -523,5 +519,4 @@ where
     pub fn blocking_try_lease(&self, ttl: Duration) -> Result<Option<Lease<T>>> {
         block_on(self.try_lease(ttl))
     }
-
 }

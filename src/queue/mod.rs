@@ -1,7 +1,7 @@
 //! [`ReliableConcurrentQueue`]: the typed handle on one named queue.
 
-pub(crate) mod dequeue;
 pub(crate) mod delays;
+pub(crate) mod dequeue;
 pub(crate) mod import;
 mod inspect;
 pub(crate) mod lease;

@@ -11,8 +11,8 @@ use serde::Serialize;
 use crate::engine::take::no_item_without_deadline;
 use crate::engine::{block_on, block_on_until, QueueRef};
 use crate::error::{Error, Result};
-use crate::queue::lease::Lease;
 use crate::processing::check_ttl;
+use crate::queue::lease::Lease;
 use crate::queue::ReliableConcurrentQueue;
 use crate::sync::process::Mutex;
 use crate::transaction::Transaction;
@@ -178,7 +178,9 @@ where
             q.check(tx)?;
         }
         let queues = self.ordered();
-        let mut wait = self.queues[0].engine().wait(queues, tx.work_mut(), deadline);
+        let mut wait = self.queues[0]
+            .engine()
+            .wait(queues, tx.work_mut(), deadline);
         poll_fn(|cx| {
             wait.poll_take(cx).map(|taken| match taken? {
                 Some((i, _, entry)) => self.queues[i].decode(entry).map(|t| Some((i, t))),

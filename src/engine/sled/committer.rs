@@ -26,7 +26,7 @@ use super::recovery::LogState;
 use super::trees::{self, Trees};
 use crate::config::{Config, Durability};
 use crate::core::{publish_all, Entry, QueueId};
-use crate::engine::moves::{Move, MoveKind, apply, due_after};
+use crate::engine::moves::{apply, due_after, Move, MoveKind};
 use crate::engine::timers::Timers;
 use crate::engine::work::Work;
 use crate::error::{Error, Result};

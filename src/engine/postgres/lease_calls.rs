@@ -1,5 +1,5 @@
-//! The processing layer on PostgreSQL: leases, retries, delayed items, dead letters, browse
-//! and stats as statements on the schema's rows.
+//! The processing layer's calls on PostgreSQL (`impl Postgres`): leases, retries, delayed
+//! items, dead letters, browse and stats as statements on the schema's rows.
 //!
 //! A lease is columns of its row (`attempts`, `leased_until`, `lease_token`), set by one
 //! autocommitted `UPDATE` (durable before the `Lease` is returned, P1) and checked by token
@@ -10,37 +10,36 @@
 //! the next lease, stats, browse or dead-letter call on its queue (until then it is neither
 //! visible nor leased). ARCHITECTURE.md ("The PostgreSQL engine") lists the statements.
 //!
-//! This file holds the calls (`impl Postgres`); the statements (`ProcSql`), the rows they
-//! return and what the commit path and the maintenance task run of them are in `mod.rs`, so
-//! that this file imports `mod.rs` and not the other way round.
+//! The statements (`ProcSql`) are in `statements.rs`, what the commit path and the
+//! maintenance pass run of them in `leases.rs` and `commit.rs`: this file imports `mod.rs`
+//! (for `Postgres`) and nothing imports this file.
 
 use std::sync::Arc;
 
-use deadpool_postgres::Object;
 use tokio_postgres::Row;
 
-use super::{
-    buried_expired, i64_of, lease_on, ms, opt_ms, pg, FailOutcome, Granted, Postgres, Sql,
-};
-use crate::clock::Clock;
+use super::failure::pg;
+use super::leases::{bury, lease_on, FailOutcome, Granted};
+use super::statements::{after_id, int8, ms, opt_ms, up_to};
+use super::Postgres;
 use crate::core::{Entry, QueueCore};
-use crate::engine::proc::{DeadSlot, cut_reason};
+use crate::engine::proc::{cut_reason, DeadSlot};
 use crate::error::{Error, Result};
 use crate::processing::{ItemState, QueueStats, Replay, RetryPolicy};
 
-impl Postgres {
-    /// The time to pass to the statements: the injected clock's, or `None` for the
-    /// database's.
-    pub(crate) fn now_param(&self) -> Option<i64> {
-        self.clock.is_manual().then(|| i64_of(self.clock.now()))
-    }
+/// What a lease token passed back to the database is: one it gave, an `int8` (see [`int8`]).
+const TOKEN: &str = "a lease token is one the database gave, an int8";
+/// What a lease time is: checked against `MAX_TTL` by the caller.
+const TTL: &str = "a lease time passed to the engine is at most MAX_TTL";
+/// What a delay is: checked against `MAX_DELAY` by the caller.
+const DELAY: &str = "a delay passed to the engine is at most MAX_DELAY";
 
+impl Postgres {
     /// Leases up to `n` visible items of `core`'s queue for `ttl` ms, in one autocommitted
     /// statement (durable when this returns); none if nothing is visible.
     pub(crate) async fn lease(&self, core: &QueueCore, n: usize, ttl: u64) -> Result<Vec<Granted>> {
         let queue = self.db_id(core)?;
-        let n = i64::try_from(n).unwrap_or(i64::MAX);
-        let (now, ttl) = (self.now_param(), i64_of(ttl));
+        let (n, now, ttl) = (up_to(n), self.now_param(), int8(ttl, TTL)?);
         let (pool, sql) = (self.pool.clone(), Arc::clone(&self.sql));
         self.run(async move {
             let client = pool.get().await.map_err(|e| pg("lease", e))?;
@@ -53,14 +52,22 @@ impl Postgres {
     /// attempts not counted, and wakes a waiter.
     pub(crate) async fn unlease(&self, core: &QueueCore, tokens: Vec<u64>) -> Result<()> {
         let queue = self.db_id(core)?;
-        let tokens: Vec<i64> = tokens.into_iter().map(i64_of).collect();
+        let tokens = tokens
+            .into_iter()
+            .map(|token| int8(token, TOKEN))
+            .collect::<Result<Vec<i64>>>()?;
         let (pool, sql) = (self.pool.clone(), Arc::clone(&self.sql));
         self.run(async move {
             let client = pool.get().await.map_err(|e| pg("lease", e))?;
-            client
+            let given_back = client
                 .execute(&sql.proc.unlease, &[&tokens])
                 .await
                 .map_err(|e| pg("lease", e))?;
+            // Fewer when a lease ended meanwhile (its row re-leased or gone); never more.
+            debug_assert!(
+                usize::try_from(given_back).is_ok_and(|n| n <= tokens.len()),
+                "a lease token is on at most one row"
+            );
             Ok(())
         })
         .await?;
@@ -76,7 +83,7 @@ impl Postgres {
         reason: &str,
     ) -> Result<FailOutcome> {
         let queue = self.db_id(core)?;
-        let (now, token, reason) = (self.now_param(), i64_of(token), cut_reason(reason));
+        let (now, token, reason) = (self.now_param(), int8(token, TOKEN)?, cut_reason(reason));
         let (pool, sql) = (self.pool.clone(), Arc::clone(&self.sql));
         self.run(async move {
             let client = pool.get().await.map_err(|e| pg("fail", e))?;
@@ -86,6 +93,10 @@ impl Postgres {
                 .map_err(|e| pg("fail", e))?;
             let found: i64 = row.try_get(0).map_err(|e| pg("fail", e))?;
             let at: Option<i64> = row.try_get(1).map_err(|e| pg("fail", e))?;
+            debug_assert!(
+                found == 0 || found == 1,
+                "a lease token is on at most one row"
+            );
             Ok(match (found, at) {
                 (0, _) => FailOutcome::Ended,
                 (_, Some(at)) => FailOutcome::Retry(ms(at)),
@@ -98,7 +109,7 @@ impl Postgres {
     /// Gives lease `token` back, due after `delay` ms (at the head for 0). False if the
     /// lease had ended.
     pub(crate) async fn release(&self, token: u64, delay: u64) -> Result<bool> {
-        let (now, token, delay) = (self.now_param(), i64_of(token), i64_of(delay));
+        let (now, token, delay) = (self.now_param(), int8(token, TOKEN)?, int8(delay, DELAY)?);
         let (pool, sql) = (self.pool.clone(), Arc::clone(&self.sql));
         let released = self
             .run(async move {
@@ -107,6 +118,7 @@ impl Postgres {
                     .query(&sql.proc.release, &[&token, &now, &delay])
                     .await
                     .map_err(|e| pg("release", e))?;
+                debug_assert!(rows.len() <= 1, "a lease token is on at most one row");
                 let Some(row) = rows.first() else {
                     return Ok(None);
                 };
@@ -127,7 +139,15 @@ impl Postgres {
     /// A lease dropped unsettled: given back at once, in the background (the holder is
     /// gone; should this fail, the lease ends at its deadline).
     pub(crate) fn drop_lease(&self, token: u64) {
-        let (now, token) = (self.now_param(), i64_of(token));
+        let token = match int8(token, TOKEN) {
+            Ok(token) => token,
+            Err(e) => {
+                // Nobody to tell: the lease ends at its deadline.
+                tracing::error!(error = %e, "a dropped lease was not given back");
+                return;
+            }
+        };
+        let now = self.now_param();
         let (pool, sql) = (self.pool.clone(), Arc::clone(&self.sql));
         let waiters = Arc::clone(&self.waiters);
         self.rt.spawn(async move {
@@ -148,7 +168,7 @@ impl Postgres {
 
     /// Moves lease `token`'s deadline to `ttl` ms from now; `None` if it had ended.
     pub(crate) async fn extend(&self, token: u64, ttl: u64) -> Result<Option<u64>> {
-        let (now, token, ttl) = (self.now_param(), i64_of(token), i64_of(ttl));
+        let (now, token, ttl) = (self.now_param(), int8(token, TOKEN)?, int8(ttl, TTL)?);
         let (pool, sql) = (self.pool.clone(), Arc::clone(&self.sql));
         self.run(async move {
             let client = pool.get().await.map_err(|e| pg("extend", e))?;
@@ -156,38 +176,13 @@ impl Postgres {
                 .query(&sql.proc.extend, &[&token, &now, &ttl])
                 .await
                 .map_err(|e| pg("extend", e))?;
+            debug_assert!(rows.len() <= 1, "a lease token is on at most one row");
             match rows.first() {
                 None => Ok(None),
                 Some(row) => Ok(Some(ms(row.try_get(0).map_err(|e| pg("extend", e))?))),
             }
         })
         .await
-    }
-
-    /// The store's time source for tasks that outlive a call: the injected clock, if any.
-    pub(super) fn now_source(&self) -> Option<Clock> {
-        self.clock.is_manual().then(|| self.clock.clone())
-    }
-
-    /// Moves every expired lease of the queue at its maximum attempts to the dead letters,
-    /// and deletes dead letters past the retention.
-    pub(super) async fn bury(
-        client: &Object,
-        sql: &Sql,
-        queue: i32,
-        now: Option<i64>,
-        retention: Option<i64>,
-    ) -> Result<()> {
-        let row = client
-            .query_one(&sql.proc.bury, &[&queue, &now, &retention])
-            .await
-            .map_err(|e| pg("bury", e))?;
-        let buried: i64 = row.try_get(0).unwrap_or(0);
-        if buried > 0 {
-            let name: String = row.try_get(2).unwrap_or_default();
-            buried_expired(&name, buried);
-        }
-        Ok(())
     }
 
     /// The queue's counts, and its policy as stored.
@@ -197,7 +192,7 @@ impl Postgres {
         let (pool, sql) = (self.pool.clone(), Arc::clone(&self.sql));
         self.run(async move {
             let client = pool.get().await.map_err(|e| pg("stats", e))?;
-            Self::bury(&client, &sql, queue, now, retention).await?;
+            bury(&client, &sql, queue, now, retention).await?;
             let row = client
                 .query_one(&sql.proc.stats, &[&queue, &now])
                 .await
@@ -257,12 +252,11 @@ impl Postgres {
     ) -> Result<Vec<(Entry, ItemState)>> {
         let queue = self.db_id(core)?;
         let (now, retention) = (self.now_param(), self.retention);
-        let after = after.map_or(0, i64_of);
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let (after, limit) = (after.map_or(0, after_id), up_to(limit));
         let (pool, sql) = (self.pool.clone(), Arc::clone(&self.sql));
         self.run(async move {
             let client = pool.get().await.map_err(|e| pg("browse", e))?;
-            Self::bury(&client, &sql, queue, now, retention).await?;
+            bury(&client, &sql, queue, now, retention).await?;
             let rows = client
                 .query(&sql.proc.browse, &[&queue, &after, &limit, &now])
                 .await
@@ -308,12 +302,11 @@ impl Postgres {
     ) -> Result<Vec<DeadSlot>> {
         let queue = self.db_id(core)?;
         let (now, retention) = (self.now_param(), self.retention);
-        let after = after.map_or(0, i64_of);
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let (after, limit) = (after.map_or(0, after_id), up_to(limit));
         let (pool, sql) = (self.pool.clone(), Arc::clone(&self.sql));
         self.run(async move {
             let client = pool.get().await.map_err(|e| pg("dead_letters", e))?;
-            Self::bury(&client, &sql, queue, now, retention).await?;
+            bury(&client, &sql, queue, now, retention).await?;
             let rows = client
                 .query(&sql.proc.dead, &[&queue, &after, &limit])
                 .await
@@ -353,11 +346,23 @@ impl Postgres {
         let queue = self.db_id(core)?;
         let name = core.name().to_owned();
         let (now, retention) = (self.now_param(), self.retention);
+        // An id past `i64::MAX` is no dead letter (ids are `int8`): not looked for, and the
+        // call fails on it unless it fails on an id in range first, as for any other id
+        // that is not a dead letter.
+        let mut beyond = None;
         let (ids, limit): (Option<Vec<i64>>, Option<i64>) = match &which {
             Replay::All => (None, None),
-            Replay::First(n) => (None, Some(i64::try_from(*n).unwrap_or(i64::MAX))),
+            Replay::First(n) => (None, Some(up_to(*n))),
             Replay::Ids(ids) => {
-                let mut ids: Vec<i64> = ids.iter().map(|&id| i64_of(id)).collect();
+                beyond = ids
+                    .iter()
+                    .copied()
+                    .filter(|&id| i64::try_from(id).is_err())
+                    .min();
+                let mut ids: Vec<i64> = ids
+                    .iter()
+                    .filter_map(|&id| i64::try_from(id).ok())
+                    .collect();
                 ids.sort_unstable();
                 ids.dedup();
                 (Some(ids), None)
@@ -367,7 +372,7 @@ impl Postgres {
         let (pool, sql) = (self.pool.clone(), Arc::clone(&self.sql));
         self.run(async move {
             let mut client = pool.get().await.map_err(|e| pg(operation, e))?;
-            Self::bury(&client, &sql, queue, now, retention).await?;
+            bury(&client, &sql, queue, now, retention).await?;
             let tx = client.transaction().await.map_err(|e| pg(operation, e))?;
             let rows = if purge {
                 tx.query(&sql.proc.purge, &[&queue, &ids, &limit]).await
@@ -377,13 +382,20 @@ impl Postgres {
             }
             .map_err(|e| pg(operation, e))?;
             let done: Vec<i64> = rows.iter().filter_map(|r| r.try_get(0).ok()).collect();
+            debug_assert!(
+                ids.as_ref()
+                    .is_none_or(|ids| done.iter().all(|id| ids.binary_search(id).is_ok())),
+                "a replay or purge by ids moves only the dead letters it names"
+            );
+            debug_assert!(
+                limit.is_none_or(|n| i64::try_from(done.len()).is_ok_and(|done| done <= n)),
+                "a replay or purge of the first n moves at most n"
+            );
             if let Some(ids) = &ids {
-                if let Some(&missing) = ids.iter().find(|id| !done.contains(id)) {
+                let missing = ids.iter().find(|id| !done.contains(id)).map(|&id| ms(id));
+                if let Some(id) = missing.or(beyond) {
                     // Dropping `tx` rolls back.
-                    return Err(Error::NotDeadLetter {
-                        queue: name,
-                        id: ms(missing),
-                    });
+                    return Err(Error::NotDeadLetter { queue: name, id });
                 }
             }
             tx.commit().await.map_err(|e| pg(operation, e))?;
