@@ -2,13 +2,13 @@
 //!
 //! ```text
 //! RUSTFLAGS="--cfg reliable_queue_loom" LOOM_MAX_PREEMPTIONS=2 \
-//!     CARGO_TARGET_DIR=target/loom cargo test --release --lib loom_models
+//!     CARGO_TARGET_DIR=target/loom cargo test --release --lib loom_
 //! ```
 //!
 //! The models of `loom-tests/` drive the same core through the public API; these reach the
 //! parts the API cannot isolate (closing a queue under a waiter, a restore racing a take, a
 //! miss reclaiming an entry from a request that is late or never polled again). The lease
-//! table's models, one layer up, are in `engine/loom_models.rs`; the command runs both.
+//! table's models, one layer up, are in `engine/loom_leases.rs`; the command runs both.
 
 use std::collections::VecDeque;
 use std::future::poll_fn;

@@ -1,9 +1,9 @@
-//! loom models of the processing layer's lease table (`processing.rs`), under `--cfg
+//! loom models of the processing layer's lease table (`proc.rs`), under `--cfg
 //! reliable_queue_loom`, beside the core's own models (`core/loom_models.rs`):
 //!
 //! ```text
 //! RUSTFLAGS="--cfg reliable_queue_loom" LOOM_MAX_PREEMPTIONS=2 \
-//!     CARGO_TARGET_DIR=target/loom cargo test --release --lib loom_models
+//!     CARGO_TARGET_DIR=target/loom cargo test --release --lib loom_
 //! ```
 
 use std::collections::VecDeque;

@@ -3,8 +3,8 @@
 //! imported enqueues, stats, browse, dead letters and retry policies; and the burial of an
 //! item whose last lease expired, which the timers ask of the engine ([`BuryExpired`]). Each
 //! operation serves every engine; what the embedded engines work on (`Proc`, `Move`,
-//! `Timers`) is in `processing.rs`, below the engines, and PostgreSQL's statements are in its
-//! folder.
+//! `Timers`) is in `proc.rs`, `moves.rs` and `timers.rs`, below the engines, and PostgreSQL's
+//! statements are in its folder.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
