@@ -179,7 +179,13 @@ impl Proc {
     pub(crate) fn claim(&self, token: u64, now: u64) -> Option<Leased> {
         let mut table = self.leases.lock();
         match table.running.get(&token) {
-            Some(l) if l.deadline > now => table.running.remove(&token),
+            Some(l) if l.deadline > now => {
+                debug_assert_eq!(
+                    l.entry.id, token,
+                    "a lease's token is its item's version id"
+                );
+                table.running.remove(&token)
+            }
             _ => None,
         }
     }
@@ -221,9 +227,14 @@ impl Proc {
     /// (see [`Timers::watch`]).
     #[must_use = "the store's timers must watch the deadline returned"]
     pub(crate) fn insert_lease(&self, token: u64, leased: Leased) -> Option<u64> {
+        debug_assert_eq!(
+            leased.entry.id, token,
+            "a lease's token is its item's version id"
+        );
         let deadline = leased.deadline;
         let mut table = self.leases.lock();
-        table.running.insert(token, leased);
+        let earlier = table.running.insert(token, leased);
+        debug_assert!(earlier.is_none(), "a fencing token is never reused");
         table.add_deadline(token, deadline)
     }
 
@@ -233,8 +244,13 @@ impl Proc {
         let mut table = self.leases.lock();
         let mut watch = None;
         for (token, lease) in leased {
+            debug_assert_eq!(
+                lease.entry.id, token,
+                "a lease's token is its item's version id"
+            );
             let deadline = lease.deadline;
-            table.running.insert(token, lease);
+            let earlier = table.running.insert(token, lease);
+            debug_assert!(earlier.is_none(), "a fencing token is never reused");
             watch = table.add_deadline(token, deadline).or(watch);
         }
         watch

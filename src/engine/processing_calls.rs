@@ -113,6 +113,11 @@ impl Engine {
             }
         }
         let granted = self.grant(queue, &mut work, 0, ttl).await?;
+        debug_assert_eq!(
+            granted.len(),
+            items.len(),
+            "a grant answers every item taken"
+        );
         Ok(Some((index, granted.into_iter().zip(items).collect())))
     }
 
@@ -153,6 +158,11 @@ impl Engine {
             }
         }
         let granted = self.grant(queue, &mut work, from, ttl).await?;
+        debug_assert_eq!(
+            granted.len(),
+            items.len(),
+            "a grant answers every item taken"
+        );
         Ok(granted.into_iter().zip(items).collect())
     }
 
@@ -522,6 +532,10 @@ impl Engine {
             .drain(..)
             .zip(first..)
             .map(|((core, mut entry), id)| {
+                debug_assert!(
+                    Arc::ptr_eq(&core, &queue.core),
+                    "the items a grant leases were taken from its queue"
+                );
                 core.unhold(1);
                 entry.id = id;
                 count_attempt(&mut entry, now);
@@ -601,6 +615,10 @@ impl Engine {
         let now = self.now();
         let mut grants = Vec::with_capacity(work.dequeued.len().saturating_sub(from));
         for (core, mut entry) in work.dequeued.drain(from..) {
+            debug_assert!(
+                Arc::ptr_eq(&core, &queue.core),
+                "the items a grant leases were taken from its queue"
+            );
             core.unhold(1);
             count_attempt(&mut entry, now);
             let grant = Arc::new(Grant::default());

@@ -346,7 +346,8 @@ impl Timers {
             if let Some(proc) = proc {
                 if !due.is_empty() {
                     let n = u64::try_from(due.len()).unwrap_or(u64::MAX);
-                    proc.delayed.fetch_sub(n, Ordering::AcqRel);
+                    let before = proc.delayed.fetch_sub(n, Ordering::AcqRel);
+                    debug_assert!(before >= n, "the count of delayed items never goes below 0");
                     proc.core.publish(std::mem::take(due));
                 }
             }
