@@ -140,6 +140,12 @@ impl Proc {
         u64::try_from(self.leases.lock().running.len()).unwrap_or(u64::MAX)
     }
 
+    /// The entries of the lease table's deadline heap (for the test of its bound).
+    #[cfg(all(test, not(reliable_queue_loom)))]
+    pub(super) fn deadlines_kept(&self) -> usize {
+        self.leases.lock().deadlines.len()
+    }
+
     pub(crate) fn delayed(&self) -> u64 {
         self.delayed.load(Ordering::Acquire)
     }

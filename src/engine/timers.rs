@@ -457,7 +457,7 @@ mod tests {
         let store = Store::builder().clock(clock.clone()).open().unwrap();
         let q = store.blocking_queue::<u32>("q").unwrap();
         let ttl = Duration::from_secs(60);
-        let heap = || q.queue_ref().proc.leases.lock().deadlines.len();
+        let heap = || q.queue_ref().proc.deadlines_kept();
         let timers = || q.engine().timers.state.lock().timers.len();
         for i in 0..100 {
             let mut tx = store.begin();
