@@ -408,11 +408,6 @@ impl Committer {
     /// Records that every record below `end` is durable: the marker may write it, and says
     /// below which sequence number compaction may delete now.
     fn made_durable(&mut self, end: u64) -> Result<()> {
-        debug_assert!(
-            end <= self.next_seq,
-            "only records written are made durable (end {end}, next record {})",
-            self.next_seq
-        );
         self.durable_end = self.durable_end.max(end);
         if let Some(marker) = &self.marker {
             self.delete_below = marker
@@ -619,6 +614,12 @@ impl Committer {
         }
         debug_assert_eq!(record_seq, end, "one sequence number per record written");
         self.next_seq = record_seq;
+        debug_assert!(
+            self.durable_end <= self.next_seq,
+            "the mark claims only records written (durable end {}, next record {})",
+            self.durable_end,
+            self.next_seq
+        );
         let mut id = first;
         for mut req in group {
             for (_, entry) in &req.work.dequeued {
