@@ -108,8 +108,12 @@ impl ManualClock {
     /// See [`ManualClock`].
     pub fn advance(&self, by: Duration) {
         let _one_at_a_time = self.0.advancing.lock();
-        let ms = u64::try_from(by.as_millis()).unwrap_or(u64::MAX);
-        let now = self.0.now.load(Ordering::Acquire).saturating_add(ms);
+        // Saturating, as documented: a clock moved past the year 584 million stops there.
+        let now = self
+            .0
+            .now
+            .load(Ordering::Acquire)
+            .saturating_add(millis(by));
         self.0.now.store(now, Ordering::Release);
         let listeners: Vec<Arc<dyn OnAdvance>> = {
             let mut list = self.0.listeners.lock();
@@ -153,7 +157,9 @@ pub(crate) fn system_time(ms: u64) -> SystemTime {
     UNIX_EPOCH + Duration::from_millis(ms)
 }
 
-/// Whole milliseconds of a duration, saturating.
+/// Whole milliseconds of a duration, saturating: a duration past `u64::MAX` ms (584 million
+/// years) is longer than any time the clock can reach, which `u64::MAX` still says (callers
+/// check their own, far lower, limits on the result).
 pub(crate) fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
@@ -187,6 +193,8 @@ impl Clock {
             Clock::System { base, base_ms, .. } => {
                 // Whole milliseconds without `as_millis`'s 128-bit arithmetic.
                 let elapsed = base.elapsed();
+                // Saturating is meant: a clock running past the year 584 million stops there
+                // instead of going back.
                 let ms = elapsed
                     .as_secs()
                     .saturating_mul(1000)
@@ -213,6 +221,7 @@ impl Clock {
                 let elapsed = coarsetime::Instant::now_without_cache_update()
                     .duration_since(*coarse_base)
                     .as_millis();
+                // Saturating, as in `now`.
                 base_ms.saturating_add(elapsed)
             }
             Clock::Manual(m) => m.0.now.load(Ordering::Acquire),

@@ -418,6 +418,7 @@ impl Bounded<'_> {
     /// Refuses a write of `n` bytes that would take the buffer past the limit.
     #[inline]
     fn room_for(&mut self, n: usize) -> postcard::Result<()> {
+        // Saturating is meant: a size past `usize::MAX` is over any limit, as `usize::MAX` is.
         let size = self.buf.len().saturating_add(n);
         if size > self.limit || self.over.is_some() {
             self.over.get_or_insert(size);
@@ -635,6 +636,7 @@ fn raw_bytes<T: 'static>(item: &T) -> Option<&[u8]> {
 fn encode_raw(raw: &[u8], limit: usize) -> Result<Box<[u8]>, EncodeError> {
     let mut prefix = [0u8; VARINT_MAX];
     let prefix = put_varint_usize(raw.len(), &mut prefix);
+    // Saturating is meant: a size past `usize::MAX` is over any limit, as `usize::MAX` is.
     let size = (1 + prefix.len()).saturating_add(raw.len());
     if size > limit {
         return Err(EncodeError::TooLarge { size });

@@ -13,6 +13,9 @@ pub(crate) type Res<T> = Result<T, Box<dyn std::error::Error>>;
 /// writes one.
 pub(crate) const ITEM_LIMIT: usize = 4 << 20;
 
+/// Milliseconds since the epoch of `time`: the clock's now, or a time the library gave, made
+/// from `u64` milliseconds. A time before the epoch (a clock set wrong) reads as 0, one past
+/// `u64::MAX` ms as that: rq only writes it down.
 pub(crate) fn millis(time: SystemTime) -> u64 {
     time.duration_since(UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))

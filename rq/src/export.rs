@@ -968,8 +968,10 @@ fn take_mark(
             })
         }
     };
-    let taken = usize::try_from(mark.lines).unwrap_or(usize::MAX);
-    if prefix.digest(taken) != Some(mark.sha256) {
+    // A count read from the store: one past `usize` is more lines than any file read into
+    // memory holds, so it is another file's, as a count past the body's end is.
+    let taken = usize::try_from(mark.lines).ok();
+    let Some(taken) = taken.filter(|&n| prefix.digest(n) == Some(mark.sha256)) else {
         // The refusal is what to report: the mark goes back, by the abort or at the latest
         // when the store closes.
         let _ = tx.blocking_abort();
@@ -978,6 +980,6 @@ fn take_mark(
             marker: marker_name.to_owned(),
             taken: mark.lines,
         });
-    }
+    };
     Ok((taken, tx))
 }

@@ -527,6 +527,7 @@ fn stats_rows(store: &Store, all: bool) -> Res<(Vec<StatsRow>, usize)> {
             leased,
             held,
             dead,
+            // Only shown: an age past 584 million years may read as that.
             oldest_ms: front_enqueued_at
                 .map(|t| u64::try_from(age(t).as_millis()).unwrap_or(u64::MAX)),
         });
@@ -759,6 +760,10 @@ fn shown(text: Option<&str>, hex: &str) -> String {
 
 /// `text` in at most `width` characters (at least 4), `...` marking a cut.
 fn cut(text: String, width: usize) -> String {
+    debug_assert!(
+        width >= 4,
+        "a cut keeps at least one character before the `...`"
+    );
     if text.chars().count() > width {
         let kept: String = text.chars().take(width.saturating_sub(3)).collect();
         format!("{kept}...")

@@ -305,6 +305,12 @@ impl QueueCore {
         request: &mut Request,
         waker: &Waker,
     ) -> Poll<Result<Entry, Closed>> {
+        debug_assert!(
+            request
+                .ticket
+                .is_none_or(|t| !state.waiters.is_waiting(t) && !state.waiters.is_served(t)),
+            "a request polled afresh is neither in line nor served"
+        );
         if let Some(entry) = state.ready.pop_front() {
             self.set_visible(state);
             request.ticket = None;
@@ -358,7 +364,9 @@ impl QueueCore {
         let wake = {
             let mut state = self.state.lock();
             state.closed = true;
-            state.waiters.dismiss()
+            let wake = state.waiters.dismiss();
+            state.check(&self.visible);
+            wake
         };
         wake.into_iter().for_each(Waker::wake);
     }

@@ -82,6 +82,21 @@ impl Waiters {
         self.waiting.contains_key(&ticket)
     }
 
+    /// Is an entry staged for `ticket`?
+    pub(crate) fn is_served(&self, ticket: Ticket) -> bool {
+        self.handed.contains_key(&ticket)
+    }
+
+    /// Checks that `ticket` was issued by this line (a request of another queue's line, or a
+    /// forged one, would find or take someone else's place).
+    fn check_issued(&self, ticket: Ticket) {
+        debug_assert!(
+            ticket < self.next_ticket,
+            "ticket {ticket} was never issued by this line (next is {})",
+            self.next_ticket
+        );
+    }
+
     /// Puts a new request at the back of the line.
     pub(crate) fn join(&mut self, waker: &Waker) -> Ticket {
         let ticket = self.next_ticket;
@@ -106,6 +121,7 @@ impl Waiters {
     pub(crate) fn hand(&mut self, entry: Entry) -> Result<Waker, Entry> {
         match self.waiting.pop_first() {
             Some((ticket, waker)) => {
+                self.check_issued(ticket);
                 let at = self.misses;
                 let previous = self.handed.insert(ticket, Staged { entry, at });
                 debug_assert!(previous.is_none(), "a ticket holds one entry at a time");
@@ -118,6 +134,7 @@ impl Waiters {
 
     /// Takes the entry handed to `ticket`, if there is one yet.
     pub(crate) fn collect(&mut self, ticket: Ticket) -> Option<Entry> {
+        self.check_issued(ticket);
         let staged = self.handed.remove(&ticket)?;
         self.tidy();
         Some(staged.entry)
@@ -163,6 +180,10 @@ impl Waiters {
 
     /// Replaces the waker of a waiting request (a future may move between tasks).
     pub(crate) fn rewake(&mut self, ticket: Ticket, waker: &Waker) {
+        debug_assert!(
+            self.waiting.contains_key(&ticket),
+            "only a request in line has its waker replaced"
+        );
         if let Some(current) = self.waiting.get_mut(&ticket) {
             if !current.will_wake(waker) {
                 *current = waker.clone();
@@ -173,7 +194,12 @@ impl Waiters {
     /// Removes a request, waiting or served; returns the entry already handed to it, which
     /// the caller now owns. A request whose entry was reclaimed is already gone.
     pub(crate) fn leave(&mut self, ticket: Ticket) -> Option<Entry> {
+        self.check_issued(ticket);
         if self.waiting.remove(&ticket).is_some() {
+            debug_assert!(
+                !self.handed.contains_key(&ticket),
+                "a request in line has nothing staged"
+            );
             None
         } else {
             self.collect(ticket)

@@ -75,6 +75,8 @@ impl Catalog {
         set_aside: Vec<BadRecord>,
         missing: Vec<std::ops::RangeInclusive<u64>>,
     ) -> Self {
+        // Saturating is meant: `QueueId::MAX` is never given out (see `open_queue`), so a
+        // next id of `QueueId::MAX` says the ids are used up, and `open_queue` refuses it.
         let next_id = queues
             .iter()
             .map(|(_, id, _)| id.saturating_add(1))
@@ -121,9 +123,16 @@ impl Catalog {
         }
         check_name(name)?;
         let id = inner.next_id;
-        let next = id.checked_add(1).ok_or(Error::Bug {
-            invariant: "fewer than 2^32 queues",
+        // Ids are used up only by 2^32 - 1 queues created, or by a catalog read from disk
+        // that names the largest one: a limit, not a bug.
+        let next = id.checked_add(1).ok_or(Error::InvalidConfig {
+            setting: "queues",
+            expected: "at most 2^32 - 1 queues created over the store's life",
         })?;
+        debug_assert!(
+            inner.queues.values().all(|q| q.id() != id),
+            "a new queue's id is no other queue's"
+        );
         let recorded = record(id)?;
         let core = Arc::new(QueueCore::new(id, Arc::from(name), VecDeque::new()));
         inner.queues.insert(name.to_owned(), core.clone());

@@ -103,6 +103,21 @@ impl Work {
         self.dequeued.len()
     }
 
+    /// Checks (debug builds) that every held entry is held once: an item taken twice (by
+    /// this transaction, or handed to it and to another) would be committed or given back
+    /// twice.
+    fn check_held(&self) {
+        debug_assert!(
+            {
+                let mut seen = std::collections::HashSet::with_capacity(self.dequeued.len());
+                self.dequeued
+                    .iter()
+                    .all(|(core, entry)| seen.insert((core.id(), entry.id)))
+            },
+            "a transaction holds each dequeued item once"
+        );
+    }
+
     /// Counts the dequeued items as no longer held (committed or given back).
     pub(crate) fn release_held(&self) {
         for (core, _) in &self.dequeued {
@@ -129,6 +144,7 @@ impl Work {
     /// The dequeued items were committed: no longer held, gone from their queues, so their
     /// keys are free again. Leaves `dequeued` empty.
     pub(crate) fn settle_dequeued(&mut self) {
+        self.check_held();
         for (core, entry) in self.dequeued.drain(..) {
             core.unhold(1);
             if let Some(key) = &entry.key {
@@ -167,6 +183,7 @@ pub(crate) fn abort(mut work: Work) {
     work.withdraw_leaked();
     work.undo_moves();
     if !work.dequeued.is_empty() {
+        work.check_held();
         work.release_held();
         restore_all(work.dequeued);
     }

@@ -564,6 +564,8 @@ impl Committer {
             .iter()
             .map(|p| (p.ids.clone(), p.record.len()))
             .collect();
+        // No overflow: recovery leaves sequence numbers at most 2^63 (`MAX_NUMBER + 1`), and
+        // a `usize` converts losslessly.
         let end = seq + u64::try_from(records.len()).unwrap_or(u64::MAX);
         let bytes: usize = sizes.iter().map(|(_, bytes)| bytes).sum();
         let span = tracing::trace_span!("commit_group", transactions = group.len(), bytes, seq);
@@ -606,11 +608,19 @@ impl Committer {
         for (ids, bytes) in sizes {
             debug_assert!(ids.start >= self.next_id, "item ids increase");
             self.next_id = ids.end;
+            // Lossless: a `usize` is at most 64 bits on every target Rust supports.
             self.liveness
                 .add_range(record_seq, ids, u64::try_from(bytes).unwrap_or(u64::MAX));
             record_seq += 1;
         }
+        debug_assert_eq!(record_seq, end, "one sequence number per record written");
         self.next_seq = record_seq;
+        debug_assert!(
+            self.durable_end <= self.next_seq,
+            "the mark claims only records written (durable end {}, next record {})",
+            self.durable_end,
+            self.next_seq
+        );
         let mut id = first;
         for mut req in group {
             for (_, entry) in &req.work.dequeued {
@@ -618,14 +628,25 @@ impl Committer {
                     entry.id < first,
                     "an ack points to an item of an older record"
                 );
-                self.liveness.ack(entry.id);
+                let was_live = self.liveness.ack(entry.id);
+                debug_assert!(
+                    was_live,
+                    "a dequeued item is live in the log until its one transaction commits \
+                     (item {} acknowledged twice?)",
+                    entry.id
+                );
             }
+            // Lossless: a `usize` is at most 64 bits on every target Rust supports.
             let n = u64::try_from(req.work.enqueues.len()).unwrap_or(u64::MAX);
             publish_all(std::mem::take(&mut req.work.enqueues), id, now);
             id += n;
             for mv in req.work.moves.drain(..) {
                 if let Some(ended) = ended_id(&mv) {
-                    self.liveness.ack(ended);
+                    let was_live = self.liveness.ack(ended);
+                    debug_assert!(
+                        was_live,
+                        "a move ends a version live in the log (item {ended} ended twice?)"
+                    );
                 }
                 let takes_id = mv.makes_version();
                 // A dead letter's bytes stay in the log only.
@@ -731,7 +752,13 @@ fn ended_id(mv: &Move) -> Option<u64> {
         | MoveKind::Retry { entry }
         | MoveKind::Bury { entry, .. } => Some(entry.id),
         MoveKind::Replay { slot, .. } | MoveKind::Purge { slot } => Some(slot.entry.id),
-        MoveKind::Ack { token, .. } => Some(*token),
+        MoveKind::Ack { token, claimed } => {
+            debug_assert!(
+                claimed.as_ref().is_some_and(|l| l.entry.id == *token),
+                "an acknowledged lease is claimed before its commit, under its item's id"
+            );
+            Some(*token)
+        }
     }
 }
 

@@ -24,6 +24,10 @@ impl Committer {
         if self.failed.is_some() || self.compaction_stopped {
             return;
         }
+        debug_assert!(
+            self.delete_below <= self.next_seq,
+            "compaction may delete only records written (the mark's start is below its end)"
+        );
         let mut batch = sled::Batch::default();
         let mut changed = false;
         let mut moved_bytes = 0;
@@ -46,6 +50,7 @@ impl Committer {
             }
             match self.rewrite_front(front.seq, &mut batch) {
                 Ok(bytes) => {
+                    // Lossless: a `usize` is at most 64 bits on every target Rust supports.
                     moved_bytes += u64::try_from(bytes).unwrap_or(u64::MAX);
                     changed = true;
                     rewritten += 1;
@@ -194,6 +199,7 @@ impl Committer {
         batch.remove(&seq.to_be_bytes()[..]);
         self.next_seq += 1;
         self.liveness.pop_front();
+        // Lossless: a `usize` is at most 64 bits on every target Rust supports.
         self.liveness
             .add_list(new_seq, kept, u64::try_from(bytes).unwrap_or(u64::MAX));
         Ok(bytes)

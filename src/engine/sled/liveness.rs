@@ -9,11 +9,18 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::ops::Range;
 
+/// Lossless: a `usize` is at most 64 bits on every target Rust supports.
 fn as_u64(n: usize) -> u64 {
     u64::try_from(n).unwrap_or(u64::MAX)
 }
 
+/// A position in a group or a group's length: below 2^32 (a record counts its ops in a
+/// `u32`), so lossless on the 32- and 64-bit targets this crate supports.
 fn as_usize(n: u64) -> usize {
+    debug_assert!(
+        u32::try_from(n).is_ok(),
+        "a group holds fewer than 2^32 items"
+    );
     usize::try_from(n).unwrap_or(usize::MAX)
 }
 
@@ -32,6 +39,10 @@ impl Bits {
                 *last = (1u64 << (len % 64)) - 1;
             }
         }
+        debug_assert!(
+            u32::try_from(len).is_ok(),
+            "a group holds fewer than 2^32 items (a record counts its ops in a u32)"
+        );
         Bits {
             words,
             live: u32::try_from(len).unwrap_or(u32::MAX),
@@ -47,6 +58,7 @@ impl Bits {
         let was = *word & mask != 0;
         *word &= !mask;
         if was {
+            debug_assert!(self.live > 0, "a group's live count covers its set bits");
             self.live -= 1;
         }
         was
@@ -139,6 +151,8 @@ impl Liveness {
             ids.start >= self.range_end,
             "ids increase from record to record"
         );
+        debug_assert!(ids.start <= ids.end, "a record's id range is not reversed");
+        self.check_new_seq(seq);
         let len = ids.end.saturating_sub(ids.start);
         self.ranges.push_back(RangeGroup {
             seq,
@@ -151,6 +165,16 @@ impl Liveness {
         self.log_bytes += bytes;
         self.live_bytes += per_item(bytes, len) * len;
         self.check();
+    }
+
+    /// Checks that a group added now has a sequence number above every group's: records are
+    /// added in log order, and compaction writes its copy under a fresh one.
+    fn check_new_seq(&self, seq: u64) {
+        debug_assert!(
+            self.ranges.back().is_none_or(|g| g.seq < seq)
+                && self.lists.last_key_value().is_none_or(|(s, _)| *s < seq),
+            "record sequence numbers increase (record {seq} added after a later one)"
+        );
     }
 
     /// Checks the byte accounting: live items never take more than the log holds.
@@ -166,6 +190,7 @@ impl Liveness {
     /// Adds a group holding `ids` (ascending), all live.
     pub(crate) fn add_list(&mut self, seq: u64, ids: Vec<u64>, bytes: u64) {
         debug_assert!(ids.is_sorted(), "a moved group's ids are sorted");
+        self.check_new_seq(seq);
         let len = as_u64(ids.len());
         for &id in &ids {
             self.moved.insert(id, seq);
@@ -214,7 +239,12 @@ impl Liveness {
             (group.bytes, group.len, cleared)
         };
         if cleared {
-            self.live_bytes = self.live_bytes.saturating_sub(per_item(bytes, len));
+            let freed = per_item(bytes, len);
+            debug_assert!(
+                self.live_bytes >= freed,
+                "live bytes count every live item's share"
+            );
+            self.live_bytes = self.live_bytes.saturating_sub(freed);
             self.check();
         }
         cleared
@@ -264,6 +294,7 @@ impl Liveness {
             .range(first_range..)
             .map(|g| {
                 let live = u64::from(g.bits.live);
+                // At most `g.bytes`: `live <= len`; saturating only for that reason.
                 (g.seq, live, per_item(g.bytes, g.len).saturating_mul(live))
             })
             .peekable();
@@ -301,7 +332,8 @@ impl Liveness {
                 }
                 rewrite_budget -= live_bytes;
             }
-            end = seq.saturating_add(1);
+            // Below `last`, so below `u64::MAX`.
+            end = seq + 1;
         }
         end
     }
@@ -342,10 +374,13 @@ impl Liveness {
             }
             (g.bytes, as_u64(g.ids.len()), g.bits.live)
         };
+        let freed = per_item(bytes, len) * u64::from(live);
+        debug_assert!(
+            self.log_bytes >= bytes && self.live_bytes >= freed,
+            "the log's byte counts include every group's"
+        );
         self.log_bytes = self.log_bytes.saturating_sub(bytes);
-        self.live_bytes = self
-            .live_bytes
-            .saturating_sub(per_item(bytes, len) * u64::from(live));
+        self.live_bytes = self.live_bytes.saturating_sub(freed);
         self.check();
     }
 }

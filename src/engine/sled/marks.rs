@@ -387,7 +387,8 @@ impl Marker {
             state.mark.end = end;
             changed = true;
         }
-        // Never past the last durable record: at least that one must be found at open.
+        // Never past the last durable record: at least that one must be found at open. (An
+        // empty log, `end` 0, keeps `start` at 0: saturating is meant.)
         let start = want_start.min(state.mark.end.saturating_sub(1));
         if start > state.mark.start {
             state.mark.start = start;
@@ -413,6 +414,14 @@ impl Marker {
     /// Adds a queue to the catalog the mark carries.
     pub(crate) fn add_queue(&self, queue: MarkedQueue) {
         let mut state = self.shared.state.lock();
+        debug_assert!(
+            !state
+                .mark
+                .queues
+                .iter()
+                .any(|q| q.id == queue.id || q.name == queue.name),
+            "a queue is added to the mark once, under an id and a name no other queue has"
+        );
         state.mark.queues.push(queue);
         if !state.changed {
             state.changed = true;
@@ -515,6 +524,12 @@ fn run(shared: &Shared, mut file: MarksFile) {
         let mut state = shared.state.lock();
         match written {
             Ok(()) => {
+                // Compaction deletes below the lower of the last two: a `start` going back
+                // would let it delete what an older slot still says must be there.
+                debug_assert!(
+                    mark.start >= state.written_starts[1],
+                    "a mark's start never goes back"
+                );
                 state.written_starts = [state.written_starts[1], mark.start];
                 state.completed = index;
                 shared.done.notify_all();

@@ -160,6 +160,7 @@ impl Sled {
                 }
             })
             .collect::<Vec<RecoveredQueue>>();
+        // Only logged: an open longer than 584 million years may read as that.
         let elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
         span.record("records", records);
         span.record("elapsed_ms", elapsed_ms);

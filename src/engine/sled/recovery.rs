@@ -30,6 +30,13 @@ use crate::engine::catalog::{BadRecord, Fence};
 use crate::engine::proc::DeadSlot;
 use crate::error::{Error, Result};
 
+/// The largest item id and record sequence number a store gives out: 2^63 - 1. Both are
+/// counted up from 0, one at a time, so no store comes near it (at a million a second it
+/// takes 290,000 years). A record read from the log with a higher one could not have been
+/// written by this crate: it is set aside as damaged, so that the committer always has room
+/// to count on (and ids stay clear of the timers' keys, which count down from `u64::MAX`).
+pub(crate) const MAX_NUMBER: u64 = (1 << 63) - 1;
+
 /// Where the committer starts from: what is live in the log and the next numbers to use.
 #[derive(Debug)]
 pub(crate) struct LogState {
@@ -223,23 +230,34 @@ pub(crate) fn recover(trees: &Trees, disk: &DiskSync, opening: Opening<'_>) -> R
 
     // The highest sequence number ever set aside. Not simply the last key: a key that is not
     // a sequence number (set aside as such) may sort after every real one.
+    // A set-aside key past `MAX_NUMBER` was set aside for that very reason: it is no number
+    // the store counts from.
     let mut last_quarantined = None;
     for key in trees.quarantine.iter().keys() {
-        last_quarantined = last_quarantined.max(seq_of(&key?));
+        last_quarantined = last_quarantined.max(seq_of(&key?).filter(|s| *s <= MAX_NUMBER));
     }
-    let next_seq = last_seq
-        .max(last_quarantined)
-        .map_or(0, |s| s.saturating_add(1));
+    let next_seq = match last_seq.max(last_quarantined) {
+        Some(last) => {
+            debug_assert!(
+                last <= MAX_NUMBER,
+                "replay keeps no sequence number past the limit"
+            );
+            last + 1
+        }
+        None => 0,
+    };
     let mut all_bad = Vec::new();
     for kv in trees.quarantine.iter() {
         let (k, v) = kv?;
+        // `u64::MAX` stands for a key that is not a sequence number (see `BadRecord::seq`).
         let seq = seq_of(&k).unwrap_or(u64::MAX);
         let (queues, reason) = match seq_of(&k).map(|_| record::decode(&v)) {
-            Some(Err(e)) => (e.queues, e.reason),
-            Some(Ok(rec)) => (
-                Some(rec.queues),
-                "names a queue missing from the catalog".to_owned(),
-            ),
+            Some(Err(e)) => (e.queues, number_refused(seq).unwrap_or(e.reason)),
+            Some(Ok(rec)) => {
+                let reason = refused(seq, &rec, &known)
+                    .unwrap_or_else(|| "names a queue missing from the catalog".to_owned());
+                (Some(rec.queues), reason)
+            }
             None => (None, "key is not a sequence number".to_owned()),
         };
         all_bad.push(BadRecord {
@@ -281,7 +299,13 @@ pub(crate) fn recover(trees: &Trees, disk: &DiskSync, opening: Opening<'_>) -> R
         dead_letters,
         log: LogState {
             liveness,
-            next_id: max_id.map_or(0, |m| m.saturating_add(1)),
+            next_id: match max_id {
+                Some(max) => {
+                    debug_assert!(max <= MAX_NUMBER, "replay keeps no id past the limit");
+                    max + 1
+                }
+                None => 0,
+            },
             next_seq,
         },
         set_aside: all_bad,
@@ -379,7 +403,11 @@ impl Gaps {
         if seq > self.next {
             self.found.push(self.next..=(seq.min(self.end) - 1));
         }
-        self.next = seq.saturating_add(1);
+        debug_assert!(
+            seq <= MAX_NUMBER,
+            "replay sees no sequence number past the limit"
+        );
+        self.next = seq + 1;
     }
 
     fn finish(mut self) -> Vec<RangeInclusive<u64>> {
@@ -388,6 +416,42 @@ impl Gaps {
         }
         self.found
     }
+}
+
+/// Why a record at sequence number `seq` cannot be replayed although it decodes: it names a
+/// queue missing from the catalog (`known`), or its sequence number or an id is past
+/// [`MAX_NUMBER`].
+fn refused(seq: u64, rec: &record::Record<'_>, known: &[QueueId]) -> Option<String> {
+    if let Some(reason) = number_refused(seq) {
+        return Some(reason);
+    }
+    if let Some(q) = rec.queues.iter().find(|q| !known.contains(q)) {
+        return Some(format!("names queue id {q}, missing from the catalog"));
+    }
+    let mut ids = rec
+        .ops
+        .iter()
+        .flat_map(|op| op.new_id().into_iter().chain(op.ended_id()));
+    if let Some(id) = ids.find(|id| *id > MAX_NUMBER) {
+        return Some(format!(
+            "names item id {id}, past {MAX_NUMBER}, the largest id a store gives out"
+        ));
+    }
+    // `next_id` is one past the ids given out: at most one past the largest.
+    match rec.next_id {
+        Some(next) if next > MAX_NUMBER + 1 => Some(format!(
+            "says ids up to {next} were given out, past {MAX_NUMBER}, the largest id a store \
+             gives out"
+        )),
+        _ => None,
+    }
+}
+
+/// Why sequence number `seq` is not one a store gives out, if it is not.
+fn number_refused(seq: u64) -> Option<String> {
+    (seq > MAX_NUMBER).then(|| {
+        format!("sequence number {seq} is past {MAX_NUMBER}, the largest a store gives out")
+    })
 }
 
 /// What replaying the log produced.
@@ -439,6 +503,20 @@ fn replay(
             newly_bad.push((key, value, bad));
             continue;
         };
+        if let Some(reason) = number_refused(seq) {
+            // Not a number the store gives out, so neither a gap nor the log's end.
+            let queues = match record::decode(&value) {
+                Ok(rec) => Some(rec.queues),
+                Err(damage) => damage.queues,
+            };
+            let bad = BadRecord {
+                seq,
+                queues,
+                reason,
+            };
+            newly_bad.push((key, value, bad));
+            continue;
+        }
         gaps.see(seq);
         first_seq = first_seq.or(Some(seq));
         last_seq = Some(seq);
@@ -449,11 +527,11 @@ fn replay(
                 continue;
             }
         };
-        if let Some(q) = rec.queues.iter().find(|q| !known.contains(q)) {
+        if let Some(reason) = refused(seq, &rec, known) {
             let bad = BadRecord {
                 seq,
                 queues: Some(rec.queues.clone()),
-                reason: format!("names queue id {q}, missing from the catalog"),
+                reason,
             };
             newly_bad.push((key.clone(), value.clone(), bad));
             continue;
@@ -468,12 +546,15 @@ fn replay(
         let time = rec.time.unwrap_or(0);
         // Ids below a record's `next_id` were given out, even if no record names them now.
         max_id = max_id.max(rec.next_id.and_then(|n| n.checked_sub(1)));
+        // Lossless: a `usize` is at most 64 bits on every target Rust supports.
         let bytes = u64::try_from(value.len()).unwrap_or(u64::MAX);
         let first = ids.first().copied();
+        // No overflow: every id is at most `MAX_NUMBER` (checked above), and a record holds
+        // fewer than 2^32 ops.
         let contiguous = ids.iter().zip(first.unwrap_or(0)..).all(|(&id, n)| id == n);
         match first {
             Some(first) if contiguous && liveness.fits_as_range(first) => {
-                let end = first.saturating_add(u64::try_from(ids.len()).unwrap_or(u64::MAX));
+                let end = first + u64::try_from(ids.len()).unwrap_or(u64::MAX);
                 liveness.add_range(seq, first..end, bytes);
             }
             None => {
@@ -624,4 +705,72 @@ fn set_aside(trees: &Trees, disk: &DiskSync, known: &[QueueId], bad: Vec<Bad>) -
     trees.db.flush()?;
     disk.sync_flushed()?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use record::{Bytes, RecordBuilder};
+
+    fn enqueue(id: u64, next_id: u64) -> Vec<u8> {
+        let mut b = RecordBuilder::default();
+        b.push(&Op::Enqueue {
+            queue: 0,
+            id,
+            attempts: 0,
+            not_before: 0,
+            bytes: Bytes(b"\x01x"),
+        })
+        .unwrap();
+        b.finish(1, next_id).unwrap()
+    }
+
+    fn replayed(records: Vec<(u64, Vec<u8>)>) -> Replayed {
+        let kvs = records
+            .into_iter()
+            .map(|(seq, v)| Ok((sled::IVec::from(&seq.to_be_bytes()[..]), v.into())));
+        replay(kvs, &[0], None).unwrap()
+    }
+
+    #[test]
+    fn numbers_past_the_limit_are_set_aside_and_leave_room_to_count() {
+        let r = replayed(vec![
+            (0, enqueue(0, 1)),
+            (1, enqueue(MAX_NUMBER + 1, MAX_NUMBER + 2)),
+            (2, enqueue(1, MAX_NUMBER + 2)),
+            (3, enqueue(MAX_NUMBER, MAX_NUMBER + 1)),
+            (MAX_NUMBER + 1, enqueue(2, 3)),
+        ]);
+        let bad: Vec<(u64, Option<Vec<QueueId>>)> = r
+            .newly_bad
+            .iter()
+            .map(|(_, _, b)| (b.seq, b.queues.clone()))
+            .collect();
+        assert_eq!(
+            bad,
+            [
+                (1, Some(vec![0])),
+                (2, Some(vec![0])),
+                (MAX_NUMBER + 1, Some(vec![0]))
+            ]
+        );
+        assert!(
+            r.newly_bad[0].2.reason.contains("item id"),
+            "{:?}",
+            r.newly_bad[0].2
+        );
+        assert!(
+            r.newly_bad[1].2.reason.contains("given out"),
+            "{:?}",
+            r.newly_bad[1].2
+        );
+        assert!(
+            r.newly_bad[2].2.reason.contains("sequence number"),
+            "{:?}",
+            r.newly_bad[2].2
+        );
+        // The largest id and sequence number a store gives out are still taken.
+        assert_eq!((r.max_id, r.last_seq), (Some(MAX_NUMBER), Some(3)));
+        assert_eq!(r.liveness.groups(), 2);
+    }
 }
