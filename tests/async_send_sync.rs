@@ -3,10 +3,14 @@
 //! These tests pass by compiling: each `require_*` call fails the build if a type loses an
 //! auto trait it promises. The one runtime test builds real values so the checks also cover
 //! the futures returned by the async calls (`queue`, `try_dequeue`, `dequeue`, `count`,
-//! `commit`, `abort`, `flush`, `unfence`, `close`) as the compiler infers them.
+//! `commit`, `abort`, `flush`, `unfence`, `close`) as the compiler infers them, on every
+//! engine of the conformance suite (`tests/common/engines.rs`).
+
+mod common;
 
 use std::future::Future;
 
+use common::engines::Engine;
 use reliable_queue::{
     Builder, Dequeue, Durability, Error, ReliableConcurrentQueue, SetAsideRecord, Store,
     Transaction,
@@ -70,9 +74,9 @@ where
     require_send_future(&tx.commit());
 }
 
-#[test]
-fn handles_and_futures_are_send() {
-    let store = Store::in_memory().expect("in-memory store");
+fn handles_and_futures_are_send(engine: &'static Engine) {
+    let at = engine.store();
+    let store = at.store.clone();
     let queue = store.blocking_queue::<String>("q").expect("open the queue");
     let builder = Store::builder();
     let error = Error::Closed;
@@ -130,4 +134,8 @@ fn handles_and_futures_are_send() {
     // The unpolled futures changed nothing: the store is open, the queue was not created.
     assert_eq!(store.queue_names(), ["q"]);
     assert_eq!(queue.blocking_count().expect("count"), 0);
+}
+
+fn main() -> std::process::ExitCode {
+    common::engines::main(vec![engine_case!(handles_and_futures_are_send)])
 }

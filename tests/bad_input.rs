@@ -1,10 +1,14 @@
 //! Bad input never panics and never loses data: items that cannot be serialized or are too
 //! large, items that are not a `T`, invalid settings, and damaged log records on disk.
+//!
+//! The cases about items and settings run on every engine of the conformance suite
+//! (`tests/common/engines.rs`); the damaged records are sled's, checked once.
 
 mod common;
 
 use std::path::Path;
 
+use common::engines::Engine;
 use common::{drain, peek_all, temp_dir};
 use reliable_queue::{Error, SetAsideRecord, Store};
 use serde::ser::{Error as _, Serializer};
@@ -29,18 +33,13 @@ impl<'de> Deserialize<'de> for Picky {
     }
 }
 
-/// Runs `case` against a fresh in-memory store, then against a fresh on-disk store.
-fn on_both_stores(case: impl Fn(&Store)) {
-    let memory = Store::in_memory().expect("open an in-memory store");
-    case(&memory);
-    let (_guard, path) = temp_dir();
-    let disk = Store::open(&path).expect("open an on-disk store");
-    case(&disk);
+/// Runs `case` against a fresh store of `engine`.
+fn on(engine: &'static Engine, case: impl Fn(&Store)) {
+    case(&engine.store());
 }
 
-#[test]
-fn unserialisable_item_is_rejected_and_the_transaction_is_unchanged() {
-    on_both_stores(|store| {
+fn unserialisable_item_is_rejected_and_the_transaction_is_unchanged(engine: &'static Engine) {
+    on(engine, |store| {
         let queue = store.blocking_queue::<Picky>("q").unwrap();
         let mut tx = store.begin();
         queue.enqueue(&mut tx, Picky(1)).unwrap();
@@ -55,9 +54,8 @@ fn unserialisable_item_is_rejected_and_the_transaction_is_unchanged() {
     });
 }
 
-#[test]
-fn item_failing_halfway_through_serialization_leaves_nothing_behind() {
-    on_both_stores(|store| {
+fn item_failing_halfway_through_serialization_leaves_nothing_behind(engine: &'static Engine) {
+    on(engine, |store| {
         // The failing element comes after two good ones: part of the item was already written.
         let queue = store.blocking_queue::<Vec<Picky>>("q").unwrap();
         let mut tx = store.begin();
@@ -76,18 +74,10 @@ fn item_failing_halfway_through_serialization_leaves_nothing_behind() {
     });
 }
 
-#[test]
-fn oversized_item_is_rejected_and_the_transaction_keeps_the_rest() {
-    let (_guard, path) = temp_dir();
-    let stores = [
-        Store::builder().max_item_size(64).open().unwrap(),
-        Store::builder()
-            .path(&path)
-            .max_item_size(64)
-            .open()
-            .unwrap(),
-    ];
-    for store in &stores {
+fn oversized_item_is_rejected_and_the_transaction_keeps_the_rest(engine: &'static Engine) {
+    {
+        let at = engine.store_with(|b| b.max_item_size(64));
+        let store = &at.store;
         let queue = store.blocking_queue::<Vec<u8>>("q").unwrap();
         let mut held = store.begin();
         let mut setup = store.begin();
@@ -116,9 +106,9 @@ fn oversized_item_is_rejected_and_the_transaction_keeps_the_rest() {
     }
 }
 
-#[test]
-fn item_over_the_default_limit_is_rejected() {
-    let store = Store::in_memory().unwrap();
+fn item_over_the_default_limit_is_rejected(engine: &'static Engine) {
+    let at = engine.store();
+    let store = &at.store;
     let queue = store.blocking_queue::<Vec<u8>>("big").unwrap();
     let mut tx = store.begin();
     let err = queue.enqueue(&mut tx, vec![0; 5 << 20]).unwrap_err();
@@ -128,9 +118,8 @@ fn item_over_the_default_limit_is_rejected() {
     assert_eq!(queue.blocking_count().unwrap(), 1);
 }
 
-#[test]
-fn transaction_over_its_size_limit_is_rejected_item_by_item() {
-    on_limits(|store| {
+fn transaction_over_its_size_limit_is_rejected_item_by_item(engine: &'static Engine) {
+    on_limits(engine, |store| {
         let queue = store.blocking_queue::<Vec<u8>>("q").unwrap();
         let mut tx = store.begin();
         queue.enqueue(&mut tx, vec![1; 90]).unwrap();
@@ -159,18 +148,14 @@ fn transaction_over_its_size_limit_is_rejected_item_by_item() {
     });
 }
 
-fn on_limits(case: impl Fn(&Store)) {
+fn on_limits(engine: &'static Engine, case: impl Fn(&Store)) {
     // Two items of 92 encoded bytes fit (each counts its bookkeeping too, about 50 bytes),
     // a third does not, and a 12-byte one does.
-    let limits = |b: reliable_queue::Builder| b.max_item_size(100).max_transaction_size(400);
-    case(&limits(Store::builder()).open().unwrap());
-    let (_guard, path) = temp_dir();
-    case(&limits(Store::builder().path(&path)).open().unwrap());
+    case(&engine.store_with(|b| b.max_item_size(100).max_transaction_size(400)));
 }
 
-#[test]
-fn item_that_is_not_a_t_gives_deserialize_and_stays_held() {
-    on_both_stores(|store| {
+fn item_that_is_not_a_t_gives_deserialize_and_stays_held(engine: &'static Engine) {
+    on(engine, |store| {
         let as_bytes = store.blocking_queue::<Vec<u8>>("mixed").unwrap();
         let mut tx = store.begin();
         as_bytes.enqueue(&mut tx, vec![0xff; 20]).unwrap();
@@ -191,9 +176,8 @@ fn item_that_is_not_a_t_gives_deserialize_and_stays_held() {
     });
 }
 
-#[test]
-fn undecodable_item_can_be_discarded_by_commit() {
-    on_both_stores(|store| {
+fn undecodable_item_can_be_discarded_by_commit(engine: &'static Engine) {
+    on(engine, |store| {
         let as_text = store.blocking_queue::<String>("mixed").unwrap();
         let mut tx = store.begin();
         as_text.enqueue(&mut tx, "not a number".to_owned()).unwrap();
@@ -211,53 +195,48 @@ fn undecodable_item_can_be_discarded_by_commit() {
     });
 }
 
-#[test]
-fn invalid_builder_settings_are_rejected() {
+fn invalid_builder_settings_are_rejected(engine: &'static Engine) {
     use std::time::Duration;
-    let (_guard, path) = temp_dir();
+    let (builder, _place) = engine.fresh_builder();
     // Each case names the builder method whose setting is refused.
     let cases = [
         (
             "zero item size",
             "max_item_size",
-            Store::builder().max_item_size(0),
+            builder.clone().max_item_size(0),
         ),
         (
             "item size over 1 GiB",
             "max_item_size",
-            Store::builder().max_item_size(2 << 30),
+            builder.clone().max_item_size(2 << 30),
         ),
         (
             "transaction smaller than an item",
             "max_transaction_size",
-            Store::builder()
+            builder
+                .clone()
                 .max_item_size(1000)
                 .max_transaction_size(999),
         ),
         (
             "zero group size",
             "group_size",
-            Store::builder().group_size(0),
+            builder.clone().group_size(0),
         ),
         (
             "zero flush interval",
             "flush_interval",
-            Store::builder().flush_interval(Duration::ZERO),
+            builder.clone().flush_interval(Duration::ZERO),
         ),
         (
             "flush interval over an hour",
             "flush_interval",
-            Store::builder().flush_interval(Duration::from_secs(7200)),
+            builder.clone().flush_interval(Duration::from_secs(7200)),
         ),
         (
             "tiny cache",
             "cache_capacity",
-            Store::builder().cache_capacity(1024),
-        ),
-        (
-            "on disk, zero item size",
-            "max_item_size",
-            Store::builder().path(&path).max_item_size(0),
+            builder.clone().cache_capacity(1024),
         ),
     ];
     for (what, refused, builder) in cases {
@@ -269,13 +248,12 @@ fn invalid_builder_settings_are_rejected() {
             other => panic!("{what}: expected InvalidConfig, got {other:?}"),
         }
     }
-    // The directory of the refused open is still free.
-    Store::open(&path).unwrap();
+    // The place of the refused opens (a directory, a schema) is still free.
+    builder.open().unwrap();
 }
 
-#[test]
-fn bad_queue_names_are_rejected() {
-    on_both_stores(|store| {
+fn bad_queue_names_are_rejected(engine: &'static Engine) {
+    on(engine, |store| {
         for (bad, reported) in [
             (String::new(), String::new()),
             ("x".repeat(1025), "x".repeat(64)),
@@ -299,7 +277,6 @@ fn bad_queue_names_are_rejected() {
 /// A queue whose name has a NUL character, made on sled before such names were refused (no
 /// engine makes one now: PostgreSQL's text cannot hold it), still opens, so that its items
 /// can be drained or moved; a new queue with such a name is refused.
-#[test]
 fn a_queue_made_with_a_nul_in_its_name_before_the_rule_still_opens() {
     let (_guard, path) = temp_dir();
     let store = Store::open(&path).unwrap();
@@ -430,7 +407,6 @@ fn assert_nothing_damaged_is_returned(items: &[String]) {
     );
 }
 
-#[test]
 fn damaged_record_body_fences_its_queue_only() {
     let (_guard, path) = temp_dir();
     let (good_items, kept) = write_good_and_bad(&path);
@@ -488,7 +464,6 @@ fn damaged_record_body_fences_its_queue_only() {
     assert_eq!(store.set_aside_records()[0].record, seq);
 }
 
-#[test]
 fn damaged_record_header_fences_every_queue() {
     // Each byte range of the fixed header: lengths, body checksum, header checksum.
     for at in [9, 13, 17, 22] {
@@ -517,7 +492,6 @@ fn damaged_record_header_fences_every_queue() {
     }
 }
 
-#[test]
 fn truncated_record_is_set_aside() {
     for keep in [0, 10, FIXED, 40] {
         let (_guard, path) = temp_dir();
@@ -545,7 +519,6 @@ fn truncated_record_is_set_aside() {
     }
 }
 
-#[test]
 fn damaged_acknowledgement_brings_the_dequeued_item_back_after_unfence() {
     let (_guard, path) = temp_dir();
     {
@@ -602,7 +575,6 @@ fn damaged_acknowledgement_brings_the_dequeued_item_back_after_unfence() {
     );
 }
 
-#[test]
 fn a_healthy_store_sets_nothing_aside() {
     let (_guard, path) = temp_dir();
     let (good_items, _) = write_good_and_bad(&path);
@@ -614,7 +586,6 @@ fn a_healthy_store_sets_nothing_aside() {
     );
 }
 
-#[test]
 fn damaged_newest_record_does_not_disturb_later_commits() {
     let (_guard, path) = temp_dir();
     {
@@ -663,7 +634,6 @@ fn damaged_newest_record_does_not_disturb_later_commits() {
     );
 }
 
-#[test]
 fn damaged_move_between_queues_is_undone_as_a_whole() {
     let (_guard, path) = temp_dir();
     {
@@ -702,7 +672,6 @@ fn damaged_move_between_queues_is_undone_as_a_whole() {
     assert!(drain(&store, &store.blocking_queue::<String>("to").unwrap()).is_empty());
 }
 
-#[test]
 fn log_entry_under_a_foreign_key_is_set_aside_and_sequence_numbers_stay_unique() {
     let (_guard, path) = temp_dir();
     {
@@ -767,7 +736,6 @@ fn log_entry_under_a_foreign_key_is_set_aside_and_sequence_numbers_stay_unique()
     );
 }
 
-#[test]
 fn store_of_another_format_version_is_refused_and_released() {
     let (_guard, path) = temp_dir();
     {
@@ -801,7 +769,6 @@ fn store_of_another_format_version_is_refused_and_released() {
     );
 }
 
-#[test]
 fn database_that_is_not_a_store_is_refused() {
     let (_guard, path) = temp_dir();
     {
@@ -823,4 +790,29 @@ fn database_that_is_not_a_store_is_refused() {
     let db = common::open_raw_sled(&path);
     let log = db.open_tree("log").unwrap();
     assert_eq!(log.len(), 1, "the foreign data is untouched");
+}
+
+fn main() -> std::process::ExitCode {
+    common::engines::main(vec![
+        engine_case!(unserialisable_item_is_rejected_and_the_transaction_is_unchanged),
+        engine_case!(item_failing_halfway_through_serialization_leaves_nothing_behind),
+        engine_case!(oversized_item_is_rejected_and_the_transaction_keeps_the_rest),
+        engine_case!(item_over_the_default_limit_is_rejected),
+        engine_case!(transaction_over_its_size_limit_is_rejected_item_by_item),
+        engine_case!(item_that_is_not_a_t_gives_deserialize_and_stays_held),
+        engine_case!(undecodable_item_can_be_discarded_by_commit),
+        engine_case!(invalid_builder_settings_are_rejected),
+        engine_case!(bad_queue_names_are_rejected),
+        once_case!(a_queue_made_with_a_nul_in_its_name_before_the_rule_still_opens),
+        once_case!(damaged_record_body_fences_its_queue_only),
+        once_case!(damaged_record_header_fences_every_queue),
+        once_case!(truncated_record_is_set_aside),
+        once_case!(damaged_acknowledgement_brings_the_dequeued_item_back_after_unfence),
+        once_case!(a_healthy_store_sets_nothing_aside),
+        once_case!(damaged_newest_record_does_not_disturb_later_commits),
+        once_case!(damaged_move_between_queues_is_undone_as_a_whole),
+        once_case!(log_entry_under_a_foreign_key_is_set_aside_and_sequence_numbers_stay_unique),
+        once_case!(store_of_another_format_version_is_refused_and_released),
+        once_case!(database_that_is_not_a_store_is_refused),
+    ])
 }

@@ -3,58 +3,26 @@
 //! the directory at once; the blocking forms work inside a tokio runtime; `enqueue` leaves a
 //! refused item with the caller; queue names are checked.
 //!
-//! Every scenario runs on an in-memory store and on an on-disk (sled) store where it applies.
+//! Every scenario runs on every engine of the conformance suite (`tests/common/engines.rs`);
+//! where the data outlives the store (sled, PostgreSQL) the next open is checked too.
 //! Consumers are awaited through `waiters()` polled against a deadline, never through sleeps.
 
 mod common;
 
 use std::collections::BTreeSet;
 use std::fmt::Debug;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Barrier, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{drain, peek_all, temp_dir, TotalQueue};
+use common::engines::Engine;
+use common::{drain, peek_all, TotalQueue};
 use reliable_queue::{Durability, Error, ReliableConcurrentQueue, Result, Store, Transaction};
 
 /// How long a consumer may take to register, or a woken one to return.
 const LIMIT: Duration = Duration::from_secs(10);
-
-/// Where a scenario's store lives.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    Memory,
-    Disk,
-}
-
-const KINDS: [Kind; 2] = [Kind::Memory, Kind::Disk];
-
-/// A fresh store of `kind`, with the directory behind it when on disk.
-struct Fresh {
-    store: Store,
-    path: Option<PathBuf>,
-    _dir: Option<tempfile::TempDir>,
-}
-
-fn fresh(kind: Kind) -> Fresh {
-    match kind {
-        Kind::Memory => Fresh {
-            store: Store::in_memory().expect("in-memory store"),
-            path: None,
-            _dir: None,
-        },
-        Kind::Disk => {
-            let (dir, path) = temp_dir();
-            Fresh {
-                store: Store::open(&path).expect("open the store"),
-                path: Some(path),
-                _dir: Some(dir),
-            }
-        }
-    }
-}
 
 fn assert_closed<T: Debug>(result: Result<T>, what: &str) {
     match result {
@@ -102,10 +70,10 @@ fn assert_directory_released(path: &Path) {
 
 // ---- a close closes every clone ----
 
-#[test]
-fn close_on_one_clone_makes_every_call_on_the_others_fail_with_closed() {
-    for kind in KINDS {
-        let Fresh { store, path, _dir } = fresh(kind);
+fn close_on_one_clone_makes_every_call_on_the_others_fail_with_closed(engine: &'static Engine) {
+    {
+        let at = engine.store();
+        let store = at.store.clone();
         let q = store.blocking_queue::<u32>("q").unwrap();
         commit_items(&store, &q, &[1, 2]);
         let other = store.clone();
@@ -156,18 +124,18 @@ fn close_on_one_clone_makes_every_call_on_the_others_fail_with_closed() {
         assert_eq!(q.waiters(), 0);
         assert_closed(other.clone().blocking_close(), "a second blocking_close");
 
-        if let Some(path) = path {
+        if let Some(store) = at.reopen() {
             // Neither the refused commits nor the refused enqueues reached the log.
-            let store = Store::open(&path).expect("reopen");
             let q = store.blocking_queue::<u32>("q").unwrap();
             assert_eq!(store.queue_names(), ["q"]);
-            assert_eq!(drain(&store, &q), [1, 2], "{kind:?}");
+            assert_eq!(drain(&store, &q), [1, 2], "{}", engine.name);
         }
     }
 }
 
-async fn async_forms_fail_with_closed(kind: Kind) {
-    let Fresh { store, path, _dir } = fresh(kind);
+async fn async_forms_fail_with_closed(engine: &'static Engine) {
+    let at = engine.store();
+    let store = at.store.clone();
     let q = store.queue::<u32>("q").await.unwrap();
     let mut tx = store.begin();
     q.enqueue(&mut tx, 1).unwrap();
@@ -195,27 +163,22 @@ async fn async_forms_fail_with_closed(kind: Kind) {
     assert_closed(other.clone().close().await, "a second close");
     assert_closed(other.close().await, "close of the last store handle");
 
-    if let Some(path) = path {
-        let store = Store::open(&path).expect("reopen at once");
-        let q = store.queue::<u32>("q").await.unwrap();
-        assert_eq!(drain(&store, &q), [1]);
-    }
+    // Opened again at once (from a thread of the blocking pool: blocking calls are for
+    // threads).
+    tokio::task::spawn_blocking(move || {
+        if let Some(store) = at.reopen() {
+            let q = store.blocking_queue::<u32>("q").unwrap();
+            assert_eq!(drain(&store, &q), [1]);
+        }
+    })
+    .await
+    .expect("the check after reopening");
 }
 
-#[tokio::test]
-async fn async_forms_fail_with_closed_in_memory() {
-    async_forms_fail_with_closed(Kind::Memory).await;
-}
-
-#[tokio::test]
-async fn async_forms_fail_with_closed_on_disk() {
-    async_forms_fail_with_closed(Kind::Disk).await;
-}
-
-#[test]
-fn a_second_close_returns_closed() {
-    for kind in KINDS {
-        let Fresh { store, _dir, .. } = fresh(kind);
+fn a_second_close_returns_closed(engine: &'static Engine) {
+    {
+        let at = engine.store();
+        let store = at.store.clone();
         let clones = [store.clone(), store.clone(), store.clone()];
         store.blocking_close().expect("the first close");
         let [a, b, c] = clones;
@@ -232,10 +195,10 @@ fn a_second_close_returns_closed() {
 
 /// A consumer in `blocking_dequeue` (thread), one in `blocking_dequeue_timeout` (thread) and
 /// one in `dequeue().await` (tokio task) all wake with `Closed` when another thread closes.
-#[test]
-fn waiting_consumers_are_woken_with_closed_by_a_close_from_another_thread() {
-    for kind in KINDS {
-        let Fresh { store, path, _dir } = fresh(kind);
+fn waiting_consumers_are_woken_with_closed_by_a_close_from_another_thread(engine: &'static Engine) {
+    {
+        let at = engine.store();
+        let store = at.store.clone();
         let q = store.blocking_queue::<u32>("q").unwrap();
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -291,10 +254,9 @@ fn waiting_consumers_are_woken_with_closed_by_a_close_from_another_thread() {
             .expect("the waiting task");
         assert_closed(got, "dequeue().await");
         assert_eq!(dequeued, 0);
-        assert_eq!(q.waiters(), 0, "{kind:?}");
+        assert_eq!(q.waiters(), 0, "{}", engine.name);
 
-        if let Some(path) = path {
-            let store = Store::open(&path).expect("reopen");
+        if let Some(store) = at.reopen() {
             let q = store.blocking_queue::<u32>("q").unwrap();
             assert_eq!(q.blocking_count().unwrap(), 0);
         }
@@ -303,17 +265,20 @@ fn waiting_consumers_are_woken_with_closed_by_a_close_from_another_thread() {
 
 // ---- the directory after a close ----
 
-fn reopen_right_after_close_finds_every_acknowledged_commit(durability: Durability) {
-    let (_guard, path) = temp_dir();
+/// (In memory nothing outlives the store, S9: nothing to reopen.)
+fn reopen_right_after_close_finds_every_acknowledged_commit(
+    engine: &'static Engine,
+    durability: Durability,
+) {
     // An interval no test run reaches: under `Buffered` only the close can flush.
-    let open = || {
-        Store::builder()
-            .path(&path)
-            .durability(durability)
+    let at = engine.store_with(move |b| {
+        b.durability(durability)
             .flush_interval(Duration::from_secs(3600))
-            .open()
-    };
-    let store = open().expect("open");
+    });
+    if !at.durable() {
+        return;
+    }
+    let store = at.store.clone();
     let a = store.blocking_queue::<u32>("a").unwrap();
     let b = store.blocking_queue::<String>("b").unwrap();
     for chunk in (0..50u32).collect::<Vec<_>>().chunks(10) {
@@ -340,8 +305,10 @@ fn reopen_right_after_close_finds_every_acknowledged_commit(durability: Durabili
     let (other, a_old) = (store.clone(), a.clone());
 
     store.blocking_close().expect("close");
-    assert_directory_released(&path);
-    let reopened = open().expect("reopen right after close");
+    if let Some(path) = at.path() {
+        assert_directory_released(path);
+    }
+    let reopened = at.reopen().expect("reopen right after close");
 
     let a = reopened.blocking_queue::<u32>("a").unwrap();
     let b = reopened.blocking_queue::<String>("b").unwrap();
@@ -356,29 +323,32 @@ fn reopen_right_after_close_finds_every_acknowledged_commit(durability: Durabili
     assert_closed(a_old.blocking_count(), "count on an old handle");
     assert_closed(open_tx.blocking_commit(), "commit of an old transaction");
     drop((other, a_old));
-    assert!(
-        matches!(open(), Err(Error::AlreadyOpen { .. })),
-        "the reopened store still holds the directory"
-    );
+    let again = at.builder().expect("a durable store").open();
+    match engine.name {
+        // Many processes share a schema (DESIGN.md, "Engines"): a second store opens.
+        "postgres" => drop(again.expect("a second store on the schema")),
+        _ => assert!(
+            matches!(again, Err(Error::AlreadyOpen { .. })),
+            "the reopened store still holds the directory"
+        ),
+    }
     commit_items(&reopened, &a, &[100]);
     assert_eq!(a.blocking_count().unwrap(), 43);
     reopened.blocking_close().expect("close the reopened store");
 
-    let store = open().expect("open a third time");
+    let store = at.reopen().expect("open a third time");
     let a = store.blocking_queue::<u32>("a").unwrap();
     let mut expected: Vec<u32> = (8..50).collect();
     expected.push(100);
     assert_eq!(drain(&store, &a), expected, "{durability:?}");
 }
 
-#[test]
-fn reopen_right_after_close_finds_every_acknowledged_commit_sync() {
-    reopen_right_after_close_finds_every_acknowledged_commit(Durability::Sync);
+fn reopen_right_after_close_finds_every_acknowledged_commit_sync(engine: &'static Engine) {
+    reopen_right_after_close_finds_every_acknowledged_commit(engine, Durability::Sync);
 }
 
-#[test]
-fn reopen_right_after_close_finds_every_acknowledged_commit_buffered() {
-    reopen_right_after_close_finds_every_acknowledged_commit(Durability::Buffered);
+fn reopen_right_after_close_finds_every_acknowledged_commit_buffered(engine: &'static Engine) {
+    reopen_right_after_close_finds_every_acknowledged_commit(engine, Durability::Buffered);
 }
 
 // ---- commits racing a close ----
@@ -405,24 +375,21 @@ fn expect_closed_or_ok<T: Debug>(result: &Result<T>, what: &str) {
 }
 
 /// Producers and consumers commit in a loop while another thread closes the store: each
-/// commit either succeeds and is on disk after a reopen, or fails with `Closed` and is absent
-/// (its dequeued items are still there).
-fn commits_racing_a_close(kind: Kind, durability: Durability) {
+/// commit either succeeds and is there after a reopen (sled, PostgreSQL), or fails with
+/// `Closed` and is absent (its dequeued items are still there).
+fn commits_racing_a_close(engine: &'static Engine, durability: Durability) {
     const PRODUCERS: u64 = 6;
     const CONSUMERS: usize = 2;
     const PREFILL: u64 = 2_000;
-    const PREPARED: usize = 16;
-    let (_guard, dir) = temp_dir();
-    let builder = || {
-        let builder = Store::builder()
-            .durability(durability)
-            .flush_interval(Duration::from_secs(3600));
-        match kind {
-            Kind::Memory => builder,
-            Kind::Disk => builder.path(&dir),
-        }
-    };
-    let store = builder().open().expect("open");
+    // Fewer than PostgreSQL's pool of 16 connections: there each open transaction that
+    // dequeued holds one until it ends (ARCHITECTURE.md, "A transaction's connection"), and
+    // the producers and consumers need some.
+    const PREPARED: usize = 8;
+    let at = engine.store_with(move |b| {
+        b.durability(durability)
+            .flush_interval(Duration::from_secs(3600))
+    });
+    let store = at.store.clone();
     let q = store.blocking_queue::<u64>("q").unwrap();
     let mut tx = store.begin();
     for id in 0..PREFILL {
@@ -546,8 +513,9 @@ fn commits_racing_a_close(kind: Kind, durability: Durability) {
         "each producer stops at its first refusal"
     );
     println!(
-        "{kind:?} {durability:?}: {} enqueues and {} dequeues acknowledged, {} enqueues and \
+        "{} {durability:?}: {} enqueues and {} dequeues acknowledged, {} enqueues and \
          {} dequeued items refused; prepared commits: {} acknowledged, {} refused",
+        engine.name,
         outcomes.acknowledged.len(),
         outcomes.consumed.len(),
         outcomes.refused.len(),
@@ -557,11 +525,10 @@ fn commits_racing_a_close(kind: Kind, durability: Durability) {
     );
     assert_closed(q.blocking_count(), "count");
     drop((q, store));
-    let Kind::Disk = kind else {
+    let Some(store) = at.reopen() else {
         return;
     };
 
-    let store = builder().open().expect("reopen");
     let q = store.blocking_queue::<u64>("q").unwrap();
     let remaining = drain(&store, &q);
     let mut acknowledged = outcomes.acknowledged.clone();
@@ -569,7 +536,11 @@ fn commits_racing_a_close(kind: Kind, durability: Durability) {
     let mut attempted = acknowledged.clone();
     attempted.extend(&outcomes.refused);
     let verdict = TotalQueue::check(&attempted, &acknowledged, &outcomes.consumed, &remaining);
-    assert!(verdict.is_valid(), "{kind:?} {durability:?}: {verdict:?}");
+    assert!(
+        verdict.is_valid(),
+        "{} {durability:?}: {verdict:?}",
+        engine.name
+    );
     assert_eq!(verdict.ok, acknowledged.len());
     let remaining: BTreeSet<u64> = remaining.into_iter().collect();
     let consumed: BTreeSet<u64> = outcomes.consumed.iter().copied().collect();
@@ -590,27 +561,21 @@ fn commits_racing_a_close(kind: Kind, durability: Durability) {
     );
 }
 
-#[test]
-fn commits_racing_a_close_in_memory_succeed_or_fail_with_closed() {
-    commits_racing_a_close(Kind::Memory, Durability::Sync);
+fn commits_racing_a_close_are_kept_iff_acknowledged_sync(engine: &'static Engine) {
+    commits_racing_a_close(engine, Durability::Sync);
 }
 
-#[test]
-fn commits_racing_a_close_are_on_disk_iff_acknowledged_sync() {
-    commits_racing_a_close(Kind::Disk, Durability::Sync);
-}
-
-#[test]
-fn commits_racing_a_close_are_on_disk_iff_acknowledged_buffered() {
-    commits_racing_a_close(Kind::Disk, Durability::Buffered);
+fn commits_racing_a_close_are_kept_iff_acknowledged_buffered(engine: &'static Engine) {
+    commits_racing_a_close(engine, Durability::Buffered);
 }
 
 // ---- blocking forms inside a runtime ----
 
 /// Every blocking form, called on a runtime's thread: none panics, each does its work, and
-/// the store closes; on disk the work is there after a reopen.
-fn blocking_forms_work(kind: Kind) {
-    let Fresh { store, path, _dir } = fresh(kind);
+/// the store closes; where the data outlives the store the work is there after a reopen.
+fn blocking_forms_work(engine: &'static Engine) {
+    let at = engine.store();
+    let store = at.store.clone();
     let q = store.blocking_queue::<u32>("q").expect("blocking_queue");
     commit_items(&store, &q, &[1, 2, 3]);
     assert_eq!(q.blocking_count().expect("blocking_count"), 3);
@@ -634,44 +599,90 @@ fn blocking_forms_work(kind: Kind) {
     assert_eq!(q.blocking_count().unwrap(), 1);
     store.clone().blocking_close().expect("blocking_close");
     assert_closed(q.blocking_count(), "blocking_count");
-    if let Some(path) = path {
-        let store = Store::open(&path).expect("reopen");
+    if let Some(store) = at.reopen() {
         let q = store.blocking_queue::<u32>("q").unwrap();
         assert_eq!(drain(&store, &q), [3]);
     }
 }
 
-#[tokio::test]
-async fn blocking_forms_work_inside_a_tokio_test_body() {
-    for kind in KINDS {
-        blocking_forms_work(kind);
-    }
+/// In the body of a `#[tokio::test]` (a current-thread runtime's `block_on`).
+fn blocking_forms_work_inside_a_tokio_test_body(engine: &'static Engine) {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(async { blocking_forms_work(engine) });
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn blocking_forms_work_on_a_multi_thread_runtime_worker() {
-    for kind in KINDS {
-        blocking_forms_work(kind);
-    }
+/// In a task on a worker of a multi-thread runtime.
+fn blocking_forms_work_on_a_multi_thread_runtime_worker(engine: &'static Engine) {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let task = runtime.spawn(async move { blocking_forms_work(engine) });
+    runtime.block_on(task).expect("the task");
 }
 
-#[test]
-fn blocking_forms_work_on_a_current_thread_runtime() {
+/// In a task of a current-thread runtime.
+fn blocking_forms_work_on_a_current_thread_runtime(engine: &'static Engine) {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
-    for kind in KINDS {
-        runtime.block_on(async { blocking_forms_work(kind) });
+    let task = runtime.spawn(async move { blocking_forms_work(engine) });
+    runtime.block_on(task).expect("the task");
+}
+
+/// How many blocking calls one poll of a task makes below: past tokio's cooperative budget
+/// (128 units a poll), which comes back only when the task yields.
+const CALLS_IN_ONE_POLL: u32 = 300;
+
+/// The blocking forms keep working in a runtime's task however many of them one poll makes:
+/// one whose future takes part in tokio's cooperative budget must not wait for a budget that
+/// only comes back when the task yields, which it cannot while blocked. Each call reports, so
+/// that a call that never returns fails the test after [`LIMIT`] (its thread is left behind).
+fn blocking_forms_work_after_the_tasks_budget_is_spent(engine: &'static Engine) {
+    let at = engine.store();
+    let q = at.store.blocking_queue::<u32>("q").unwrap();
+    commit_items(&at.store, &q, &[1]);
+    let (done_tx, done) = mpsc::channel();
+    {
+        let q = q.clone();
+        thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async {
+                for call in 0..CALLS_IN_ONE_POLL {
+                    let count = q.blocking_count();
+                    if done_tx.send((call, count)).is_err() {
+                        return;
+                    }
+                }
+            });
+        });
+    }
+    for call in 0..CALLS_IN_ONE_POLL {
+        let (reported, count) = done.recv_timeout(LIMIT).unwrap_or_else(|_| {
+            panic!(
+                "{}: blocking_count call {call} of one poll of a task did not return in \
+                 {LIMIT:?} (its future waits for the task's cooperative budget)",
+                engine.name
+            )
+        });
+        assert_eq!((reported, count.expect("count")), (call, 1));
     }
 }
 
 // ---- timeouts ----
 
-#[test]
-fn blocking_dequeue_timeout_of_duration_max_waits_for_an_item() {
-    for kind in KINDS {
-        let Fresh { store, _dir, .. } = fresh(kind);
+fn blocking_dequeue_timeout_of_duration_max_waits_for_an_item(engine: &'static Engine) {
+    {
+        let at = engine.store();
+        let store = at.store.clone();
         let q = store.blocking_queue::<u32>("q").unwrap();
         let (done_tx, done) = mpsc::channel();
         {
@@ -688,7 +699,12 @@ fn blocking_dequeue_timeout_of_duration_max_waits_for_an_item() {
         let (got, committed) = done
             .recv_timeout(LIMIT)
             .expect("the consumer returned (and did not panic)");
-        assert_eq!(got.expect("blocking_dequeue_timeout"), Some(42), "{kind:?}");
+        assert_eq!(
+            got.expect("blocking_dequeue_timeout"),
+            Some(42),
+            "{}",
+            engine.name
+        );
         committed.expect("commit the dequeue");
         assert_eq!((q.blocking_count().unwrap(), q.waiters()), (0, 0));
     }
@@ -696,17 +712,11 @@ fn blocking_dequeue_timeout_of_duration_max_waits_for_an_item() {
 
 // ---- enqueue by reference ----
 
-#[test]
-fn an_item_refused_by_the_transaction_limit_stays_with_the_caller() {
-    for kind in KINDS {
-        let (_guard, path) = temp_dir();
+fn an_item_refused_by_the_transaction_limit_stays_with_the_caller(engine: &'static Engine) {
+    {
         // Three items of 42 encoded bytes fit (each counts its bookkeeping too), four do not.
-        let builder = Store::builder().max_item_size(60).max_transaction_size(300);
-        let store = match kind {
-            Kind::Memory => builder.open(),
-            Kind::Disk => builder.path(&path).open(),
-        }
-        .expect("open");
+        let at = engine.store_with(|b| b.max_item_size(60).max_transaction_size(300));
+        let store = at.store.clone();
         let q = store.blocking_queue::<String>("q").unwrap();
         let items: Vec<String> = ["a", "b", "c", "d"].map(|c| c.repeat(40)).to_vec();
         let mut tx = store.begin();
@@ -730,19 +740,19 @@ fn an_item_refused_by_the_transaction_limit_stays_with_the_caller() {
             .expect("the item fits a new transaction");
         tx.blocking_commit().unwrap();
         assert_eq!(refused, items[3]);
-        assert_eq!(drain(&store, &q), items, "{kind:?}");
+        assert_eq!(drain(&store, &q), items, "{}", engine.name);
     }
 }
 
 // ---- queue names ----
 
-#[test]
-fn empty_and_over_long_queue_names_are_invalid() {
+fn empty_and_over_long_queue_names_are_invalid(engine: &'static Engine) {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .build()
         .unwrap();
-    for kind in KINDS {
-        let Fresh { store, path, _dir } = fresh(kind);
+    {
+        let at = engine.store();
+        let store = at.store.clone();
         let longest = "n".repeat(1024);
         let too_long = "n".repeat(1025);
         // 513 two-byte characters: 1026 bytes, though only 513 characters.
@@ -758,7 +768,7 @@ fn empty_and_over_long_queue_names_are_invalid() {
             ] {
                 match result {
                     Err(Error::InvalidQueueName { name: got, .. }) => {
-                        assert_eq!(got, reported, "{kind:?}, a name of {} bytes", name.len());
+                        assert_eq!(got, reported, "a name of {} bytes", name.len());
                     }
                     other => panic!(
                         "a name of {} bytes: expected InvalidQueueName, got {other:?}",
@@ -771,14 +781,67 @@ fn empty_and_over_long_queue_names_are_invalid() {
             .blocking_queue::<u32>(&longest)
             .expect("a name of exactly 1024 bytes");
         commit_items(&store, &q, &[7]);
-        assert_eq!(store.queue_names(), [longest.as_str()], "{kind:?}");
+        assert_eq!(store.queue_names(), [longest.as_str()], "{}", engine.name);
         drop(q);
         store.blocking_close().unwrap();
-        if let Some(path) = path {
-            let store = Store::open(&path).unwrap();
-            assert_eq!(store.queue_names(), [longest.as_str()]);
+        if let Some(store) = at.reopen() {
+            match engine.name {
+                // `queue_names` on PostgreSQL: the queues opened through this handle, none
+                // yet (its documentation); the database lists them.
+                "postgres" => {
+                    assert!(store.queue_names().is_empty());
+                    assert_eq!(store.blocking_list_queues().unwrap(), [longest.as_str()]);
+                }
+                _ => assert_eq!(store.queue_names(), [longest.as_str()]),
+            }
             let q = store.blocking_queue::<u32>(&longest).unwrap();
             assert_eq!(drain(&store, &q), [7]);
         }
     }
+}
+
+/// The defect that fails `waiting_consumers_are_woken_with_closed_by_a_close_from_another_thread`
+/// on PostgreSQL.
+const WOKEN_WITH_POSTGRES_ERROR: &str = "defect: close cancels the calls in flight (it \
+     stops the store's runtime): a consumer waiting in blocking_dequeue or \
+     blocking_dequeue_timeout wakes with Error::Postgres { operation: \"run\", source: \
+     JoinError::Cancelled } instead of Error::Closed (Store::close: \"waiting consumers wake \
+     with Closed\")";
+
+/// The defect that fails `commits_racing_a_close_are_kept_iff_acknowledged_*` on PostgreSQL.
+const COMMITS_CANCELLED: &str = "defect: close cancels the calls in flight (it stops the \
+     store's runtime): commits and try_dequeues racing it fail with Error::Postgres { \
+     operation: \"run\", source: JoinError::Cancelled }, not Closed, so the caller cannot \
+     tell whether a commit was applied (Store::close: \"commits already submitted finish\")";
+
+/// The defect that fails `blocking_forms_work_after_the_tasks_budget_is_spent` on
+/// PostgreSQL (and hangs any test that makes many blocking calls in one poll of a task).
+const BUDGET_SPIN: &str = "defect: a blocking form called in a tokio task whose cooperative \
+     budget is spent never returns: its block_on polls the call's JoinHandle, which takes a \
+     unit of the task's budget and yields, and the budget only comes back when the task \
+     yields; the 129th blocking_count in one poll spins for ever (the blocking forms are \
+     documented to work inside a runtime)";
+
+fn main() -> std::process::ExitCode {
+    common::engines::main(vec![
+        engine_case!(close_on_one_clone_makes_every_call_on_the_others_fail_with_closed),
+        engine_case!(async async_forms_fail_with_closed),
+        engine_case!(a_second_close_returns_closed),
+        engine_case!(waiting_consumers_are_woken_with_closed_by_a_close_from_another_thread)
+            .ignore_on("postgres", WOKEN_WITH_POSTGRES_ERROR),
+        engine_case!(reopen_right_after_close_finds_every_acknowledged_commit_sync),
+        engine_case!(reopen_right_after_close_finds_every_acknowledged_commit_buffered),
+        engine_case!(commits_racing_a_close_are_kept_iff_acknowledged_sync)
+            .ignore_on("postgres", COMMITS_CANCELLED),
+        engine_case!(commits_racing_a_close_are_kept_iff_acknowledged_buffered)
+            .ignore_on("postgres", COMMITS_CANCELLED),
+        engine_case!(blocking_forms_work_inside_a_tokio_test_body),
+        engine_case!(blocking_forms_work_on_a_multi_thread_runtime_worker),
+        engine_case!(blocking_forms_work_on_a_current_thread_runtime),
+        engine_case!(blocking_forms_work_after_the_tasks_budget_is_spent)
+            .ignore_on("postgres", BUDGET_SPIN),
+        engine_case!(blocking_dequeue_timeout_of_duration_max_waits_for_an_item),
+        engine_case!(an_item_refused_by_the_transaction_limit_stays_with_the_caller),
+        engine_case!(empty_and_over_long_queue_names_are_invalid),
+    ])
 }

@@ -1,10 +1,12 @@
 //! The item and transaction size limits: an item over the item limit is refused while it is
-//! encoded (not after), and the transaction limit counts each buffered item's real cost.
+//! encoded (not after), and the transaction limit counts each buffered item's real cost. On
+//! every engine of the conformance suite (`tests/common/engines.rs`).
 
 mod common;
 
-use common::{drain, temp_dir};
-use reliable_queue::{Error, Store};
+use common::drain;
+use common::engines::{Engine, EngineStore};
+use reliable_queue::Error;
 use serde::{Deserialize, Serialize};
 
 const MIB: usize = 1 << 20;
@@ -16,23 +18,16 @@ struct Documents {
     parts: Vec<String>,
 }
 
-/// An in-memory and an on-disk store with a 1 MiB item limit.
-fn stores_with_item_limit(path: &std::path::Path) -> Vec<Store> {
-    vec![
-        Store::builder().max_item_size(MIB).open().expect("open"),
-        Store::builder()
-            .path(path)
-            .max_item_size(MIB)
-            .open()
-            .expect("open"),
-    ]
+/// A store of `engine` with a 1 MiB item limit.
+fn store_with_item_limit(engine: &'static Engine) -> EngineStore {
+    engine.store_with(|b| b.max_item_size(MIB))
 }
 
-#[test]
-fn a_huge_byte_item_is_refused_with_its_exact_size() {
-    let (_guard, path) = temp_dir();
+fn a_huge_byte_item_is_refused_with_its_exact_size(engine: &'static Engine) {
     let item = vec![7u8; 64 * MIB];
-    for store in stores_with_item_limit(&path) {
+    {
+        let at = store_with_item_limit(engine);
+        let store = &at.store;
         let q = store.blocking_queue::<Vec<u8>>("bytes").unwrap();
         let mut tx = store.begin();
         match q.enqueue(&mut tx, &item) {
@@ -46,15 +41,15 @@ fn a_huge_byte_item_is_refused_with_its_exact_size() {
     }
 }
 
-#[test]
-fn a_huge_struct_is_refused_as_soon_as_it_crosses_the_limit() {
-    let (_guard, path) = temp_dir();
+fn a_huge_struct_is_refused_as_soon_as_it_crosses_the_limit(engine: &'static Engine) {
     // 64 MiB of strings of 1 KiB each.
     let item = Documents {
         id: 1,
         parts: (0..64 * 1024).map(|_| "d".repeat(1024)).collect(),
     };
-    for store in stores_with_item_limit(&path) {
+    {
+        let at = store_with_item_limit(engine);
+        let store = &at.store;
         let q = store.blocking_queue::<Documents>("docs").unwrap();
         let mut tx = store.begin();
         match q.enqueue(&mut tx, &item) {
@@ -73,14 +68,14 @@ fn a_huge_struct_is_refused_as_soon_as_it_crosses_the_limit() {
         };
         q.enqueue(&mut tx, &small).expect("a small item fits");
         tx.blocking_commit().unwrap();
-        assert_eq!(drain(&store, &q), [small]);
+        assert_eq!(drain(store, &q), [small]);
     }
 }
 
-#[test]
-fn items_of_exactly_the_limit_are_accepted_and_one_byte_more_is_not() {
-    let (_guard, path) = temp_dir();
-    for store in stores_with_item_limit(&path) {
+fn items_of_exactly_the_limit_are_accepted_and_one_byte_more_is_not(engine: &'static Engine) {
+    {
+        let at = store_with_item_limit(engine);
+        let store = &at.store;
         // Bytes: envelope byte, 3-byte varint (the length is under 2^21), the bytes.
         let bytes = store.blocking_queue::<Vec<u8>>("bytes").unwrap();
         let fits = vec![1u8; MIB - 4];
@@ -112,8 +107,8 @@ fn items_of_exactly_the_limit_are_accepted_and_one_byte_more_is_not() {
         }
         assert_eq!(tx.enqueued(), 2);
         tx.blocking_commit().unwrap();
-        assert_eq!(drain(&store, &bytes), [vec![1u8; MIB - 4]]);
-        assert_eq!(drain(&store, &docs), [fits]);
+        assert_eq!(drain(store, &bytes), [vec![1u8; MIB - 4]]);
+        assert_eq!(drain(store, &docs), [fits]);
     }
 }
 
@@ -121,23 +116,10 @@ fn items_of_exactly_the_limit_are_accepted_and_one_byte_more_is_not() {
 /// transaction plus the smallest heap block (the crate's `ITEM_OVERHEAD`, 56 on 64-bit).
 const ITEM_OVERHEAD: usize = std::mem::size_of::<(std::sync::Arc<()>, Box<[u8]>)>() + 32;
 
-#[test]
-fn zero_sized_items_count_against_the_transaction_limit() {
-    let (_guard, path) = temp_dir();
-    let stores = [
-        Store::builder()
-            .max_item_size(1024)
-            .max_transaction_size(MIB)
-            .open()
-            .expect("open"),
-        Store::builder()
-            .path(&path)
-            .max_item_size(1024)
-            .max_transaction_size(MIB)
-            .open()
-            .expect("open"),
-    ];
-    for store in stores {
+fn zero_sized_items_count_against_the_transaction_limit(engine: &'static Engine) {
+    {
+        let at = engine.store_with(|b| b.max_item_size(1024).max_transaction_size(MIB));
+        let store = &at.store;
         let q = store.blocking_queue::<()>("units").unwrap();
         let mut tx = store.begin();
         let bound = MIB / ITEM_OVERHEAD;
@@ -168,13 +150,9 @@ fn zero_sized_items_count_against_the_transaction_limit() {
     }
 }
 
-#[test]
-fn a_lone_item_of_the_item_limit_fits_a_transaction_of_the_same_limit() {
-    let store = Store::builder()
-        .max_item_size(1024)
-        .max_transaction_size(1024)
-        .open()
-        .expect("open");
+fn a_lone_item_of_the_item_limit_fits_a_transaction_of_the_same_limit(engine: &'static Engine) {
+    let at = engine.store_with(|b| b.max_item_size(1024).max_transaction_size(1024));
+    let store = &at.store;
     let q = store.blocking_queue::<Vec<u8>>("q").unwrap();
     let mut tx = store.begin();
     // 1 + 2 (varint of 1021) + 1021 = 1024 encoded bytes.
@@ -187,5 +165,15 @@ fn a_lone_item_of_the_item_limit_fits_a_transaction_of_the_same_limit() {
         other => panic!("expected TransactionTooLarge, got {other:?}"),
     }
     tx.blocking_commit().unwrap();
-    assert_eq!(drain(&store, &q), [vec![1u8; 1021]]);
+    assert_eq!(drain(store, &q), [vec![1u8; 1021]]);
+}
+
+fn main() -> std::process::ExitCode {
+    common::engines::main(vec![
+        engine_case!(a_huge_byte_item_is_refused_with_its_exact_size),
+        engine_case!(a_huge_struct_is_refused_as_soon_as_it_crosses_the_limit),
+        engine_case!(items_of_exactly_the_limit_are_accepted_and_one_byte_more_is_not),
+        engine_case!(zero_sized_items_count_against_the_transaction_limit),
+        engine_case!(a_lone_item_of_the_item_limit_fits_a_transaction_of_the_same_limit),
+    ])
 }

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 #[cfg(unix)]
 use std::process::Command;
 
+use common::engines::Engine;
 use common::temp_dir;
 use reliable_queue::{Error, Store};
 use serde::ser::{Error as _, Serializer};
@@ -67,7 +68,6 @@ fn assert_names(e: &Error, path: &Path, cause: &str) {
     );
 }
 
-#[test]
 fn a_store_path_that_is_a_regular_file_is_named() {
     let (_guard, path) = temp_dir();
     std::fs::write(&path, b"a file").unwrap();
@@ -157,7 +157,6 @@ fn permission_case(dir: &Path) -> Vec<(PathBuf, String)> {
 /// in a child process of this test binary under an unprivileged uid (`setpriv`), in a
 /// directory that user owns. When that cannot be arranged the test says "skipped" and why.
 #[cfg(unix)]
-#[test]
 fn a_permission_problem_names_the_file_and_the_cause() {
     if let Some(dir) = std::env::var_os(CHILD_DIR) {
         // The child: the case itself, as the unprivileged user.
@@ -240,7 +239,6 @@ fn a_permission_problem_names_the_file_and_the_cause() {
 
 /// sled's log file deleted: refused before sled touches anything, so putting the file back
 /// is enough.
-#[test]
 fn a_missing_log_file_is_named() {
     let (_guard, path) = temp_dir();
     make_store(&path);
@@ -265,7 +263,6 @@ fn a_missing_log_file_is_named() {
 
 /// sled's log file cut short: empty, shorter than an offset sled's index points at, or cut
 /// inside its first records (where sled reports corruption without a place).
-#[test]
 fn a_log_file_cut_short_is_named() {
     let (_guard, path) = temp_dir();
     make_store(&path);
@@ -302,7 +299,6 @@ fn flip(file: &Path, at: usize, bit: u8) {
 /// some as a database "created using a sled version earlier than 0.29" or as settings changed
 /// across restarts, and would open the store as if nothing happened for a flip in the
 /// checksum.)
-#[test]
 fn a_flipped_bit_in_the_storage_engines_settings_is_damage_of_conf() {
     let (_guard, path) = temp_dir();
     make_store(&path);
@@ -328,7 +324,6 @@ fn a_flipped_bit_in_the_storage_engines_settings_is_damage_of_conf() {
 }
 
 /// A flipped bit in sled's snapshot of its log names the snapshot file.
-#[test]
 fn a_flipped_bit_in_the_storage_engines_snapshot_names_it() {
     let (_guard, path) = temp_dir();
     make_store(&path);
@@ -363,10 +358,11 @@ impl Serialize for Widget {
     }
 }
 
-#[test]
-fn the_items_own_serialization_message_reaches_the_user() {
-    let (_guard, path) = temp_dir();
-    for store in [Store::in_memory().unwrap(), Store::open(&path).unwrap()] {
+/// On every engine of the conformance suite (`tests/common/engines.rs`).
+fn the_items_own_serialization_message_reaches_the_user(engine: &'static Engine) {
+    {
+        let at = engine.store();
+        let store = &at.store;
         let queue = store.blocking_queue::<Widget>("widgets").unwrap();
         let nested = store
             .blocking_queue::<Vec<Option<Widget>>>("nested")
@@ -389,4 +385,17 @@ fn the_items_own_serialization_message_reaches_the_user() {
         assert!(e.to_string().contains("\"nested\""), "{e}");
         assert_eq!(tx.enqueued(), 0);
     }
+}
+
+fn main() -> std::process::ExitCode {
+    common::engines::main(vec![
+        engine_case!(the_items_own_serialization_message_reaches_the_user),
+        once_case!(a_store_path_that_is_a_regular_file_is_named),
+        #[cfg(unix)]
+        once_case!(a_permission_problem_names_the_file_and_the_cause),
+        once_case!(a_missing_log_file_is_named),
+        once_case!(a_log_file_cut_short_is_named),
+        once_case!(a_flipped_bit_in_the_storage_engines_settings_is_damage_of_conf),
+        once_case!(a_flipped_bit_in_the_storage_engines_snapshot_names_it),
+    ])
 }

@@ -2,6 +2,9 @@
 //! exact boundary and across a reopen with other limits, failed serialization in the middle of
 //! a move, a directory opened twice (in this process and from another), bad paths, and the
 //! permissions of the directories a store creates.
+//!
+//! The cases that are not about sled's directory run on every engine of the conformance suite
+//! (`tests/common/engines.rs`); the others run once, on sled.
 
 mod common;
 
@@ -10,6 +13,7 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use common::engines::{Engine, ENGINES};
 #[cfg(unix)]
 use common::mode;
 use common::{drain, peek_all, temp_dir};
@@ -73,40 +77,30 @@ fn wrong_store_is_refused_and_loses_nothing(first: Store, second: Store) {
     assert_eq!(drain(&b, &qb), ["b1", "b2"]);
 }
 
-#[test]
-fn transaction_of_another_store_is_refused_in_memory() {
-    wrong_store_is_refused_and_loses_nothing(
-        Store::in_memory().unwrap(),
-        Store::in_memory().unwrap(),
-    );
-}
-
-#[test]
-fn transaction_of_another_store_is_refused_on_disk_and_across_backends() {
-    let (_g1, p1) = temp_dir();
-    let (_g2, p2) = temp_dir();
-    wrong_store_is_refused_and_loses_nothing(Store::open(&p1).unwrap(), Store::open(&p2).unwrap());
-    // An on-disk store and an in-memory one.
-    let (_g3, p3) = temp_dir();
-    wrong_store_is_refused_and_loses_nothing(
-        Store::open(&p3).unwrap(),
-        Store::in_memory().unwrap(),
-    );
-    // After a reopen, nothing but what was drained ever reached either log.
-    for path in [&p1, &p2] {
-        let store = Store::open(path).unwrap();
-        assert_eq!(
-            store
-                .blocking_queue::<String>("jobs")
-                .unwrap()
-                .blocking_count()
-                .unwrap(),
-            0
-        );
+/// Two stores of `engine`, then a store of `engine` with a store of each engine of the suite.
+fn transaction_of_another_store_is_refused(engine: &'static Engine) {
+    let (first, second) = (engine.store(), engine.store());
+    wrong_store_is_refused_and_loses_nothing(first.store.clone(), second.store.clone());
+    for other in ENGINES {
+        let mine = engine.store();
+        wrong_store_is_refused_and_loses_nothing(mine.store.clone(), other.store().store.clone());
+    }
+    // After a reopen, nothing but what was drained ever reached either store.
+    for at in [&first, &second] {
+        at.store.clone().blocking_close().unwrap();
+        if let Some(store) = at.reopen() {
+            assert_eq!(
+                store
+                    .blocking_queue::<String>("jobs")
+                    .unwrap()
+                    .blocking_count()
+                    .unwrap(),
+                0
+            );
+        }
     }
 }
 
-#[test]
 fn queue_and_transaction_handles_keep_their_store_open() {
     let (_guard, path) = temp_dir();
     let store = Store::open(&path).unwrap();
@@ -131,19 +125,12 @@ fn encoded_len(n: usize) -> usize {
     2 + n
 }
 
-#[test]
-fn item_limit_is_exact_and_rejections_leave_the_transaction_whole() {
-    let (_guard, path) = temp_dir();
+fn item_limit_is_exact_and_rejections_leave_the_transaction_whole(engine: &'static Engine) {
     let limit = 64;
     let fits = limit - encoded_len(0);
-    for store in [
-        Store::builder().max_item_size(limit).open().unwrap(),
-        Store::builder()
-            .path(&path)
-            .max_item_size(limit)
-            .open()
-            .unwrap(),
-    ] {
+    {
+        let at = engine.store_with(move |b| b.max_item_size(limit));
+        let store = at.store.clone();
         let q = store.blocking_queue::<Vec<u8>>("q").unwrap();
         let mut tx = store.begin();
         q.enqueue(&mut tx, vec![1; fits])
@@ -168,15 +155,11 @@ fn item_limit_is_exact_and_rejections_leave_the_transaction_whole() {
 /// transaction plus the smallest heap block (the crate's `ITEM_OVERHEAD`).
 const ITEM_OVERHEAD: usize = std::mem::size_of::<(std::sync::Arc<()>, Box<[u8]>)>() + 32;
 
-#[test]
-fn transaction_limit_is_exact() {
+fn transaction_limit_is_exact(engine: &'static Engine) {
     // Three items of 50 encoded bytes and their overhead fill the transaction exactly.
     let full = 3 * (50 + ITEM_OVERHEAD);
-    let store = Store::builder()
-        .max_item_size(50)
-        .max_transaction_size(full)
-        .open()
-        .unwrap();
+    let at = engine.store_with(move |b| b.max_item_size(50).max_transaction_size(full));
+    let store = at.store.clone();
     let q = store.blocking_queue::<Vec<u8>>("q").unwrap();
     let item = vec![7; 50 - encoded_len(0)];
     let mut tx = store.begin();
@@ -193,22 +176,21 @@ fn transaction_limit_is_exact() {
     assert_eq!(q.blocking_count().unwrap(), 3);
 }
 
-#[test]
-fn items_over_a_lowered_limit_survive_a_reopen_and_can_be_dequeued() {
-    let (_guard, path) = temp_dir();
+/// (In memory nothing outlives the store, S9: nothing to reopen.)
+fn items_over_a_lowered_limit_survive_a_reopen_and_can_be_dequeued(engine: &'static Engine) {
+    let at = engine.store();
     {
-        let store = Store::open(&path).unwrap();
+        let store = &at.store;
         let q = store.blocking_queue::<Vec<u8>>("q").unwrap();
         let mut tx = store.begin();
         q.enqueue(&mut tx, vec![9; 10_000]).unwrap();
         tx.blocking_commit().unwrap();
+        store.clone().blocking_close().unwrap();
     }
     // The limit applies to new items only: what is already stored is not lost.
-    let store = Store::builder()
-        .path(&path)
-        .max_item_size(100)
-        .open()
-        .unwrap();
+    let Some(store) = at.reopen_with(|b| b.max_item_size(100)) else {
+        return;
+    };
     let q = store.blocking_queue::<Vec<u8>>("q").unwrap();
     assert!(matches!(
         q.enqueue(&mut store.begin(), vec![9; 10_000]),
@@ -240,10 +222,10 @@ impl Serialize for Order {
     }
 }
 
-#[test]
-fn failed_serialization_in_the_middle_of_a_move_loses_nothing() {
-    let (_guard, path) = temp_dir();
-    for store in [Store::in_memory().unwrap(), Store::open(&path).unwrap()] {
+fn failed_serialization_in_the_middle_of_a_move_loses_nothing(engine: &'static Engine) {
+    {
+        let at = engine.store();
+        let store = at.store.clone();
         let inbox = store.blocking_queue::<Order>("inbox").unwrap();
         let outbox = store.blocking_queue::<Order>("outbox").unwrap();
         let mut tx = store.begin();
@@ -271,13 +253,8 @@ fn failed_serialization_in_the_middle_of_a_move_loses_nothing() {
         // The transaction still holds the order; dropping it gives the order back.
         assert_eq!((tx.enqueued(), tx.dequeued()), (0, 1));
         drop(tx);
-        assert_eq!(
-            (
-                inbox.blocking_count().unwrap(),
-                outbox.blocking_count().unwrap()
-            ),
-            (1, 0)
-        );
+        engine.after_drop("the order is back", || inbox.blocking_count().unwrap() == 1);
+        assert_eq!(outbox.blocking_count().unwrap(), 0);
         assert_eq!(
             peek_all(&store, &inbox),
             [Order {
@@ -306,7 +283,6 @@ fn failed_serialization_in_the_middle_of_a_move_loses_nothing() {
 
 // ---- a directory opened twice ----
 
-#[test]
 fn a_directory_open_in_this_process_is_refused_under_any_spelling() {
     let (guard, path) = temp_dir();
     let store = Store::open(&path).unwrap();
@@ -342,7 +318,6 @@ const CHILD_DIR: &str = "RELIABLE_QUEUE_MISUSE_CHILD_DIR";
 
 /// The other process of the test below. Run directly, without the variable the parent sets,
 /// it has nothing to do and returns.
-#[test]
 fn child_holds_a_store_open_until_stdin_closes() {
     let Some(path) = std::env::var_os(CHILD_DIR) else {
         return;
@@ -361,7 +336,6 @@ fn child_holds_a_store_open_until_stdin_closes() {
     println!("child: released");
 }
 
-#[test]
 fn a_directory_open_in_another_process_is_refused_quickly() {
     let (_guard, path) = temp_dir();
     let mut child = Command::new(std::env::current_exe().expect("test binary"))
@@ -421,7 +395,6 @@ fn a_directory_open_in_another_process_is_refused_quickly() {
     println!("another process's store refused in {waited:?}");
 }
 
-#[test]
 fn a_path_that_is_a_file_is_refused() {
     let (guard, _) = temp_dir();
     let file = guard.path().join("file");
@@ -442,7 +415,6 @@ fn a_path_that_is_a_file_is_refused() {
 // ---- permissions ----
 
 #[cfg(unix)]
-#[test]
 fn the_store_directory_is_owner_only() {
     let (guard, path) = temp_dir();
     Store::open(&path).unwrap();
@@ -451,7 +423,6 @@ fn the_store_directory_is_owner_only() {
 }
 
 #[cfg(unix)]
-#[test]
 fn missing_parents_are_created_owner_only_and_existing_ones_left_alone() {
     use std::os::unix::fs::PermissionsExt;
     let (guard, _) = temp_dir();
@@ -473,7 +444,6 @@ fn missing_parents_are_created_owner_only_and_existing_ones_left_alone() {
 }
 
 #[cfg(unix)]
-#[test]
 fn an_existing_store_directory_open_to_others_is_refused_unless_allowed() {
     use std::os::unix::fs::PermissionsExt;
     let (_guard, path) = temp_dir();
@@ -493,4 +463,25 @@ fn an_existing_store_directory_open_to_others_is_refused_unless_allowed() {
         0o750,
         "an allowed directory keeps its permissions"
     );
+}
+
+fn main() -> std::process::ExitCode {
+    common::engines::main(vec![
+        engine_case!(transaction_of_another_store_is_refused),
+        engine_case!(item_limit_is_exact_and_rejections_leave_the_transaction_whole),
+        engine_case!(transaction_limit_is_exact),
+        engine_case!(items_over_a_lowered_limit_survive_a_reopen_and_can_be_dequeued),
+        engine_case!(failed_serialization_in_the_middle_of_a_move_loses_nothing),
+        once_case!(queue_and_transaction_handles_keep_their_store_open),
+        once_case!(a_directory_open_in_this_process_is_refused_under_any_spelling),
+        once_case!(child_holds_a_store_open_until_stdin_closes),
+        once_case!(a_directory_open_in_another_process_is_refused_quickly),
+        once_case!(a_path_that_is_a_file_is_refused),
+        #[cfg(unix)]
+        once_case!(the_store_directory_is_owner_only),
+        #[cfg(unix)]
+        once_case!(missing_parents_are_created_owner_only_and_existing_ones_left_alone),
+        #[cfg(unix)]
+        once_case!(an_existing_store_directory_open_to_others_is_refused_unless_allowed),
+    ])
 }

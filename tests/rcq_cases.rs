@@ -1,5 +1,5 @@
-//! The documented cases of Service Fabric's ReliableConcurrentQueue, each run against an
-//! in-memory store and an on-disk store.
+//! The documented cases of Service Fabric's ReliableConcurrentQueue, each run on every engine
+//! of the conformance suite (`tests/common/engines.rs`).
 
 mod common;
 
@@ -7,16 +7,13 @@ use std::collections::BTreeSet;
 use std::sync::{Arc, Barrier};
 use std::thread;
 
-use common::{drain, peek_all, temp_dir};
+use common::engines::Engine;
+use common::{drain, peek_all};
 use reliable_queue::{ReliableConcurrentQueue, Store};
 
-/// Runs `case` against a fresh in-memory store, then against a fresh on-disk store.
-fn on_both_stores(case: impl Fn(&Store)) {
-    let memory = Store::in_memory().expect("open an in-memory store");
-    case(&memory);
-    let (_guard, path) = temp_dir();
-    let disk = Store::open(&path).expect("open an on-disk store");
-    case(&disk);
+/// Runs `case` against a fresh store of `engine`.
+fn on(engine: &'static Engine, case: impl Fn(&Store)) {
+    case(&engine.store());
 }
 
 /// Commits `items` in one transaction.
@@ -40,9 +37,8 @@ fn populated(store: &Store) -> ReliableConcurrentQueue<u32> {
     queue
 }
 
-#[test]
-fn single_enqueue_task_holds_exactly_both_items() {
-    on_both_stores(|store| {
+fn single_enqueue_task_holds_exactly_both_items(engine: &'static Engine) {
+    on(engine, |store| {
         let queue = store.blocking_queue::<u32>("q").unwrap();
         enqueue_all(store, &queue, &[10, 20]);
         assert_eq!(queue.blocking_count().unwrap(), 2);
@@ -59,9 +55,8 @@ fn single_enqueue_task_holds_exactly_both_items() {
     });
 }
 
-#[test]
-fn parallel_enqueue_tasks_lose_nothing() {
-    on_both_stores(|store| {
+fn parallel_enqueue_tasks_lose_nothing(engine: &'static Engine) {
+    on(engine, |store| {
         let queue = store.blocking_queue::<u32>("q").unwrap();
         // Both transactions are open, with their items enqueued, before either commits.
         let ready = Arc::new(Barrier::new(2));
@@ -91,9 +86,8 @@ fn parallel_enqueue_tasks_lose_nothing() {
     });
 }
 
-#[test]
-fn single_dequeue_task_takes_three_distinct_items_and_leaves_the_rest() {
-    on_both_stores(|store| {
+fn single_dequeue_task_takes_three_distinct_items_and_leaves_the_rest(engine: &'static Engine) {
+    on(engine, |store| {
         let queue = populated(store);
         let mut tx = store.begin();
         let taken: Vec<u32> = (0..3)
@@ -117,9 +111,8 @@ fn single_dequeue_task_takes_three_distinct_items_and_leaves_the_rest() {
     });
 }
 
-#[test]
-fn parallel_dequeue_tasks_take_disjoint_items() {
-    on_both_stores(|store| {
+fn parallel_dequeue_tasks_take_disjoint_items(engine: &'static Engine) {
+    on(engine, |store| {
         let queue = populated(store);
         // Both transactions hold their two items before either commits.
         let ready = Arc::new(Barrier::new(2));
@@ -156,9 +149,8 @@ fn parallel_dequeue_tasks_take_disjoint_items() {
     });
 }
 
-#[test]
-fn abort_puts_dequeued_items_back_at_the_head() {
-    on_both_stores(|store| {
+fn abort_puts_dequeued_items_back_at_the_head(engine: &'static Engine) {
+    on(engine, |store| {
         let queue = populated(store);
         let mut tx = store.begin();
         let first = queue.blocking_try_dequeue(&mut tx).unwrap().unwrap();
@@ -188,9 +180,8 @@ fn abort_puts_dequeued_items_back_at_the_head() {
     });
 }
 
-#[test]
-fn aborted_items_come_before_items_committed_meanwhile() {
-    on_both_stores(|store| {
+fn aborted_items_come_before_items_committed_meanwhile(engine: &'static Engine) {
+    on(engine, |store| {
         let queue = populated(store);
         let mut holder = store.begin();
         let held = [
@@ -206,6 +197,9 @@ fn aborted_items_come_before_items_committed_meanwhile() {
         tx.blocking_commit().unwrap();
         enqueue_all(store, &queue, &[70]);
         drop(holder);
+        engine.after_drop("the dropped transaction's items are back", || {
+            queue.blocking_count().unwrap() == 3
+        });
 
         let mut tx = store.begin();
         let returned = [
@@ -219,9 +213,8 @@ fn aborted_items_come_before_items_committed_meanwhile() {
     });
 }
 
-#[test]
-fn dequeued_item_is_hidden_from_others_until_abort() {
-    on_both_stores(|store| {
+fn dequeued_item_is_hidden_from_others_until_abort(engine: &'static Engine) {
+    on(engine, |store| {
         let queue = store.blocking_queue::<u32>("q").unwrap();
         enqueue_all(store, &queue, &[10]);
         let mut a = store.begin();
@@ -244,9 +237,8 @@ fn dequeued_item_is_hidden_from_others_until_abort() {
     });
 }
 
-#[test]
-fn peek_by_dequeue_then_abort_leaves_the_queue_unchanged() {
-    on_both_stores(|store| {
+fn peek_by_dequeue_then_abort_leaves_the_queue_unchanged(engine: &'static Engine) {
+    on(engine, |store| {
         let queue = populated(store);
         let before = peek_all(store, &queue);
 
@@ -269,9 +261,8 @@ fn peek_by_dequeue_then_abort_leaves_the_queue_unchanged() {
     });
 }
 
-#[test]
-fn peek_commits_only_when_the_item_is_processed() {
-    on_both_stores(|store| {
+fn peek_commits_only_when_the_item_is_processed(engine: &'static Engine) {
+    on(engine, |store| {
         let queue = store.blocking_queue::<u32>("q").unwrap();
         enqueue_all(store, &queue, &[5, 15]);
         // The documented pattern: process (and commit) only values over 10.
@@ -292,9 +283,8 @@ fn peek_commits_only_when_the_item_is_processed() {
     });
 }
 
-#[test]
-fn batch_dequeue_loop_sees_every_item_exactly_once() {
-    on_both_stores(|store| {
+fn batch_dequeue_loop_sees_every_item_exactly_once(engine: &'static Engine) {
+    on(engine, |store| {
         let queue = store.blocking_queue::<u32>("q").unwrap();
         let items: Vec<u32> = (0..23).collect();
         for chunk in items.chunks(4) {
@@ -324,9 +314,8 @@ fn batch_dequeue_loop_sees_every_item_exactly_once() {
     });
 }
 
-#[test]
-fn count_threshold_processing_takes_full_batches() {
-    on_both_stores(|store| {
+fn count_threshold_processing_takes_full_batches(engine: &'static Engine) {
+    on(engine, |store| {
         let queue = store.blocking_queue::<u32>("q").unwrap();
         const THRESHOLD: u64 = 5;
         let mut processed = Vec::new();
@@ -355,9 +344,8 @@ fn count_threshold_processing_takes_full_batches() {
     });
 }
 
-#[test]
-fn best_effort_drain_after_all_tasks_stop_gets_everything() {
-    on_both_stores(|store| {
+fn best_effort_drain_after_all_tasks_stop_gets_everything(engine: &'static Engine) {
+    on(engine, |store| {
         let queue = store.blocking_queue::<u32>("q").unwrap();
         // Producers commit; consumers take items and abort, so items go back and forth.
         let tasks: Vec<_> = (0..4u32)
@@ -410,9 +398,8 @@ fn best_effort_drain_after_all_tasks_stop_gets_everything() {
     });
 }
 
-#[test]
-fn enqueue_is_invisible_before_commit_even_to_its_own_transaction() {
-    on_both_stores(|store| {
+fn enqueue_is_invisible_before_commit_even_to_its_own_transaction(engine: &'static Engine) {
+    on(engine, |store| {
         let queue = store.blocking_queue::<u32>("q").unwrap();
         let mut tx = store.begin();
         queue.enqueue(&mut tx, 10).unwrap();
@@ -435,9 +422,8 @@ fn enqueue_is_invisible_before_commit_even_to_its_own_transaction() {
     });
 }
 
-#[test]
-fn own_enqueue_is_not_dequeued_after_the_committed_items() {
-    on_both_stores(|store| {
+fn own_enqueue_is_not_dequeued_after_the_committed_items(engine: &'static Engine) {
+    on(engine, |store| {
         let queue = store.blocking_queue::<u32>("q").unwrap();
         enqueue_all(store, &queue, &[1, 2]);
         let mut tx = store.begin();
@@ -452,9 +438,8 @@ fn own_enqueue_is_not_dequeued_after_the_committed_items() {
     });
 }
 
-#[test]
-fn count_is_exact_when_idle_and_excludes_held_items() {
-    on_both_stores(|store| {
+fn count_is_exact_when_idle_and_excludes_held_items(engine: &'static Engine) {
+    on(engine, |store| {
         let queue = store.blocking_queue::<u32>("q").unwrap();
         assert_eq!(queue.blocking_count().unwrap(), 0);
         enqueue_all(store, &queue, &(0..10).collect::<Vec<_>>());
@@ -485,9 +470,8 @@ fn count_is_exact_when_idle_and_excludes_held_items() {
     });
 }
 
-#[test]
-fn dropping_a_transaction_aborts_it() {
-    on_both_stores(|store| {
+fn dropping_a_transaction_aborts_it(engine: &'static Engine) {
+    on(engine, |store| {
         let queue = populated(store);
         {
             let mut tx = store.begin();
@@ -496,16 +480,17 @@ fn dropping_a_transaction_aborts_it() {
             queue.enqueue(&mut tx, 70).unwrap();
             assert_eq!(queue.blocking_count().unwrap(), 4);
         }
-        assert_eq!(queue.blocking_count().unwrap(), 6);
+        engine.after_drop("the dropped transaction's items are back", || {
+            queue.blocking_count().unwrap() == 6
+        });
         let mut items = drain(store, &queue);
         items.sort_unstable();
         assert_eq!(items, [10, 20, 30, 40, 50, 60], "70 was never committed");
     });
 }
 
-#[test]
-fn a_transaction_dropped_in_another_thread_gives_its_items_back() {
-    on_both_stores(|store| {
+fn a_transaction_dropped_in_another_thread_gives_its_items_back(engine: &'static Engine) {
+    on(engine, |store| {
         let queue = populated(store);
         let (store2, queue2) = (store.clone(), queue.clone());
         let taken = thread::spawn(move || {
@@ -517,7 +502,31 @@ fn a_transaction_dropped_in_another_thread_gives_its_items_back() {
         })
         .join()
         .unwrap();
-        assert_eq!(queue.blocking_count().unwrap(), 6);
+        engine.after_drop("the dropped transaction's item is back", || {
+            queue.blocking_count().unwrap() == 6
+        });
         assert!(peek_all(store, &queue).contains(&taken));
     });
+}
+
+fn main() -> std::process::ExitCode {
+    common::engines::main(vec![
+        engine_case!(single_enqueue_task_holds_exactly_both_items),
+        engine_case!(parallel_enqueue_tasks_lose_nothing),
+        engine_case!(single_dequeue_task_takes_three_distinct_items_and_leaves_the_rest),
+        engine_case!(parallel_dequeue_tasks_take_disjoint_items),
+        engine_case!(abort_puts_dequeued_items_back_at_the_head),
+        engine_case!(aborted_items_come_before_items_committed_meanwhile),
+        engine_case!(dequeued_item_is_hidden_from_others_until_abort),
+        engine_case!(peek_by_dequeue_then_abort_leaves_the_queue_unchanged),
+        engine_case!(peek_commits_only_when_the_item_is_processed),
+        engine_case!(batch_dequeue_loop_sees_every_item_exactly_once),
+        engine_case!(count_threshold_processing_takes_full_batches),
+        engine_case!(best_effort_drain_after_all_tasks_stop_gets_everything),
+        engine_case!(enqueue_is_invisible_before_commit_even_to_its_own_transaction),
+        engine_case!(own_enqueue_is_not_dequeued_after_the_committed_items),
+        engine_case!(count_is_exact_when_idle_and_excludes_held_items),
+        engine_case!(dropping_a_transaction_aborts_it),
+        engine_case!(a_transaction_dropped_in_another_thread_gives_its_items_back),
+    ])
 }

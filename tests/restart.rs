@@ -1,6 +1,12 @@
 //! Closing and reopening an on-disk store: what was committed is there, what was not is not,
 //! in commit order; directories in use are refused; the catalog survives. A process killed
 //! while it holds leases: their items come back at the head, with their attempts.
+//!
+//! The cases of a clean restart (S3, S4, S7, S8 across a close and an open by the next
+//! process) run on every engine of the conformance suite whose data outlives the store
+//! (`tests/common/engines.rs`: sled, PostgreSQL; in memory nothing does, S9, and they return
+//! at once). Directories, buffered durability, sled's log records and killed processes are
+//! sled's, checked once.
 
 mod common;
 
@@ -10,6 +16,7 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::Duration;
 
+use common::engines::{Engine, EngineStore};
 use common::{drain, peek_all, temp_dir};
 use reliable_queue::{Durability, Error, Result, Store};
 use serde::{Deserialize, Serialize};
@@ -49,25 +56,42 @@ fn assert_already_open(result: Result<Store>, path: &Path) {
     }
 }
 
-#[test]
-fn committed_enqueues_survive_a_reopen() {
-    let (_guard, path) = temp_dir();
-    {
-        let store = Store::open(&path).unwrap();
-        enqueue_all(&store, "q", 0..100u32);
-        enqueue_all(&store, "q", 100..150u32);
+/// A fresh store of `engine` whose data outlives it, or `None` in memory.
+fn durable(engine: &'static Engine) -> Option<EngineStore> {
+    let at = engine.store();
+    at.durable().then_some(at)
+}
+
+/// The next process's store on `at`'s data, once `current` (and every clone of it) is closed.
+fn next(at: &EngineStore, current: Store) -> Store {
+    current.blocking_close().expect("close");
+    at.reopen().expect("a store whose data outlives it")
+}
+
+/// The queues of `store` by name: every queue of the store; on PostgreSQL `queue_names` lists
+/// only those opened through this handle (its documentation), so the database is asked.
+fn all_queues(engine: &Engine, store: &Store) -> Vec<String> {
+    match engine.name {
+        "postgres" => store.blocking_list_queues().unwrap(),
+        _ => store.queue_names(),
     }
-    let store = Store::open(&path).unwrap();
+}
+
+fn committed_enqueues_survive_a_reopen(engine: &'static Engine) {
+    let Some(at) = durable(engine) else { return };
+    let store = at.store.clone();
+    enqueue_all(&store, "q", 0..100u32);
+    enqueue_all(&store, "q", 100..150u32);
+    let store = next(&at, store);
     let queue = store.blocking_queue::<u32>("q").unwrap();
     assert_eq!(queue.blocking_count().unwrap(), 150);
     assert_eq!(drain(&store, &queue), (0..150).collect::<Vec<_>>());
 }
 
-#[test]
-fn committed_dequeues_do_not_come_back() {
-    let (_guard, path) = temp_dir();
+fn committed_dequeues_do_not_come_back(engine: &'static Engine) {
+    let Some(at) = durable(engine) else { return };
+    let mut store = at.store.clone();
     {
-        let store = Store::open(&path).unwrap();
         enqueue_all(&store, "q", 0..10u32);
         let queue = store.blocking_queue::<u32>("q").unwrap();
         let mut tx = store.begin();
@@ -78,17 +102,17 @@ fn committed_dequeues_do_not_come_back() {
         assert_eq!(queue.blocking_count().unwrap(), 6);
     }
     for _ in 0..2 {
-        let store = Store::open(&path).unwrap();
+        store = next(&at, store);
         let queue = store.blocking_queue::<u32>("q").unwrap();
         assert_eq!(queue.blocking_count().unwrap(), 6);
         assert_eq!(peek_all(&store, &queue), (4..10).collect::<Vec<_>>());
     }
     {
-        let store = Store::open(&path).unwrap();
+        store = next(&at, store);
         let queue = store.blocking_queue::<u32>("q").unwrap();
         assert_eq!(drain(&store, &queue).len(), 6);
     }
-    let store = Store::open(&path).unwrap();
+    let store = next(&at, store);
     assert_eq!(
         store
             .blocking_queue::<u32>("q")
@@ -99,33 +123,28 @@ fn committed_dequeues_do_not_come_back() {
     );
 }
 
-#[test]
-fn transaction_open_at_close_is_undone() {
-    let (_guard, path) = temp_dir();
-    {
-        let store = Store::open(&path).unwrap();
-        enqueue_all(&store, "q", [1u32, 2, 3]);
-        let queue = store.blocking_queue::<u32>("q").unwrap();
-        let mut open = store.begin();
-        assert_eq!(queue.blocking_try_dequeue(&mut open).unwrap(), Some(1));
-        assert_eq!(queue.blocking_try_dequeue(&mut open).unwrap(), Some(2));
-        queue.enqueue(&mut open, 4).unwrap();
-        // The transaction is the last handle: the store closes when it goes.
-        drop(queue);
-        drop(store);
-        drop(open);
-    }
-    let store = Store::open(&path).unwrap();
+/// A transaction open when its store closes is neither committed nor lost (`Store::close`).
+fn transaction_open_at_close_is_undone(engine: &'static Engine) {
+    let Some(at) = durable(engine) else { return };
+    let store = at.store.clone();
+    enqueue_all(&store, "q", [1u32, 2, 3]);
+    let queue = store.blocking_queue::<u32>("q").unwrap();
+    let mut open = store.begin();
+    assert_eq!(queue.blocking_try_dequeue(&mut open).unwrap(), Some(1));
+    assert_eq!(queue.blocking_try_dequeue(&mut open).unwrap(), Some(2));
+    queue.enqueue(&mut open, 4).unwrap();
+    drop(queue);
+    let store = next(&at, store);
+    drop(open);
     let queue = store.blocking_queue::<u32>("q").unwrap();
     assert_eq!(queue.blocking_count().unwrap(), 3);
     assert_eq!(drain(&store, &queue), [1, 2, 3]);
 }
 
-#[test]
-fn items_given_back_before_close_are_there_after() {
-    let (_guard, path) = temp_dir();
+fn items_given_back_before_close_are_there_after(engine: &'static Engine) {
+    let Some(at) = durable(engine) else { return };
+    let store = at.store.clone();
     {
-        let store = Store::open(&path).unwrap();
         enqueue_all(&store, "q", 0..5u32);
         let queue = store.blocking_queue::<u32>("q").unwrap();
         let mut tx = store.begin();
@@ -133,17 +152,16 @@ fn items_given_back_before_close_are_there_after() {
         queue.blocking_try_dequeue(&mut tx).unwrap().unwrap();
         tx.blocking_abort().expect("abort");
     }
-    let store = Store::open(&path).unwrap();
+    let store = next(&at, store);
     let queue = store.blocking_queue::<u32>("q").unwrap();
     assert_eq!(drain(&store, &queue), (0..5).collect::<Vec<_>>());
 }
 
-#[test]
-fn order_after_restart_follows_commit_order() {
-    let (_guard, path) = temp_dir();
+fn order_after_restart_follows_commit_order(engine: &'static Engine) {
+    let Some(at) = durable(engine) else { return };
+    let store = at.store.clone();
     let before;
     {
-        let store = Store::open(&path).unwrap();
         let queue = store.blocking_queue::<String>("q").unwrap();
         // Begun first, committed last.
         let mut late = store.begin();
@@ -158,7 +176,7 @@ fn order_after_restart_follows_commit_order() {
         before = peek_all(&store, &queue);
     }
     assert_eq!(before, ["early-1", "early-2", "middle", "late", "last"]);
-    let store = Store::open(&path).unwrap();
+    let store = next(&at, store);
     let queue = store.blocking_queue::<String>("q").unwrap();
     assert_eq!(peek_all(&store, &queue), before);
 
@@ -169,15 +187,12 @@ fn order_after_restart_follows_commit_order() {
     assert_eq!(drain(&store, &queue), expected);
 }
 
-#[test]
-fn items_enqueued_after_a_restart_are_not_confused_with_old_ones() {
-    let (_guard, path) = temp_dir();
+fn items_enqueued_after_a_restart_are_not_confused_with_old_ones(engine: &'static Engine) {
+    let Some(at) = durable(engine) else { return };
+    let mut store = at.store.clone();
+    enqueue_all(&store, "q", 0..3u32);
     {
-        let store = Store::open(&path).unwrap();
-        enqueue_all(&store, "q", 0..3u32);
-    }
-    {
-        let store = Store::open(&path).unwrap();
+        store = next(&at, store);
         let queue = store.blocking_queue::<u32>("q").unwrap();
         enqueue_all(&store, "q", 3..6u32);
         // Hold the old items aside and acknowledge only the new ones: their acks must not
@@ -197,12 +212,11 @@ fn items_enqueued_after_a_restart_are_not_confused_with_old_ones() {
         enqueue_all(&store, "q", 6..8u32);
         assert_eq!(peek_all(&store, &queue), [0, 1, 2, 6, 7]);
     }
-    let store = Store::open(&path).unwrap();
+    let store = next(&at, store);
     let queue = store.blocking_queue::<u32>("q").unwrap();
     assert_eq!(drain(&store, &queue), [0, 1, 2, 6, 7]);
 }
 
-#[test]
 fn buffered_commits_survive_flush_and_reopen() {
     let (_guard, path) = temp_dir();
     let open = || {
@@ -228,7 +242,6 @@ fn buffered_commits_survive_flush_and_reopen() {
     assert_eq!(drain(&store, &queue), (1..20).collect::<Vec<_>>());
 }
 
-#[test]
 fn dropping_a_buffered_store_flushes_it() {
     let (_guard, path) = temp_dir();
     {
@@ -246,7 +259,6 @@ fn dropping_a_buffered_store_flushes_it() {
     assert_eq!(drain(&store, &queue), ["a", "b"]);
 }
 
-#[test]
 fn reopening_in_the_same_process_after_dropping_all_handles_works() {
     let (_guard, path) = temp_dir();
     for round in 0..5u32 {
@@ -262,7 +274,6 @@ fn reopening_in_the_same_process_after_dropping_all_handles_works() {
     assert_eq!(drain(&store, &queue), [0, 1, 2, 3, 4]);
 }
 
-#[test]
 fn a_queue_handle_keeps_the_store_open() {
     let (_guard, path) = temp_dir();
     let store = Store::open(&path).unwrap();
@@ -274,7 +285,6 @@ fn a_queue_handle_keeps_the_store_open() {
     Store::open(&path).expect("reopen once the last handle is gone");
 }
 
-#[test]
 fn second_open_of_a_directory_in_use_is_refused() {
     let (_guard, path) = temp_dir();
     let store = Store::open(&path).unwrap();
@@ -301,18 +311,17 @@ fn second_open_of_a_directory_in_use_is_refused() {
     assert_eq!(peek_all(&store, &queue), [1]);
 }
 
-#[test]
-fn queues_created_before_a_restart_are_listed() {
-    let (_guard, path) = temp_dir();
+fn queues_created_before_a_restart_are_listed(engine: &'static Engine) {
+    let Some(at) = durable(engine) else { return };
+    let store = at.store.clone();
     {
-        let store = Store::open(&path).unwrap();
         store.blocking_queue::<u32>("zeta").unwrap();
         store.blocking_queue::<String>("alpha").unwrap();
         enqueue_all(&store, "mid", [1u64]);
         assert_eq!(store.queue_names(), ["alpha", "mid", "zeta"]);
     }
-    let store = Store::open(&path).unwrap();
-    assert_eq!(store.queue_names(), ["alpha", "mid", "zeta"]);
+    let store = next(&at, store);
+    assert_eq!(all_queues(engine, &store), ["alpha", "mid", "zeta"]);
     assert_eq!(
         store
             .blocking_queue::<u64>("mid")
@@ -345,9 +354,9 @@ enum Event {
     Deleted,
 }
 
-#[test]
-fn a_store_with_many_queues_of_different_types_round_trips() {
-    let (_guard, path) = temp_dir();
+fn a_store_with_many_queues_of_different_types_round_trips(engine: &'static Engine) {
+    let Some(at) = durable(engine) else { return };
+    let store = at.store.clone();
     let orders: Vec<Order> = (0..5)
         .map(|i| Order {
             id: i,
@@ -363,7 +372,6 @@ fn a_store_with_many_queues_of_different_types_round_trips() {
     let blobs: Vec<Vec<u8>> = vec![vec![], vec![0; 1000], (0..=255).collect()];
     let mut numbers: BTreeMap<String, Vec<u64>> = BTreeMap::new();
     {
-        let store = Store::open(&path).unwrap();
         enqueue_all(&store, "orders", orders.clone());
         enqueue_all(&store, "events", events.clone());
         enqueue_all(&store, "blobs", blobs.clone());
@@ -381,8 +389,8 @@ fn a_store_with_many_queues_of_different_types_round_trips() {
         }
         tx.blocking_commit().unwrap();
     }
-    let store = Store::open(&path).unwrap();
-    assert_eq!(store.queue_names().len(), 36);
+    let store = next(&at, store);
+    assert_eq!(all_queues(engine, &store).len(), 36);
     assert_eq!(
         drain(&store, &store.blocking_queue::<Order>("orders").unwrap()),
         orders
@@ -435,7 +443,6 @@ fn snapshot(from: &Path, to: &Path) {
     }
 }
 
-#[test]
 fn sync_commit_is_on_disk_when_it_returns() {
     let (guard, path) = temp_dir();
     let store = Store::open(&path).unwrap();
@@ -458,7 +465,6 @@ fn sync_commit_is_on_disk_when_it_returns() {
     drop(store);
 }
 
-#[test]
 fn buffered_commit_is_on_disk_after_flush() {
     let (guard, path) = temp_dir();
     let store = Store::builder()
@@ -485,7 +491,6 @@ fn buffered_commit_is_on_disk_after_flush() {
 
 /// A transaction too big for one log record is written as several records in one atomic
 /// batch: all of it survives a restart, in order, and the log holds several records for it.
-#[test]
 fn a_transaction_larger_than_one_record_survives_whole_and_in_order() {
     let (_guard, path) = temp_dir();
     let items: Vec<Vec<u8>> = (0..3000u32)
@@ -528,7 +533,6 @@ fn a_transaction_larger_than_one_record_survives_whole_and_in_order() {
 /// A log of several MiB is replayed by a storage engine instance of its own, which is closed
 /// before the store starts writing: everything comes back, in order, and the store keeps
 /// committing and recovering normally afterwards.
-#[test]
 fn a_large_log_recovers_and_the_store_keeps_working() {
     let (_guard, path) = temp_dir();
     let items: Vec<(u32, Vec<u8>)> = (0..40_000u32).map(|i| (i, vec![i as u8; 100])).collect();
@@ -753,7 +757,6 @@ fn check_order_after_the_kill(path: &Path) {
     assert_eq!(order, [1, 3, 2, 4, 5], "given back at the head");
 }
 
-#[test]
 fn leases_ended_by_a_kill_come_back_at_the_head() {
     if let Some(dir) = std::env::var_os(LEASE_CHILD_DIR) {
         hold_leases_as_child(Path::new(&dir), false);
@@ -774,7 +777,6 @@ fn records_holding(log: &sled::Tree, n: u32) -> Vec<u64> {
         .collect()
 }
 
-#[test]
 fn leases_ended_by_a_kill_come_back_at_the_head_after_compaction() {
     if let Some(dir) = std::env::var_os(LEASE_CHILD_DIR) {
         hold_leases_as_child(
@@ -814,4 +816,28 @@ fn leases_ended_by_a_kill_come_back_at_the_head_after_compaction() {
         }
     }
     check_order_after_the_kill(&path);
+}
+
+fn main() -> std::process::ExitCode {
+    common::engines::main(vec![
+        engine_case!(committed_enqueues_survive_a_reopen),
+        engine_case!(committed_dequeues_do_not_come_back),
+        engine_case!(transaction_open_at_close_is_undone),
+        engine_case!(items_given_back_before_close_are_there_after),
+        engine_case!(order_after_restart_follows_commit_order),
+        engine_case!(items_enqueued_after_a_restart_are_not_confused_with_old_ones),
+        engine_case!(queues_created_before_a_restart_are_listed),
+        engine_case!(a_store_with_many_queues_of_different_types_round_trips),
+        once_case!(buffered_commits_survive_flush_and_reopen),
+        once_case!(dropping_a_buffered_store_flushes_it),
+        once_case!(reopening_in_the_same_process_after_dropping_all_handles_works),
+        once_case!(a_queue_handle_keeps_the_store_open),
+        once_case!(second_open_of_a_directory_in_use_is_refused),
+        once_case!(sync_commit_is_on_disk_when_it_returns),
+        once_case!(buffered_commit_is_on_disk_after_flush),
+        once_case!(a_transaction_larger_than_one_record_survives_whole_and_in_order),
+        once_case!(a_large_log_recovers_and_the_store_keeps_working),
+        once_case!(leases_ended_by_a_kill_come_back_at_the_head),
+        once_case!(leases_ended_by_a_kill_come_back_at_the_head_after_compaction),
+    ])
 }

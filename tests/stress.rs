@@ -3,16 +3,19 @@
 //! appears that was not enqueued, and nothing aborted is ever delivered.
 //!
 //! Seeds are fixed and printed; set `RQ_STRESS_SEED` to run with another base seed.
+//!
+//! Runs on every engine of the conformance suite (`tests/common/engines.rs`), sized per
+//! engine for a few seconds on two cores; the compaction scenario is sled's alone.
 
 mod common;
 
 use std::collections::BTreeSet;
-use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use common::engines::Engine;
 use common::{drain, temp_dir, TotalQueue};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -195,8 +198,26 @@ fn run_round(
     }
 }
 
+/// How many items each producer commits on `engine`: a few seconds of work on two cores.
+fn sized(engine: &Engine, memory: u64, sled: u64, remote: u64) -> u64 {
+    match engine.name {
+        "memory" => memory,
+        "sled" => sled,
+        _ => remote,
+    }
+}
+
+/// Waits until no transaction holds an item of `queue`: the ones the consumers dropped have
+/// given theirs back (on PostgreSQL from a task, a round trip later).
+fn settled(engine: &Engine, queue: &ReliableConcurrentQueue<u64>) {
+    engine.after_drop("the dropped transactions' items are back", || {
+        queue.blocking_stats().unwrap().held == 0
+    });
+}
+
 /// Checks that the idle queue's count is exact, drains it, and checks the history.
-fn finish(store: &Store, queue: &ReliableConcurrentQueue<u64>, history: &History) {
+fn finish(engine: &Engine, store: &Store, queue: &ReliableConcurrentQueue<u64>, history: &History) {
+    settled(engine, queue);
     let idle_count = queue.blocking_count().unwrap();
     let remaining = drain(store, queue);
     assert_eq!(
@@ -212,7 +233,7 @@ fn finish(store: &Store, queue: &ReliableConcurrentQueue<u64>, history: &History
     history.check(&remaining);
 }
 
-fn stress(store: &Store, items_per_producer: u64) {
+fn stress(engine: &Engine, store: &Store, items_per_producer: u64) {
     let start = Instant::now();
     let queue = store.blocking_queue::<u64>("stress").unwrap();
     let mut history = History::default();
@@ -224,7 +245,7 @@ fn stress(store: &Store, items_per_producer: u64) {
         Stop::WhenEmpty,
         &mut history,
     );
-    finish(store, &queue, &history);
+    finish(engine, store, &queue, &history);
     eprintln!(
         "{} acknowledged, {} consumed in {:?}",
         history.acknowledged.len(),
@@ -233,27 +254,19 @@ fn stress(store: &Store, items_per_producer: u64) {
     );
 }
 
-#[test]
-fn concurrent_producers_and_consumers_on_disk() {
-    let (_guard, path) = temp_dir();
-    let store = Store::open(&path).unwrap();
-    stress(&store, 10_000);
-}
-
-#[test]
-fn concurrent_producers_and_consumers_in_memory() {
-    let store = Store::in_memory().unwrap();
-    stress(&store, 100_000);
+fn concurrent_producers_and_consumers(engine: &'static Engine) {
+    let at = engine.store();
+    stress(engine, &at.store, sized(engine, 100_000, 10_000, 1_000));
 }
 
 /// Runs rounds with a close and reopen between them; what was left in the queue at each
 /// close is there after the reopen.
-fn stress_with_restarts(path: &Path, open: impl Fn(&Path) -> Store, items_per_producer: u64) {
+fn stress_with_restarts(engine: &Engine, open: impl Fn() -> Store, items_per_producer: u64) {
     let start = Instant::now();
     let mut history = History::default();
     let mut left_at_close = None;
     for round in 0..3 {
-        let store = open(path);
+        let store = open();
         let queue = store.blocking_queue::<u64>("stress").unwrap();
         if let Some(left) = left_at_close {
             assert_eq!(
@@ -280,17 +293,19 @@ fn stress_with_restarts(path: &Path, open: impl Fn(&Path) -> Store, items_per_pr
         history.attempted.extend(&tail);
         tx.blocking_commit().unwrap();
         history.acknowledged.extend(tail);
+        settled(engine, &queue);
         let left = queue.blocking_count().unwrap();
         assert!(
             left >= 50,
             "round {round} leaves a backlog across the restart"
         );
         left_at_close = Some(left);
+        store.blocking_close().unwrap();
     }
-    let store = open(path);
+    let store = open();
     let queue = store.blocking_queue::<u64>("stress").unwrap();
     assert_eq!(Some(queue.blocking_count().unwrap()), left_at_close);
-    finish(&store, &queue, &history);
+    finish(engine, &store, &queue, &history);
     eprintln!(
         "{} acknowledged, {} consumed in {:?} with restarts",
         history.acknowledged.len(),
@@ -299,38 +314,48 @@ fn stress_with_restarts(path: &Path, open: impl Fn(&Path) -> Store, items_per_pr
     );
 }
 
-#[test]
-fn concurrent_producers_and_consumers_across_restarts() {
-    let (_guard, path) = temp_dir();
-    stress_with_restarts(&path, |path| Store::open(path).unwrap(), 4000);
+/// (In memory nothing outlives the store, S9: nothing to restart.)
+fn concurrent_producers_and_consumers_across_restarts(engine: &'static Engine) {
+    let at = engine.store();
+    if !at.durable() {
+        return;
+    }
+    at.store.clone().blocking_close().unwrap();
+    stress_with_restarts(
+        engine,
+        || at.reopen().unwrap(),
+        sized(engine, 4000, 4000, 500),
+    );
 }
 
-#[test]
 fn concurrent_producers_and_consumers_across_restarts_with_compaction() {
     // A small floor makes compaction rewrite live items during the rounds; a small group
     // size splits concurrent commits over several records.
     let (_guard, path) = temp_dir();
-    let open = |path: &Path| {
+    let open = || {
         Store::builder()
-            .path(path)
+            .path(&path)
             .compaction_floor(4 * 1024)
             .group_size(512)
             .durability(reliable_queue::Durability::Buffered)
             .open()
             .unwrap()
     };
-    stress_with_restarts(&path, open, 5000);
+    let sled = common::engines::ENGINES
+        .iter()
+        .find(|e| e.is("sled"))
+        .expect("sled");
+    stress_with_restarts(sled, open, 5000);
 }
 
-#[test]
-fn concurrent_moves_between_queues_are_atomic() {
-    let (_guard, path) = temp_dir();
-    let store = Store::open(&path).unwrap();
+fn concurrent_moves_between_queues_are_atomic(engine: &'static Engine) {
+    let at = engine.store();
+    let store = at.store.clone();
     let inbox = store.blocking_queue::<u64>("in").unwrap();
     let outbox = store.blocking_queue::<u64>("out").unwrap();
     let seed = base_seed().wrapping_add(7_000);
     eprintln!("moves: base seed {seed} (thread seeds seed + index)");
-    const ITEMS: u64 = 5000;
+    let items = sized(engine, 5000, 5000, 1000);
     let producers_done = Arc::new(AtomicUsize::new(0));
 
     // Two producers into "in"; two movers from "in" to "out", each move one transaction.
@@ -340,7 +365,7 @@ fn concurrent_moves_between_queues_are_atomic() {
             thread::spawn(move || {
                 let mut rng = StdRng::seed_from_u64(seed + p);
                 let (mut attempted, mut acknowledged) = (Vec::new(), Vec::new());
-                for n in (0..ITEMS).step_by(2) {
+                for n in (0..items).step_by(2) {
                     let ids = [p << 32 | n, p << 32 | (n + 1)];
                     let mut tx = store.begin();
                     for id in ids {
@@ -404,10 +429,17 @@ fn concurrent_moves_between_queues_are_atomic() {
     }
     let moved: usize = movers.into_iter().map(|m| m.join().unwrap()).sum();
     assert!(moved > 0, "the movers moved something");
-    drop((store, inbox, outbox));
+    settled(engine, &inbox);
+    drop((inbox, outbox));
 
-    // Everything acknowledged is in exactly one of the two queues, after a restart too.
-    let store = Store::open(&path).unwrap();
+    // Everything acknowledged is in exactly one of the two queues, after a restart too
+    // (where the data outlives the store).
+    let store = if at.durable() {
+        store.blocking_close().unwrap();
+        at.reopen().unwrap()
+    } else {
+        store
+    };
     let inbox = store.blocking_queue::<u64>("in").unwrap();
     let outbox = store.blocking_queue::<u64>("out").unwrap();
     let out_count = outbox.blocking_count().unwrap();
@@ -419,4 +451,13 @@ fn concurrent_moves_between_queues_are_atomic() {
     let verdict = TotalQueue::check(&history.attempted, &history.acknowledged, &[], &remaining);
     assert!(verdict.is_valid(), "{verdict:?}");
     assert_eq!(remaining.len(), history.acknowledged.len());
+}
+
+fn main() -> std::process::ExitCode {
+    common::engines::main(vec![
+        engine_case!(concurrent_producers_and_consumers),
+        engine_case!(concurrent_producers_and_consumers_across_restarts),
+        once_case!(concurrent_producers_and_consumers_across_restarts_with_compaction),
+        engine_case!(concurrent_moves_between_queues_are_atomic),
+    ])
 }

@@ -1,37 +1,22 @@
 //! Transactions across queues and stores: atomic moves, all-or-nothing commits, misuse,
-//! empty commits, async commits and waiting dequeues. The cases that `on_both_stores` runs
-//! run on every engine: memory, sled, and PostgreSQL when the crate is built with the
-//! `postgres` feature and a server is available (the harness's own, `tests/pg/mod.rs`, or
-//! `RQ_TEST_POSTGRES_URL`; without one the output says PostgreSQL was skipped).
+//! empty commits, async commits and waiting dequeues, on every engine of the conformance suite
+//! (`tests/common/engines.rs`: memory, sled, and PostgreSQL when the crate is built with the
+//! `postgres` feature; without a server the output says PostgreSQL was skipped).
 
 mod common;
-#[cfg(feature = "postgres")]
-mod pg;
 
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{drain, peek_all, temp_dir};
+use common::engines::{Engine, ENGINES};
+use common::{drain, peek_all};
 use reliable_queue::{Error, Store};
 use serde::{Deserialize, Serialize};
 
-/// Runs `case` against a fresh in-memory store, then a fresh on-disk store, then (when there
-/// is a server) a PostgreSQL store in a schema of its own.
-fn on_both_stores(case: impl Fn(&Store)) {
-    let memory = Store::in_memory().expect("open an in-memory store");
-    case(&memory);
-    let (_guard, path) = temp_dir();
-    let disk = Store::open(&path).expect("open an on-disk store");
-    case(&disk);
-    #[cfg(feature = "postgres")]
-    if let Some(store) = pg::engine_suite_store(&POSTGRES, "transactions", |b| b) {
-        case(&store);
-    }
+/// Runs `case` against a fresh store of `engine`.
+fn on(engine: &'static Engine, case: impl Fn(&Store)) {
+    case(&engine.store());
 }
-
-/// The test PostgreSQL server's URL, once `main` has started it (`None`: no server).
-#[cfg(feature = "postgres")]
-static POSTGRES: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
 
 /// Waits, without sleeping, until `done` holds; fails the test after ten seconds.
 fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
@@ -54,8 +39,8 @@ enum Outcome {
     Failed(u64),
 }
 
-fn move_between_queues_aborted_leaves_both_unchanged() {
-    on_both_stores(|store| {
+fn move_between_queues_aborted_leaves_both_unchanged(engine: &'static Engine) {
+    on(engine, |store| {
         let a = store.blocking_queue::<u64>("a").unwrap();
         let b = store.blocking_queue::<u64>("b").unwrap();
         let mut tx = store.begin();
@@ -81,8 +66,8 @@ fn move_between_queues_aborted_leaves_both_unchanged() {
     });
 }
 
-fn move_between_queues_committed_moves_the_item() {
-    on_both_stores(|store| {
+fn move_between_queues_committed_moves_the_item(engine: &'static Engine) {
+    on(engine, |store| {
         let a = store.blocking_queue::<u64>("a").unwrap();
         let b = store.blocking_queue::<u64>("b").unwrap();
         let mut tx = store.begin();
@@ -103,8 +88,8 @@ fn move_between_queues_committed_moves_the_item() {
     });
 }
 
-fn move_between_queues_of_different_item_types() {
-    on_both_stores(|store| {
+fn move_between_queues_of_different_item_types(engine: &'static Engine) {
+    on(engine, |store| {
         let jobs = store.blocking_queue::<Job>("jobs").unwrap();
         let outcomes = store.blocking_queue::<Outcome>("outcomes").unwrap();
         let job = Job {
@@ -144,10 +129,12 @@ fn move_between_queues_of_different_item_types() {
     });
 }
 
-fn committed_move_survives_a_restart() {
-    let (_guard, path) = temp_dir();
+/// S3, S7: a committed move is there, whole, for the next process (in memory nothing
+/// outlives the store, S9: nothing to check).
+fn committed_move_survives_a_restart(engine: &'static Engine) {
+    let at = engine.store();
     {
-        let store = Store::open(&path).unwrap();
+        let store = &at.store;
         let a = store.blocking_queue::<u64>("a").unwrap();
         let b = store.blocking_queue::<String>("b").unwrap();
         let mut tx = store.begin();
@@ -159,15 +146,19 @@ fn committed_move_survives_a_restart() {
         b.enqueue(&mut tx, format!("moved {item}")).unwrap();
         tx.blocking_commit().unwrap();
     }
-    let store = Store::open(&path).unwrap();
+    if !at.durable() {
+        return;
+    }
+    at.store.clone().blocking_close().unwrap();
+    let store = at.reopen().expect("a store on disk or on a server");
     let a = store.blocking_queue::<u64>("a").unwrap();
     let b = store.blocking_queue::<String>("b").unwrap();
     assert_eq!(drain(&store, &a), [2]);
     assert_eq!(drain(&store, &b), ["moved 1"]);
 }
 
-fn three_queue_transaction_commits_all_or_nothing() {
-    on_both_stores(|store| {
+fn three_queue_transaction_commits_all_or_nothing(engine: &'static Engine) {
+    on(engine, |store| {
         let inbox = store.blocking_queue::<u32>("inbox").unwrap();
         let audit = store.blocking_queue::<String>("audit").unwrap();
         let out = store.blocking_queue::<(u32, bool)>("out").unwrap();
@@ -221,18 +212,19 @@ fn three_queue_transaction_commits_all_or_nothing() {
     });
 }
 
-fn transaction_of_another_store_is_rejected_and_changes_nothing() {
-    let (_guard, path) = temp_dir();
-    let stores = [
-        Store::in_memory().unwrap(),
-        Store::open(&path).unwrap(),
-        Store::in_memory().unwrap(),
-    ];
-    for pair in [(0, 1), (1, 0), (0, 2)] {
-        let (mine, theirs) = (&stores[pair.0], &stores[pair.1]);
-        let queue = theirs
-            .blocking_queue::<u32>(&format!("q{}{}", pair.0, pair.1))
-            .unwrap();
+/// A transaction of a store of `engine` with the queue of another store of it, and of a store
+/// of every engine of the suite, both ways.
+fn transaction_of_another_store_is_rejected_and_changes_nothing(engine: &'static Engine) {
+    let mine = engine.store();
+    let others: Vec<_> = std::iter::once(engine)
+        .chain(ENGINES)
+        .map(|other| other.store())
+        .collect();
+    let pairs = others
+        .iter()
+        .flat_map(|other| [(&mine.store, &other.store), (&other.store, &mine.store)]);
+    for (n, (mine, theirs)) in pairs.enumerate() {
+        let queue = theirs.blocking_queue::<u32>(&format!("q{n}")).unwrap();
         let mut setup = theirs.begin();
         queue.enqueue(&mut setup, 5).unwrap();
         setup.blocking_commit().unwrap();
@@ -261,8 +253,8 @@ fn transaction_of_another_store_is_rejected_and_changes_nothing() {
     }
 }
 
-fn a_clone_of_the_store_is_the_same_store() {
-    on_both_stores(|store| {
+fn a_clone_of_the_store_is_the_same_store(engine: &'static Engine) {
+    on(engine, |store| {
         let other = store.clone();
         let queue = other.blocking_queue::<u32>("q").unwrap();
         let mut tx = store.begin();
@@ -279,8 +271,8 @@ fn a_clone_of_the_store_is_the_same_store() {
     });
 }
 
-fn committing_an_empty_transaction_is_ok() {
-    on_both_stores(|store| {
+fn committing_an_empty_transaction_is_ok(engine: &'static Engine) {
+    on(engine, |store| {
         let queue = store.blocking_queue::<u32>("q").unwrap();
         store.begin().blocking_commit().unwrap();
 
@@ -297,8 +289,8 @@ fn committing_an_empty_transaction_is_ok() {
     });
 }
 
-fn async_commit_applies_the_transaction() {
-    on_both_stores(|store| {
+fn async_commit_applies_the_transaction(engine: &'static Engine) {
+    on(engine, |store| {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
@@ -350,8 +342,8 @@ fn async_commit_applies_the_transaction() {
     });
 }
 
-fn blocking_dequeue_timeout_gives_none_on_an_empty_queue() {
-    on_both_stores(|store| {
+fn blocking_dequeue_timeout_gives_none_on_an_empty_queue(engine: &'static Engine) {
+    on(engine, |store| {
         let queue = store.blocking_queue::<u32>("q").unwrap();
         let mut tx = store.begin();
         let start = Instant::now();
@@ -369,8 +361,8 @@ fn blocking_dequeue_timeout_gives_none_on_an_empty_queue() {
     });
 }
 
-fn blocking_dequeue_timeout_gets_an_item_once_committed() {
-    on_both_stores(|store| {
+fn blocking_dequeue_timeout_gets_an_item_once_committed(engine: &'static Engine) {
+    on(engine, |store| {
         let queue = store.blocking_queue::<u32>("q").unwrap();
         let consumer = {
             let (store, queue) = (store.clone(), queue.clone());
@@ -394,8 +386,8 @@ fn blocking_dequeue_timeout_gets_an_item_once_committed() {
     });
 }
 
-fn waiting_consumer_gets_an_item_another_transaction_aborts() {
-    on_both_stores(|store| {
+fn waiting_consumer_gets_an_item_another_transaction_aborts(engine: &'static Engine) {
+    on(engine, |store| {
         let queue = store.blocking_queue::<u32>("q").unwrap();
         let mut tx = store.begin();
         queue.enqueue(&mut tx, 9).unwrap();
@@ -421,8 +413,8 @@ fn waiting_consumer_gets_an_item_another_transaction_aborts() {
 
 /// `try_dequeue_many` takes up to n items at the front, in order, held like single dequeues:
 /// out of `count`, out of the next batch, back at the front on abort.
-fn a_batch_dequeue_takes_up_to_n_at_the_front() {
-    on_both_stores(|store| {
+fn a_batch_dequeue_takes_up_to_n_at_the_front(engine: &'static Engine) {
+    on(engine, |store| {
         let q = store.blocking_queue::<u32>("batch").unwrap();
         let mut tx = store.begin();
         for i in 0..10 {
@@ -447,68 +439,20 @@ fn a_batch_dequeue_takes_up_to_n_at_the_front() {
     });
 }
 
-/// Every test of the file, for `main`.
-const TESTS: &[(&str, fn())] = &[
-    (
-        "move_between_queues_aborted_leaves_both_unchanged",
-        move_between_queues_aborted_leaves_both_unchanged,
-    ),
-    (
-        "move_between_queues_committed_moves_the_item",
-        move_between_queues_committed_moves_the_item,
-    ),
-    (
-        "move_between_queues_of_different_item_types",
-        move_between_queues_of_different_item_types,
-    ),
-    (
-        "committed_move_survives_a_restart",
-        committed_move_survives_a_restart,
-    ),
-    (
-        "three_queue_transaction_commits_all_or_nothing",
-        three_queue_transaction_commits_all_or_nothing,
-    ),
-    (
-        "transaction_of_another_store_is_rejected_and_changes_nothing",
-        transaction_of_another_store_is_rejected_and_changes_nothing,
-    ),
-    (
-        "a_clone_of_the_store_is_the_same_store",
-        a_clone_of_the_store_is_the_same_store,
-    ),
-    (
-        "committing_an_empty_transaction_is_ok",
-        committing_an_empty_transaction_is_ok,
-    ),
-    (
-        "async_commit_applies_the_transaction",
-        async_commit_applies_the_transaction,
-    ),
-    (
-        "blocking_dequeue_timeout_gives_none_on_an_empty_queue",
-        blocking_dequeue_timeout_gives_none_on_an_empty_queue,
-    ),
-    (
-        "blocking_dequeue_timeout_gets_an_item_once_committed",
-        blocking_dequeue_timeout_gets_an_item_once_committed,
-    ),
-    (
-        "waiting_consumer_gets_an_item_another_transaction_aborts",
-        waiting_consumer_gets_an_item_another_transaction_aborts,
-    ),
-    (
-        "a_batch_dequeue_takes_up_to_n_at_the_front",
-        a_batch_dequeue_takes_up_to_n_at_the_front,
-    ),
-];
-
 fn main() -> std::process::ExitCode {
-    let args = libtest_mimic::Arguments::from_args();
-    #[cfg(feature = "postgres")]
-    let server = pg::start_for_engine_suite(&args, &POSTGRES);
-    let conclusion = libtest_mimic::run(&args, common::trials(TESTS));
-    #[cfg(feature = "postgres")]
-    pg::end_engine_suite(&args, server);
-    conclusion.exit_code()
+    common::engines::main(vec![
+        engine_case!(move_between_queues_aborted_leaves_both_unchanged),
+        engine_case!(move_between_queues_committed_moves_the_item),
+        engine_case!(move_between_queues_of_different_item_types),
+        engine_case!(committed_move_survives_a_restart),
+        engine_case!(three_queue_transaction_commits_all_or_nothing),
+        engine_case!(transaction_of_another_store_is_rejected_and_changes_nothing),
+        engine_case!(a_clone_of_the_store_is_the_same_store),
+        engine_case!(committing_an_empty_transaction_is_ok),
+        engine_case!(async_commit_applies_the_transaction),
+        engine_case!(blocking_dequeue_timeout_gives_none_on_an_empty_queue),
+        engine_case!(blocking_dequeue_timeout_gets_an_item_once_committed),
+        engine_case!(waiting_consumer_gets_an_item_another_transaction_aborts),
+        engine_case!(a_batch_dequeue_takes_up_to_n_at_the_front),
+    ])
 }

@@ -4,6 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
+pub mod engines;
 mod raw_sled;
 pub mod scenarios;
 #[allow(unused_imports)]
@@ -39,6 +40,31 @@ where
             }
         }
         tx.blocking_commit().expect("commit drain");
+        if got == 0 {
+            return out;
+        }
+    }
+}
+
+/// [`drain`] for async code (the blocking forms are for threads).
+pub async fn drain_async<T>(store: &Store, queue: &ReliableConcurrentQueue<T>) -> Vec<T>
+where
+    T: Serialize + DeserializeOwned + Send + 'static,
+{
+    let mut out = Vec::new();
+    loop {
+        let mut tx = store.begin();
+        let mut got = 0;
+        while got < 256 {
+            match queue.try_dequeue(&mut tx).await.expect("dequeue") {
+                Some(item) => {
+                    out.push(item);
+                    got += 1;
+                }
+                None => break,
+            }
+        }
+        tx.commit().await.expect("commit drain");
         if got == 0 {
             return out;
         }

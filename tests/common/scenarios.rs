@@ -1,13 +1,12 @@
-//! Scenarios of waiting consumers, run once on an in-memory and once on an on-disk store
-//! (`tests/waiting.rs`, `tests/leak.rs`): the fixture, the macros that run a scenario on both,
-//! and waiting for consumers to register (through `waiters()`, never through sleeps).
+//! Scenarios of waiting consumers, run on every engine of the suite (`tests/waiting.rs`,
+//! `tests/leak.rs`, see [`super::engines`]): the fixture, and waiting for consumers to register
+//! (through `waiters()`, never through sleeps).
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use reliable_queue::{ReliableConcurrentQueue, Store};
 
-use super::temp_dir;
+use super::engines::{Engine, EngineStore};
 
 pub type Queue = ReliableConcurrentQueue<u64>;
 
@@ -16,38 +15,28 @@ pub const SCENARIO_LIMIT: Duration = Duration::from_secs(120);
 /// How long to wait for consumers to register before counting it as a failure.
 pub const REGISTRATION_LIMIT: Duration = Duration::from_secs(30);
 
-/// Where a scenario's store lives.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    Memory,
-    Disk,
-}
-
-/// A store with one queue, and the directory behind it when on disk.
+/// A fresh store of one engine with one queue, `jobs`.
 pub struct Fixture {
     pub store: Store,
     pub q: Queue,
-    pub path: Option<PathBuf>,
-    pub _dir: Option<tempfile::TempDir>,
+    /// The engine's store and the place of its data (a directory, a schema).
+    pub at: EngineStore,
 }
 
 impl Fixture {
-    pub fn new(kind: Kind) -> Fixture {
-        let (dir, path, store) = match kind {
-            Kind::Memory => (None, None, Store::in_memory().expect("in-memory store")),
-            Kind::Disk => {
-                let (dir, path) = temp_dir();
-                let store = Store::open(&path).expect("open the store");
-                (Some(dir), Some(path), store)
-            }
-        };
+    pub fn new(engine: &'static Engine) -> Fixture {
+        Fixture::with(engine.store())
+    }
+
+    pub fn with(at: EngineStore) -> Fixture {
+        let store = at.store.clone();
         let q = store.blocking_queue::<u64>("jobs").expect("open the queue");
-        Fixture {
-            store,
-            q,
-            path,
-            _dir: dir,
-        }
+        Fixture { store, q, at }
+    }
+
+    /// The engine's name.
+    pub fn engine(&self) -> &'static str {
+        self.at.name()
     }
 
     pub fn commit(&self, items: &[u64]) {
@@ -70,46 +59,11 @@ impl Fixture {
     pub fn state(&self) -> (u64, usize) {
         (self.q.blocking_count().expect("count"), self.q.waiters())
     }
-}
 
-/// Runs an async scenario on a two-worker runtime, once per store kind.
-#[macro_export]
-macro_rules! on_both_stores_async {
-    ($($name:ident),* $(,)?) => {$(
-        mod $name {
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn in_memory() {
-                tokio::time::timeout(super::SCENARIO_LIMIT, super::$name(super::Kind::Memory))
-                    .await
-                    .expect("the scenario did not finish in time");
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn on_disk() {
-                tokio::time::timeout(super::SCENARIO_LIMIT, super::$name(super::Kind::Disk))
-                    .await
-                    .expect("the scenario did not finish in time");
-            }
-        }
-    )*};
-}
-
-/// Runs a blocking scenario on the test thread, once per store kind.
-#[macro_export]
-macro_rules! on_both_stores {
-    ($($name:ident),* $(,)?) => {$(
-        mod $name {
-            #[test]
-            fn in_memory() {
-                super::$name(super::Kind::Memory);
-            }
-
-            #[test]
-            fn on_disk() {
-                super::$name(super::Kind::Disk);
-            }
-        }
-    )*};
+    /// [`state`](Self::state) for async code.
+    pub async fn state_async(&self) -> (u64, usize) {
+        (self.q.count().await.expect("count"), self.q.waiters())
+    }
 }
 
 /// Waits, yielding, until `n` consumers are registered on `q`.
