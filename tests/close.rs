@@ -814,14 +814,6 @@ const COMMITS_CANCELLED: &str = "defect: close cancels the calls in flight (it s
      operation: \"run\", source: JoinError::Cancelled }, not Closed, so the caller cannot \
      tell whether a commit was applied (Store::close: \"commits already submitted finish\")";
 
-/// The defect that fails `blocking_forms_work_after_the_tasks_budget_is_spent` on
-/// PostgreSQL (and hangs any test that makes many blocking calls in one poll of a task).
-const BUDGET_SPIN: &str = "defect: a blocking form called in a tokio task whose cooperative \
-     budget is spent never returns: its block_on polls the call's JoinHandle, which takes a \
-     unit of the task's budget and yields, and the budget only comes back when the task \
-     yields; the 129th blocking_count in one poll spins for ever (the blocking forms are \
-     documented to work inside a runtime)";
-
 fn main() -> std::process::ExitCode {
     common::engines::main(vec![
         engine_case!(close_on_one_clone_makes_every_call_on_the_others_fail_with_closed),
@@ -838,8 +830,7 @@ fn main() -> std::process::ExitCode {
         engine_case!(blocking_forms_work_inside_a_tokio_test_body),
         engine_case!(blocking_forms_work_on_a_multi_thread_runtime_worker),
         engine_case!(blocking_forms_work_on_a_current_thread_runtime),
-        engine_case!(blocking_forms_work_after_the_tasks_budget_is_spent)
-            .ignore_on("postgres", BUDGET_SPIN),
+        engine_case!(blocking_forms_work_after_the_tasks_budget_is_spent),
         engine_case!(blocking_dequeue_timeout_of_duration_max_waits_for_an_item),
         engine_case!(an_item_refused_by_the_transaction_limit_stays_with_the_caller),
         engine_case!(empty_and_over_long_queue_names_are_invalid),

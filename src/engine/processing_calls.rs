@@ -29,9 +29,9 @@ impl Engine {
     /// With `wait`, waits for the first item until `deadline` (if any); `None` only without
     /// `wait` or past the deadline. If an item fails to decode, every item of the call goes
     /// back and the error is returned.
-    pub(crate) async fn lease<'q, X>(
+    pub(crate) async fn lease<X>(
         &self,
-        queues: &[(usize, &'q QueueRef)],
+        queues: &[(usize, &QueueRef)],
         n: usize,
         ttl: u64,
         wait: bool,

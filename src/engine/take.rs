@@ -140,6 +140,14 @@ enum State<'a, 'q> {
 #[cfg(feature = "postgres")]
 type Found<'a> = (usize, &'a QueueRef, Entry);
 
+/// What a wait took: the index of its queue in the caller's list, the queue, and the entry
+/// (held by the transaction's work now).
+pub(crate) type Taken<'q, 'w> = (usize, &'q QueueRef, &'w Entry);
+
+/// What an embedded wait's poll took: as [`Taken`], with the entry's place in
+/// `work.dequeued`.
+type TakenAt<'q> = (usize, &'q QueueRef, usize);
+
 /// One queue's request of an embedded wait.
 struct CoreWait<'a> {
     index: usize,
@@ -176,7 +184,7 @@ impl<'q> Wait<'_, 'q> {
     pub(crate) fn poll_take(
         &mut self,
         cx: &mut Context<'_>,
-    ) -> Poll<Result<Option<(usize, &'q QueueRef, &Entry)>>> {
+    ) -> Poll<Result<Option<Taken<'q, '_>>>> {
         let budget = std::task::ready!(poll_budget(cx));
         let engine = self.engine;
         let polled = match &mut self.state {
@@ -208,7 +216,7 @@ fn poll_core<'a>(
     work: &mut Work,
     deadline: Option<Instant>,
     cx: &mut Context<'_>,
-) -> Poll<Result<Option<(usize, &'a QueueRef, usize)>>> {
+) -> Poll<Result<Option<TakenAt<'a>>>> {
     if let Err(e) = engine.check_open().and_then(|()| work.check_live()) {
         return Poll::Ready(Err(e));
     }

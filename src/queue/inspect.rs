@@ -11,6 +11,8 @@ use crate::clock::system_time;
 use crate::core::Entry;
 use crate::engine::block_on;
 use crate::engine::proc::DeadSlot;
+#[cfg(doc)]
+use crate::error::Error;
 use crate::error::Result;
 use crate::processing::{BrowsedItem, DeadLetter, ItemState, QueueStats, Replay, RetryPolicy};
 

@@ -163,7 +163,7 @@ impl<T> Lease<T> {
 
     /// Settles the lease as failed, with `reason` (kept up to 4 KiB; one with a NUL character
     /// is refused, as no engine stores it): below the queue's maximum attempts the item is due
-    /// again after the [`RetryPolicy`]'s backoff (then at the tail); at the maximum it moves
+    /// again after the [`RetryPolicy`](crate::RetryPolicy)'s backoff (then at the tail); at the maximum it moves
     /// to the dead letters. Durable when this returns.
     ///
     /// # Cancel safety
