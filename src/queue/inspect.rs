@@ -152,7 +152,7 @@ where
     ///
     /// # Examples
     ///
-    /// See [`Lease::fail`].
+    /// See [`Lease::fail`](crate::Lease::fail).
     pub async fn dead_letters(
         &self,
         after: Option<u64>,
