@@ -157,6 +157,11 @@ pub(crate) fn system_time(ms: u64) -> SystemTime {
     UNIX_EPOCH + Duration::from_millis(ms)
 }
 
+/// A time the store keeps as milliseconds since the epoch, 0 for none.
+pub(crate) fn known_time(ms: u64) -> Option<SystemTime> {
+    (ms != 0).then(|| system_time(ms))
+}
+
 /// Whole milliseconds of a duration, saturating: a duration past `u64::MAX` ms (584 million
 /// years) is longer than any time the clock can reach, which `u64::MAX` still says (callers
 /// check their own, far lower, limits on the result).

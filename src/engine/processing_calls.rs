@@ -15,7 +15,7 @@ use super::proc::{
 };
 use super::timers::BuryExpired;
 use super::{Engine, Flavor, QueueRef, Work};
-use crate::clock::system_time;
+use crate::clock::{known_time, system_time};
 use crate::core::Entry;
 use crate::error::{Error, Result};
 use crate::processing::{check_delay, ItemState, QueueStats, Replay, RetryPolicy};
@@ -59,42 +59,37 @@ impl Engine {
         }
         let mut work = Work::default();
         let mut items = Vec::with_capacity(n.min(1024));
+        // The first item: waited for, or the first visible one in the queues' order.
         let first = if wait {
             let mut waiting = self.wait(queues.to_vec(), &mut work, deadline);
             std::future::poll_fn(|cx| {
-                waiting
-                    .poll_take(cx)
-                    .map(|got| got.map(|got| got.map(|(i, q, e)| (i, q, decode(i, e)))))
+                waiting.poll_take(cx).map(|got| {
+                    got?.map(|(i, q, e)| decode(i, e).map(|x| (i, q, x)))
+                        .transpose()
+                })
             })
             .await
         } else {
             let mut found = Ok(None);
             for &(index, queue) in queues {
                 let mut item = None;
-                match self
+                let taken = self
                     .take(queue, &mut work, 1, |e| {
-                        item = Some(decode(index, e));
+                        item = Some(decode(index, e)?);
                         Ok(())
                     })
-                    .await
-                {
-                    Ok(_) => {}
-                    Err(e) => {
-                        found = Err(e);
-                        break;
-                    }
-                }
-                if let Some(item) = item {
-                    found = Ok(Some((index, queue, item)));
+                    .await;
+                found = taken.map(|_| item.map(|x| (index, queue, x)));
+                if !matches!(found, Ok(None)) {
                     break;
                 }
             }
             found
         };
         let (index, queue, item) = match first {
-            Ok(Some((index, queue, Ok(item)))) => (index, queue, item),
+            Ok(Some(first)) => first,
             Ok(None) => return Ok(None),
-            Ok(Some((_, _, Err(e)))) | Err(e) => {
+            Err(e) => {
                 self.discard(work);
                 return Err(e);
             }
@@ -369,7 +364,7 @@ impl Engine {
             leased: proc.leased(),
             held: proc.core.held(),
             dead: proc.dead_count(),
-            front_enqueued_at: known(proc.core.front_enqueued_at()),
+            front_enqueued_at: known_time(proc.core.front_enqueued_at()),
         })
     }
 
@@ -826,9 +821,4 @@ impl BuryExpired for Engine {
             }
         }
     }
-}
-
-/// A time the store keeps as milliseconds since the epoch, 0 for none.
-fn known(ms: u64) -> Option<std::time::SystemTime> {
-    (ms != 0).then(|| system_time(ms))
 }

@@ -1,13 +1,11 @@
 //! What operators look at and settle in a queue: its stats, retry policy, a browse of its
 //! items, and its dead letters (list, replay, purge).
 
-use std::time::SystemTime;
-
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use super::ReliableConcurrentQueue;
-use crate::clock::system_time;
+use crate::clock::known_time;
 use crate::core::Entry;
 use crate::engine::block_on;
 use crate::engine::proc::DeadSlot;
@@ -133,7 +131,7 @@ where
                     item: self.decode(&e)?,
                     state,
                     attempts: e.attempts,
-                    enqueued_at: known(e.times.enqueued_at),
+                    enqueued_at: known_time(e.times.enqueued_at),
                 })
             })
             .collect()
@@ -186,9 +184,9 @@ where
             item,
             reason: slot.reason,
             attempts: e.attempts,
-            first_attempt: known(e.times.first_attempt),
-            last_attempt: known(e.times.last_attempt),
-            enqueued_at: known(e.times.enqueued_at),
+            first_attempt: known_time(e.times.first_attempt),
+            last_attempt: known_time(e.times.last_attempt),
+            enqueued_at: known_time(e.times.enqueued_at),
         })
     }
 
@@ -258,9 +256,4 @@ where
     pub fn blocking_purge(&self, which: Replay) -> Result<usize> {
         block_on(self.purge(which))
     }
-}
-
-/// A time the store keeps as milliseconds since the epoch, 0 for none.
-fn known(ms: u64) -> Option<SystemTime> {
-    (ms != 0).then(|| system_time(ms))
 }
