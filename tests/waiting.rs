@@ -21,13 +21,15 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
-use common::{drain_async, TotalQueue};
+use common::{drain, drain_async, TotalQueue};
 use rand::Rng;
 
 use common::engines::Engine;
 use common::scenarios::{
-    spawn_waiter, until_waiters, until_waiters_blocking, Fixture, SCENARIO_LIMIT,
+    spawn_blocking_waiter, spawn_waiter, until_waiters, until_waiters_blocking, Fixture,
+    SCENARIO_LIMIT,
 };
+use reliable_queue::Error;
 
 async fn waiter_is_woken_by_commit(engine: &'static Engine) {
     let f = Fixture::new(engine);
@@ -202,6 +204,23 @@ async fn consumers_timing_out_lose_nothing(engine: &'static Engine) {
         0,
         "a consumer that gave up is still registered"
     );
+    // Every transaction has ended; the items of the dropped ones (and of calls cancelled
+    // mid-flight) are back at once on the embedded engines, a round trip later on PostgreSQL,
+    // where they are given back from a task (ARCHITECTURE.md, "Where this engine differs"
+    // and "Cancelled calls"): wait for nothing to be held before counting.
+    let deadline = Instant::now() + common::engines::DROP_LIMIT;
+    loop {
+        let held = f.q.stats().await.unwrap().held;
+        if held == 0 {
+            break;
+        }
+        assert!(
+            engine.is("postgres") && Instant::now() < deadline,
+            "{}: {held} items still held after every transaction ended",
+            engine.name
+        );
+        tokio::task::yield_now().await;
+    }
     let count = f.q.count().await.unwrap();
     let remaining = drain_async(&f.store, &f.q).await;
     assert_eq!(count, remaining.len() as u64, "count() is what is left");
@@ -393,6 +412,63 @@ async fn async_commit_from_many_tasks_is_durable(engine: &'static Engine) {
     assert_eq!(found, expected);
 }
 
+/// A `dequeue` dropped after its first poll, while it waits behind another consumer. On the
+/// embedded engines it is cancel-safe: the transaction is left as it was and commits its
+/// other work (`dequeue`'s documentation, "Cancel safety"). On PostgreSQL its first poll has
+/// sent a look to the database, and a call dropped while the database works on it aborts its
+/// transaction: the commit fails with `TransactionAborted` and applies nothing
+/// (ARCHITECTURE.md, "Cancelled calls").
+fn a_dequeue_dropped_mid_wait_leaves_its_transaction_as_documented(engine: &'static Engine) {
+    let f = Fixture::new(engine);
+    let waiter = spawn_blocking_waiter(&f);
+    until_waiters_blocking(&f.q, 1);
+    let mut tx = f.store.begin();
+    f.q.enqueue(&mut tx, 5).expect("enqueue");
+    {
+        let mut dequeue = pin!(f.q.dequeue(&mut tx));
+        assert!(poll_once(dequeue.as_mut()).is_pending(), "nothing to take");
+    }
+    assert_eq!((tx.enqueued(), tx.dequeued()), (1, 0));
+    match engine.name {
+        "postgres" => {
+            assert!(
+                matches!(tx.blocking_commit(), Err(Error::TransactionAborted { .. })),
+                "the cancelled look aborted the transaction"
+            );
+            f.commit(&[6]);
+            assert_eq!(waiter.join().expect("the waiter"), 6);
+        }
+        _ => {
+            tx.blocking_commit().expect("commit the enqueue");
+            assert_eq!(waiter.join().expect("the waiter"), 5);
+        }
+    }
+    assert_eq!(f.state(), (0, 0));
+}
+
+/// A `commit` future dropped after its first poll still commits, only its outcome is lost;
+/// one dropped before it is ever polled aborts its transaction (on PostgreSQL too: "a dropped
+/// future does not cancel the task", ARCHITECTURE.md, "Where the work runs").
+fn a_commit_dropped_after_its_first_poll_still_commits(engine: &'static Engine) {
+    let f = Fixture::new(engine);
+    let mut tx = f.store.begin();
+    f.q.enqueue(&mut tx, 1).expect("enqueue");
+    {
+        let commit = pin!(tx.commit());
+        let _ = poll_once(commit);
+    }
+    let mut never_polled = f.store.begin();
+    f.q.enqueue(&mut never_polled, 2).expect("enqueue");
+    drop(never_polled.commit());
+    f.commit(&[3]);
+    common::engines::wait_until("the dropped commit to be applied", SCENARIO_LIMIT, || {
+        f.q.blocking_count().unwrap() == 2
+    });
+    let mut items = drain(&f.store, &f.q);
+    items.sort_unstable();
+    assert_eq!(items, [1, 3]);
+}
+
 /// Polls `future` once with a waker that does nothing.
 fn poll_once<F: Future>(future: std::pin::Pin<&mut F>) -> Poll<F::Output> {
     future.poll(&mut Context::from_waker(Waker::noop()))
@@ -435,5 +511,7 @@ fn main() -> std::process::ExitCode {
         engine_case!(blocking_dequeue_timeout_gives_up),
         engine_case!(blocking_dequeue_timeout_is_woken_by_commit),
         engine_case!(async async_commit_from_many_tasks_is_durable),
+        engine_case!(a_dequeue_dropped_mid_wait_leaves_its_transaction_as_documented),
+        engine_case!(a_commit_dropped_after_its_first_poll_still_commits),
     ])
 }

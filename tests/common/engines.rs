@@ -465,6 +465,11 @@ pub fn main(cases: Vec<Case>) -> ExitCode {
     }
     let conclusion = libtest_mimic::run(&args, trials);
     if !args.list {
+        #[cfg(not(feature = "postgres"))]
+        eprintln!(
+            "==> postgres not in these tests: built without the `postgres` feature \
+             (run `cargo test --features postgres`)"
+        );
         for (engine, why) in UNAVAILABLE.lock().unwrap().iter() {
             eprintln!("==> {engine} SKIPPED in these tests: {why}");
         }
