@@ -820,33 +820,16 @@ fn empty_and_over_long_queue_names_are_invalid(engine: &'static Engine) {
     }
 }
 
-/// The defect that fails `waiting_consumers_are_woken_with_closed_by_a_close_from_another_thread`
-/// on PostgreSQL.
-const WOKEN_WITH_POSTGRES_ERROR: &str = "defect: close cancels the calls in flight (it \
-     stops the store's runtime): a consumer waiting in blocking_dequeue or \
-     blocking_dequeue_timeout wakes with Error::Postgres { operation: \"run\", source: \
-     JoinError::Cancelled } instead of Error::Closed (Store::close: \"waiting consumers wake \
-     with Closed\")";
-
-/// The defect that fails `commits_racing_a_close_are_kept_iff_acknowledged_*` on PostgreSQL.
-const COMMITS_CANCELLED: &str = "defect: close cancels the calls in flight (it stops the \
-     store's runtime): commits and try_dequeues racing it fail with Error::Postgres { \
-     operation: \"run\", source: JoinError::Cancelled }, not Closed, so the caller cannot \
-     tell whether a commit was applied (Store::close: \"commits already submitted finish\")";
-
 fn main() -> std::process::ExitCode {
     common::engines::main(vec![
         engine_case!(close_on_one_clone_makes_every_call_on_the_others_fail_with_closed),
         engine_case!(async async_forms_fail_with_closed),
         engine_case!(a_second_close_returns_closed),
-        engine_case!(waiting_consumers_are_woken_with_closed_by_a_close_from_another_thread)
-            .ignore_on("postgres", WOKEN_WITH_POSTGRES_ERROR),
+        engine_case!(waiting_consumers_are_woken_with_closed_by_a_close_from_another_thread),
         engine_case!(reopen_right_after_close_finds_every_acknowledged_commit_sync),
         engine_case!(reopen_right_after_close_finds_every_acknowledged_commit_buffered),
-        engine_case!(commits_racing_a_close_are_kept_iff_acknowledged_sync)
-            .ignore_on("postgres", COMMITS_CANCELLED),
-        engine_case!(commits_racing_a_close_are_kept_iff_acknowledged_buffered)
-            .ignore_on("postgres", COMMITS_CANCELLED),
+        engine_case!(commits_racing_a_close_are_kept_iff_acknowledged_sync),
+        engine_case!(commits_racing_a_close_are_kept_iff_acknowledged_buffered),
         engine_case!(blocking_forms_work_inside_a_tokio_test_body),
         engine_case!(blocking_forms_work_on_a_multi_thread_runtime_worker),
         engine_case!(blocking_forms_work_on_a_current_thread_runtime),

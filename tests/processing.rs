@@ -1477,12 +1477,6 @@ fn p6_a_delay_runs_from_the_commit(engine: &'static Engine) {
     }
 }
 
-/// The defect that fails `a_lease_acked_in_a_transaction_that_does_not_commit_is_given_back`
-/// on PostgreSQL.
-const ACKED_LEASE_KEPT: &str = "defect: a lease acked in a transaction that then aborts, is \
-     dropped or passes its deadline stays leased until its own deadline (stats: leased 1, \
-     count 0) instead of being given back at once like a dropped lease (P5, P10, S4)";
-
 fn main() -> std::process::ExitCode {
     common::engines::main(vec![
         engine_case!(p1_a_lease_hides_the_item_and_counts_the_attempt),
@@ -1502,8 +1496,7 @@ fn main() -> std::process::ExitCode {
         engine_case!(a_lease_settled_with_another_store_is_refused),
         engine_case!(p10_past_its_deadline_a_transaction_gives_back_at_once_and_its_later_calls_fail),
         engine_case!(p10_the_store_default_deadline_applies_to_every_transaction),
-        engine_case!(a_lease_acked_in_a_transaction_that_does_not_commit_is_given_back)
-            .ignore_on("postgres", ACKED_LEASE_KEPT),
+        engine_case!(a_lease_acked_in_a_transaction_that_does_not_commit_is_given_back),
         engine_case!(p11_an_enqueue_whose_key_is_in_the_queue_is_a_no_op_and_says_so),
         engine_case!(p9_queue_sets_serve_by_priority_or_weight_and_wait_on_any),
         engine_case!(an_import_keeps_attempts_due_times_and_dead_letters_and_survives_restart),

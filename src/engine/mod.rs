@@ -481,6 +481,7 @@ impl Engine {
         #[cfg(feature = "postgres")]
         if let Flavor::Postgres(pg) = &self.flavor {
             let mut work = work;
+            postgres_calls::give_back_acked(pg, &work.moves);
             if self.settle_deadline(&mut work).is_err() {
                 // Past its deadline: rolled back already (its session ended).
                 drop_expired(work);
@@ -499,6 +500,10 @@ impl Engine {
     /// the connection has rolled back, in the background).
     #[inline]
     pub(crate) fn discard(&self, mut work: Work) {
+        #[cfg(feature = "postgres")]
+        if let (Flavor::Postgres(pg), false) = (&self.flavor, work.moves.is_empty()) {
+            postgres_calls::give_back_acked(pg, &work.moves);
+        }
         match self.settle_deadline(&mut work) {
             Ok(()) => abort(work),
             Err(_) => drop_expired(work),
@@ -566,7 +571,7 @@ impl Engine {
             Flavor::Sled(s) => s.close().await,
             #[cfg(feature = "postgres")]
             Flavor::Postgres(p) => {
-                p.close();
+                Box::pin(p.close()).await;
                 Ok(())
             }
         }

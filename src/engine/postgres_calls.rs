@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use super::moves::{Move, MoveKind};
-use super::postgres::{int8, Extra, Fresh, Granted, Imported, Postgres, Watch};
+use super::postgres::{int8, Extra, Fresh, Granted, Imported, Postgres, Seats, Turn};
 use super::{abort, drop_expired, Engine, QueueRef, Work};
 use crate::core::QueueCore;
 use crate::error::{Error, Result};
@@ -27,13 +27,24 @@ impl Engine {
             return Err(e);
         }
         if let Err(e) = self.settle_deadline(&mut work) {
+            give_back_acked(pg, &work.moves);
             drop_expired(work);
             return Err(e);
         }
         let mut extra = Extra::default();
         let mut keys = Vec::new();
         let moves = std::mem::take(&mut work.moves);
+        let acked: Vec<u64> = moves
+            .iter()
+            .filter_map(|mv| match mv.kind {
+                MoveKind::Ack { token, .. } => Some(token),
+                _ => None,
+            })
+            .collect();
         if let Err(e) = self.moves_on_postgres(pg, moves, &mut extra, &mut keys) {
+            for &token in &acked {
+                pg.drop_lease(token);
+            }
             abort(work);
             return Err(e);
         }
@@ -50,6 +61,14 @@ impl Engine {
         let done = pg
             .commit(std::mem::take(&mut work.pg), enqueues, extra)
             .await;
+        if done.is_err() {
+            // Not committed, or not known to be: the acked leases are given back as dropped
+            // leases are. Fenced by their tokens, this does nothing to a lease whose ack was
+            // applied after all.
+            for token in acked {
+                pg.drop_lease(token);
+            }
+        }
         // The keys were reserved in this process only while the transaction was open; from
         // now on the database's unique index keeps them.
         for (core, key) in keys {
@@ -154,54 +173,73 @@ impl Engine {
         wait: bool,
         deadline: Option<std::time::Instant>,
     ) -> Result<Option<(usize, &'q QueueRef, Vec<Granted>)>> {
-        let watches = match wait {
-            true => Some(
-                self.watch_set(pg, queues.iter().map(|(_, q)| *q).collect())
-                    .await?,
-            ),
-            false => None,
-        };
-        loop {
+        if !wait {
             self.check_open()?;
             for &(index, queue) in queues {
+                let id = pg.db_id(&queue.core)?;
+                let turn = pg.line().try_turn(id);
+                if turn == Turn::Wait {
+                    continue;
+                }
                 let granted = pg.lease(&queue.core, n, ttl).await?;
                 if !granted.is_empty() {
-                    if let Some(watches) = &watches {
-                        watches.pass_on();
+                    if turn == Turn::Taken {
+                        pg.line().pass_on(id);
                     }
                     return Ok(Some((index, queue, granted)));
                 }
             }
-            let Some(watches) = &watches else {
-                return Ok(None);
-            };
-            if !watches.wait(deadline).await? {
+            return Ok(None);
+        }
+        let mut line = self.join_lines(pg, queues.iter().map(|(_, q)| *q).collect())?;
+        loop {
+            self.check_open()?;
+            for (i, &(index, queue)) in queues.iter().enumerate() {
+                if !line.may_look(i) {
+                    continue;
+                }
+                let granted = pg.lease(&queue.core, n, ttl).await?;
+                if !granted.is_empty() {
+                    line.took(i);
+                    return Ok(Some((index, queue, granted)));
+                }
+                line.missed(i);
+            }
+            if line.watched().await {
+                continue;
+            }
+            if !line.sleep(deadline).await? {
                 return Ok(None);
             }
         }
     }
 
-    /// Puts a consumer among the waiters of every queue of `queues` (a
-    /// queue set), once the listener watches them.
+    /// Puts a consumer in the line of each of `queues` (one queue, or a queue set), with
+    /// one ticket: its place in every line. Where it is the first, the listener is asked
+    /// to watch the queue (see [`InLine::watched`]).
     #[cfg(feature = "postgres")]
-    pub(crate) async fn watch_set<'e>(
+    pub(crate) fn join_lines<'e>(
         &'e self,
         pg: &'e Postgres,
         queues: Vec<&'e QueueRef>,
-    ) -> Result<WatchSet<'e>> {
-        let mut watches = Vec::with_capacity(queues.len());
-        for queue in &queues {
-            let (watch, ack) = pg.watch(&queue.core)?;
-            if let Some(ack) = ack {
-                pg.watched(ack, pg.poll_interval()).await;
-            }
-            watches.push(watch);
+    ) -> Result<InLine<'e>> {
+        let (ticket, wake) = pg.line().ticket();
+        let mut seats = Seats::new(pg.line(), ticket);
+        let mut ids = Vec::with_capacity(queues.len());
+        let mut acks = Vec::new();
+        for queue in queues {
+            let id = pg.db_id(&queue.core)?;
+            seats.note(id);
+            acks.extend(pg.line().join(id, ticket, &wake));
+            ids.push((queue, id));
         }
-        Ok(WatchSet {
+        Ok(InLine {
             engine: self,
             pg,
-            queues,
-            watches,
+            queues: ids,
+            seats,
+            wake,
+            acks,
         })
     }
 
@@ -232,37 +270,101 @@ impl Engine {
     }
 }
 
-/// A consumer waiting on several PostgreSQL queues (a queue set).
-pub(crate) struct WatchSet<'e> {
+/// A consumer waiting on PostgreSQL: its place in the line of each of its queues (one
+/// queue, or a queue set), left when it is dropped or takes an item.
+pub(crate) struct InLine<'e> {
     engine: &'e Engine,
     pg: &'e Postgres,
-    queues: Vec<&'e QueueRef>,
-    watches: Vec<Watch>,
+    queues: Vec<(&'e QueueRef, i32)>,
+    seats: Seats,
+    wake: Arc<tokio::sync::Notify>,
+    /// The listener's answers still to come for the queues whose line this consumer
+    /// started.
+    acks: Vec<tokio::sync::oneshot::Receiver<()>>,
 }
 
-impl WatchSet<'_> {
-    /// Waits for a notification on any of the queues, until the first of them has an item
-    /// falling due, at most the fallback poll and never past `deadline`. False once the
-    /// deadline has passed.
-    pub(crate) async fn wait(&self, deadline: Option<std::time::Instant>) -> Result<bool> {
+impl InLine<'_> {
+    /// The consumer's places, for its transaction to note: a wait whose future is leaked
+    /// leaves the lines when its transaction ends or is used again.
+    pub(crate) fn seats(&self) -> &Seats {
+        &self.seats
+    }
+
+    /// May the consumer look in its `i`th queue now (no waiter woken before it is still to
+    /// look)? A consumer whose turn was taken (it did not look in time) joins again at its
+    /// place first.
+    pub(crate) fn may_look(&self, i: usize) -> bool {
+        let (id, ticket) = (self.queues[i].1, self.seats.ticket());
+        for _ in 0..2 {
+            match self.pg.line().turn(id, ticket) {
+                Turn::Look | Turn::Taken => return true,
+                Turn::Wait => {
+                    // Waiting behind a woken consumer: counted as one that found nothing.
+                    self.pg.line().missed(id, ticket);
+                    return false;
+                }
+                Turn::Gone => {
+                    // The listener's lock is taken again if this made the line non-empty;
+                    // until then the fallback poll stands in for a missed notification.
+                    drop(self.pg.line().join(id, ticket, &self.wake));
+                }
+            }
+        }
+        true
+    }
+
+    /// The consumer looked in its `i`th queue and found nothing (for the looks whose task
+    /// does not note it: see `Waiters::missed`).
+    pub(crate) fn missed(&self, i: usize) {
+        self.pg.line().missed(self.queues[i].1, self.seats.ticket());
+    }
+
+    /// Waits for the listener to watch the queues whose line this consumer started (at
+    /// most the fallback poll): true if it had to, and the consumer looks again then, as a
+    /// commit of another store between its look and the listener's lock notified nobody.
+    pub(crate) async fn watched(&mut self) -> bool {
+        if self.acks.is_empty() {
+            return false;
+        }
+        for ack in std::mem::take(&mut self.acks) {
+            self.pg.watched(ack, self.pg.poll_interval()).await;
+        }
+        true
+    }
+
+    /// The consumer took an item from its `i`th queue: it leaves every line, and the next
+    /// waiter of that queue looks too (the commit may have brought more).
+    pub(crate) fn took(mut self, i: usize) {
+        let id = self.queues[i].1;
+        self.seats.leave_all(Some(id));
+    }
+
+    /// Sleeps until a commit to one of the queues wakes the consumer, the first of them has
+    /// an item falling due, the fallback poll, or `deadline`. False once the deadline has
+    /// passed.
+    pub(crate) async fn sleep(&self, deadline: Option<std::time::Instant>) -> Result<bool> {
         self.engine.check_open()?;
         let mut wait = None;
-        for queue in &self.queues {
+        for (queue, _) in &self.queues {
             match self.engine.next_look(self.pg, queue, deadline).await? {
                 None => return Ok(false),
                 Some(w) => wait = Some(wait.map_or(w, |v: std::time::Duration| v.min(w))),
             }
         }
         self.pg
-            .wait_any(&self.watches, wait.unwrap_or(self.pg.poll_interval()))
+            .wait_for(&self.wake, wait.unwrap_or(self.pg.poll_interval()))
             .await;
         Ok(true)
     }
+}
 
-    /// An item was taken: the next waiters look too.
-    pub(crate) fn pass_on(&self) {
-        for watch in &self.watches {
-            watch.pass_on();
+/// Gives back at once, as dropped leases, the leases that `moves` of a transaction that
+/// does not commit acknowledged (P5, P10, S4: what undoing an ack does on the embedded
+/// engines).
+pub(crate) fn give_back_acked(pg: &Postgres, moves: &[Move]) {
+    for mv in moves {
+        if let MoveKind::Ack { token, .. } = mv.kind {
+            pg.drop_lease(token);
         }
     }
 }

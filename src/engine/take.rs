@@ -16,7 +16,7 @@ use std::future::Future;
 use std::pin::Pin;
 
 #[cfg(feature = "postgres")]
-use super::postgres::Postgres;
+use super::postgres::{Postgres, Turn};
 
 #[cfg(feature = "postgres")]
 use super::Flavor;
@@ -44,8 +44,18 @@ impl Engine {
         match &self.flavor {
             #[cfg(feature = "postgres")]
             Flavor::Postgres(pg) => {
+                // This process's waiters first: a waiter woken for an item and still to
+                // look has it (see `Waiters`).
+                let id = pg.db_id(&queue.core)?;
+                let turn = pg.line().try_turn(id);
+                if turn == Turn::Wait {
+                    return Ok(0);
+                }
                 // Boxed: the embedded engines' take must not carry the statement's future.
-                let taken = Box::pin(self.take_on_postgres(pg, queue, work, n)).await?;
+                let taken = Box::pin(self.take_on_postgres(pg, queue, work, n, None)).await?;
+                if turn == Turn::Taken && !taken.is_empty() {
+                    pg.line().pass_on(id);
+                }
                 for entry in &taken {
                     each(entry)?;
                 }
@@ -266,10 +276,11 @@ impl Engine {
         queue: &QueueRef,
         work: &mut Work,
         n: usize,
+        waiter: Option<u64>,
     ) -> Result<Vec<Entry>> {
         self.check_open()?;
         work.check_live()?;
-        let taken = pg.try_dequeue(&queue.core, &mut work.pg, n).await;
+        let taken = pg.try_dequeue(&queue.core, &mut work.pg, n, waiter).await;
         self.arm_deadline(work);
         taken
     }
@@ -285,15 +296,28 @@ impl Engine {
         deadline: Option<Instant>,
     ) -> Result<Option<Found<'a>>> {
         let refs: Vec<&QueueRef> = queues.iter().map(|(_, q)| *q).collect();
-        let watches = self.watch_set(pg, refs).await?;
+        let mut line = self.join_lines(pg, refs)?;
+        // Noted by the transaction: should this future be leaked, its places are left
+        // when the transaction ends or is used again.
+        work.seats = Some(Box::new(line.seats().clone()));
+        let ticket = Some(line.seats().ticket());
         loop {
-            for &(index, queue) in &queues {
-                if let Some(entry) = self.take_on_postgres(pg, queue, work, 1).await?.pop() {
-                    watches.pass_on();
+            for (i, &(index, queue)) in queues.iter().enumerate() {
+                if !line.may_look(i) {
+                    continue;
+                }
+                let taken = self.take_on_postgres(pg, queue, work, 1, ticket).await?;
+                if let Some(entry) = taken.into_iter().next() {
+                    line.took(i);
+                    work.seats = None;
                     return Ok(Some((index, queue, entry)));
                 }
             }
-            if !watches.wait(deadline).await? {
+            if line.watched().await {
+                continue;
+            }
+            if !line.sleep(deadline).await? {
+                work.seats = None;
                 return Ok(None);
             }
         }

@@ -59,6 +59,11 @@ pub(crate) struct Work {
     /// On PostgreSQL: the connection with the transaction's open database transaction.
     #[cfg(feature = "postgres")]
     pub(crate) pg: postgres::PgSlot,
+    /// On PostgreSQL: the places in line of this transaction's waiting dequeue while it
+    /// waits. Its future leaves them when it ends or is dropped; one that is leaked leaves
+    /// them when this is dropped (the transaction ends or is used again).
+    #[cfg(feature = "postgres")]
+    pub(crate) seats: Option<Box<postgres::Seats>>,
     /// The transaction's deadline, if it has one (P10).
     pub(crate) expiry: Option<Arc<TxExpiry>>,
 }
@@ -165,6 +170,10 @@ impl Work {
     /// use of the transaction other than a waiting dequeue's own polls. Withdrawing a request
     /// that was dropped properly does nothing.
     pub(crate) fn withdraw_leaked(&mut self) {
+        #[cfg(feature = "postgres")]
+        if self.seats.is_some() {
+            self.seats = None;
+        }
         if self.requests.is_empty() {
             return;
         }

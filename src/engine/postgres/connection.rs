@@ -7,6 +7,7 @@ use std::fmt;
 
 use deadpool_postgres::Object;
 use tokio::runtime::Handle;
+use tokio::sync::oneshot;
 use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
 use tokio_postgres::Socket;
 
@@ -86,6 +87,12 @@ impl PgSlot {
     }
 
     pub(super) fn end_call(&mut self, mut tx: Box<PgTx>) {
+        if tx.client.is_none() && !tx.open && !tx.failed && tx.aborted.is_none() {
+            // The call ended the database transaction it began and gave its connection back
+            // (it took nothing): the transaction holds none again.
+            self.0 = None;
+            return;
+        }
         if tx.failed {
             // Kept with its connection, so that the commit or abort that ends the
             // transaction returns only once the server has rolled back and the items are
@@ -95,10 +102,90 @@ impl PgSlot {
         self.0 = Some(tx);
     }
 
+    /// Starts a call whose task hands the connection back through the returned sender
+    /// rather than with its output: the receiving end is kept by the transaction (in its
+    /// aborted marker), so that a call whose future is leaked (never dropped) still leaves
+    /// the connection to the transaction's end, which rolls it back. [`Returning::back`]
+    /// takes it back; a `Returning` dropped before that (the call's future was dropped)
+    /// lets the connection go at once: rolled back as the task drops it.
+    pub(super) fn begin_returning_call(
+        &mut self,
+        rt: &Handle,
+    ) -> Result<(Box<PgTx>, oneshot::Sender<Box<PgTx>>, Returning<'_>)> {
+        let held = self.begin_call(rt)?;
+        let (back, returned) = oneshot::channel();
+        if let Some(marker) = &mut self.0 {
+            marker.returning = Some(returned);
+            // What the transaction held before the call: more when the connection comes
+            // back means the call took items.
+            marker.held = held.held;
+        }
+        Ok((held, back, Returning(self)))
+    }
+
+    /// Takes back the connection of a call whose future was leaked with its task in flight
+    /// (see [`begin_returning_call`](Self::begin_returning_call)), once the task hands it
+    /// back: the transaction goes on as before the call if the call took nothing (a waiting
+    /// dequeue that found nothing, the common case), and stays aborted (rolled back at its
+    /// end, so the items nobody received go back) if it took items.
+    pub(super) async fn reclaim(&mut self) {
+        let Some(marker) = &mut self.0 else {
+            return;
+        };
+        let Some(returned) = marker.returning.take() else {
+            return;
+        };
+        let before = marker.held;
+        if let Ok(mut held) = returned.await {
+            if held.held > before {
+                held.aborted = Some(Aborted::Cancelled);
+            }
+            self.end_call(held);
+        }
+    }
+
     /// The transaction's `PgTx` for its commit or abort (`None` if it has none; its
     /// `aborted` says whether a call aborted it).
     pub(super) fn take(self) -> Option<Box<PgTx>> {
         self.0
+    }
+}
+
+/// A call in flight whose connection comes back through the transaction (see
+/// [`PgSlot::begin_returning_call`]).
+pub(super) struct Returning<'a>(&'a mut PgSlot);
+
+impl Returning<'_> {
+    /// Waits for the call's task to hand the connection back, and gives it to the
+    /// transaction again (see [`PgSlot::end_call`]). Without it (the task was cancelled),
+    /// the transaction stays aborted.
+    pub(super) async fn back(self) {
+        let returned = self.0 .0.as_mut().and_then(|m| m.returning.take());
+        if let Some(returned) = returned {
+            if let Ok(held) = returned.await {
+                self.0.end_call(held);
+            }
+        }
+    }
+}
+
+impl Drop for Returning<'_> {
+    fn drop(&mut self) {
+        // The call's future was dropped. A connection handed back already that took nothing
+        // goes on as the transaction's; otherwise it is not waited for (rolled back as the
+        // task, or here the channel, drops it) and the transaction stays aborted.
+        let Some(marker) = &mut self.0 .0 else {
+            return;
+        };
+        let Some(mut returned) = marker.returning.take() else {
+            return;
+        };
+        let before = marker.held;
+        if let Ok(held) = returned.try_recv() {
+            if held.held == before && held.aborted.is_none() {
+                self.0.end_call(held);
+            }
+        }
     }
 }
 
@@ -115,6 +202,9 @@ pub(super) struct PgTx {
     pub(super) failed: bool,
     /// Set on a marker that stands for a transaction rolled back before its commit.
     pub(super) aborted: Option<Aborted>,
+    /// On an aborted marker: where the connection of the call in flight comes back (see
+    /// [`PgSlot::begin_returning_call`]).
+    pub(super) returning: Option<oneshot::Receiver<Box<PgTx>>>,
     /// The server process of the connection, learnt with `BEGIN`: a transaction deadline
     /// ends the transaction by ending it (P10).
     pub(super) pid: Option<i32>,
@@ -138,6 +228,7 @@ impl PgTx {
             held: 0,
             failed: false,
             aborted: None,
+            returning: None,
             pid: None,
             discard: false,
             rt,

@@ -3,11 +3,11 @@
 //! holds the advisory locks that tell committers whom to notify (`NOTIFY`, sent by the
 //! listener after a commit).
 
-use std::collections::{HashMap, HashSet};
-use std::future::Future;
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
+use smallvec::SmallVec;
 use tokio::runtime::Handle;
 use tokio::sync::{mpsc, oneshot, Notify};
 use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
@@ -17,20 +17,101 @@ use super::statements::Sql;
 use super::tls::Tls;
 use crate::sync::process::Mutex;
 
-/// This store's consumers waiting on each queue (by database id), and the line to the
-/// listener task.
+/// This store's consumers waiting on each queue (by database id), each queue's in a line,
+/// and the line to the listener task.
+///
+/// The line is how this process keeps first come, first served among its own consumers
+/// (FoundationDB's staging, with wake-ups in the place of items): a commit to a queue wakes
+/// the first waiter of its line that is not woken yet; a woken waiter looks, and one that
+/// took an item wakes the next, as the commit may have brought more. Until a woken waiter has
+/// looked, a `try_dequeue` (or a waiter behind it that was not woken) of this process finds
+/// nothing; its second such miss takes the woken waiter's turn away, so that a leaked or
+/// stalled waiter holds nothing up for long (the embedded engines' rule for an item handed
+/// to a request nobody polls). Other processes' consumers are not in the line: between
+/// processes, order is best effort.
 #[derive(Debug)]
-pub(super) struct Waiters {
-    queues: Mutex<HashMap<i32, Waited>>,
+pub(crate) struct Waiters {
+    lines: Mutex<Lines>,
     commands: mpsc::UnboundedSender<Command>,
 }
 
+#[derive(Debug, Default)]
+struct Lines {
+    queues: HashMap<i32, Line>,
+    /// The next waiter's ticket: a waiter's place in every line it joins.
+    next_ticket: u64,
+}
+
+/// One queue's waiting consumers of this store, in the order they came (by ticket).
+#[derive(Debug, Default)]
+struct Line {
+    places: VecDeque<Place>,
+    /// Misses (a take that found a woken waiter ahead of it) since the oldest woken waiter
+    /// was woken; the second takes its turn.
+    misses: u8,
+}
+
 #[derive(Debug)]
-struct Waited {
-    count: usize,
-    /// One notification wakes one consumer (a stored permit if none waits right now); a
-    /// consumer that then takes an item wakes the next (see [`Watch::pass_on`]).
-    notify: Arc<Notify>,
+struct Place {
+    ticket: u64,
+    wake: Arc<Notify>,
+    /// Woken by a commit (or a waiter before it that took an item), and not looked since.
+    woken: bool,
+    /// Has looked and found nothing: counted among the queue's waiters from then on.
+    counted: bool,
+}
+
+/// What a take on a queue may do now (see [`Waiters`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Turn {
+    /// Look.
+    Look,
+    /// Look, in the turn of a woken waiter that did not look in time: an item taken wakes
+    /// the next waiter ([`Waiters::pass_on`]).
+    Taken,
+    /// Do not look: a woken waiter ahead has not looked yet.
+    Wait,
+    /// The waiter is not in the line any more (its turn was taken): it joins again, at its
+    /// place.
+    Gone,
+}
+
+impl Line {
+    /// Wakes the first waiter not woken yet.
+    fn wake_next(&mut self) {
+        if let Some(place) = self.places.iter_mut().find(|p| !p.woken) {
+            place.woken = true;
+            place.wake.notify_one();
+        }
+    }
+
+    /// A take that is not the woken waiters' (a `try_dequeue`, or a waiter not woken with a
+    /// woken one ahead of `ahead_of`): a miss, or on the second one the oldest woken
+    /// waiter's turn.
+    fn miss(&mut self, ahead_of: u64) -> Turn {
+        let Some(at) = self
+            .places
+            .iter()
+            .position(|p| p.woken && p.ticket < ahead_of)
+        else {
+            return Turn::Look;
+        };
+        self.misses = self.misses.saturating_add(1);
+        if self.misses < 2 {
+            return Turn::Wait;
+        }
+        // The next woken waiter's turn is taken by the next miss after this one.
+        self.misses = 1;
+        self.places.remove(at);
+        Turn::Taken
+    }
+
+    /// No woken waiter left: the misses count for nothing any more.
+    fn settle(&mut self) {
+        if !self.places.iter().any(|p| p.woken) {
+            self.misses = 0;
+        }
+    }
 }
 
 /// What the listener is asked to do: bring its advisory lock on a queue in line with the
@@ -49,43 +130,132 @@ impl Waiters {
     pub(super) fn new() -> (Arc<Waiters>, mpsc::UnboundedReceiver<Command>) {
         let (commands, listened) = mpsc::unbounded_channel();
         let waiters = Arc::new(Waiters {
-            queues: Mutex::new(HashMap::new()),
+            lines: Mutex::new(Lines::default()),
             commands,
         });
         (waiters, listened)
     }
 
-    /// Puts a consumer of `queue` among this store's waiters. Before it first looks for an
-    /// item, the consumer waits for the returned receiver (when there is one): then the
-    /// listener holds the advisory lock that makes committers notify this queue, so a
-    /// commit after that look is never missed.
-    pub(super) fn watch(self: &Arc<Self>, queue: i32) -> (Watch, Option<oneshot::Receiver<()>>) {
-        let (notify, first) = {
-            let mut queues = self.queues.lock();
-            let waited = queues.entry(queue).or_insert_with(|| Waited {
-                count: 0,
-                notify: Arc::new(Notify::new()),
-            });
-            waited.count += 1;
-            (Arc::clone(&waited.notify), waited.count == 1)
+    /// A new waiter's ticket and what wakes it (one for every queue it waits on).
+    pub(crate) fn ticket(&self) -> (u64, Arc<Notify>) {
+        let mut lines = self.lines.lock();
+        lines.next_ticket += 1;
+        (lines.next_ticket, Arc::new(Notify::new()))
+    }
+
+    /// Puts waiter `ticket` in `queue`'s line, at its place (after the waiters that came
+    /// before it). Before it first looks for an item, the waiter waits for the returned
+    /// receiver (when there is one): then the listener holds the advisory lock that makes
+    /// committers notify this queue, so a commit after that look is never missed.
+    pub(crate) fn join(
+        &self,
+        queue: i32,
+        ticket: u64,
+        wake: &Arc<Notify>,
+    ) -> Option<oneshot::Receiver<()>> {
+        let first = {
+            let mut lines = self.lines.lock();
+            let line = lines.queues.entry(queue).or_default();
+            let at = line.places.partition_point(|p| p.ticket < ticket);
+            if line.places.get(at).is_some_and(|p| p.ticket == ticket) {
+                return None;
+            }
+            line.places.insert(
+                at,
+                Place {
+                    ticket,
+                    wake: Arc::clone(wake),
+                    woken: false,
+                    counted: false,
+                },
+            );
+            line.places.len() == 1
         };
-        let ack = first.then(|| {
+        first.then(|| {
             let (ack, acked) = oneshot::channel();
             // A listener gone (store closing) leaves the receiver closed: no wait.
             let _ = self.commands.send(Command::Watch(queue, ack));
             acked
-        });
-        let watch = Watch {
-            waiters: Arc::clone(self),
-            queue,
-            notify,
-        };
-        (watch, ack)
+        })
     }
 
-    /// This store's consumers waiting on `queue` now.
+    /// May waiter `ticket` look in `queue` now? Looking, it is not woken any more.
+    pub(crate) fn turn(&self, queue: i32, ticket: u64) -> Turn {
+        let mut lines = self.lines.lock();
+        let Some(line) = lines.queues.get_mut(&queue) else {
+            return Turn::Gone;
+        };
+        let Some(place) = line.places.iter_mut().find(|p| p.ticket == ticket) else {
+            return Turn::Gone;
+        };
+        if place.woken {
+            place.woken = false;
+            line.settle();
+            return Turn::Look;
+        }
+        line.miss(ticket)
+    }
+
+    /// May a take that is not a waiter's (`try_dequeue`, a lease that does not wait) look
+    /// in `queue` now?
+    pub(crate) fn try_turn(&self, queue: i32) -> Turn {
+        match self.lines.lock().queues.get_mut(&queue) {
+            Some(line) => line.miss(u64::MAX),
+            None => Turn::Look,
+        }
+    }
+
+    /// A take in `queue` found an item: the next waiter looks too, as the commit that woke
+    /// this one may have brought more (waiters are woken one at a time, each by the one
+    /// before, never all at once).
+    pub(crate) fn pass_on(&self, queue: i32) {
+        if let Some(line) = self.lines.lock().queues.get_mut(&queue) {
+            line.wake_next();
+        }
+    }
+
+    /// Takes waiter `ticket` out of `queue`'s line; if it was woken and had not looked, or
+    /// `took` an item, the next waiter is woken in its place.
+    pub(super) fn leave(&self, queue: i32, ticket: u64, took: bool) {
+        let empty = {
+            let mut lines = self.lines.lock();
+            let Some(line) = lines.queues.get_mut(&queue) else {
+                return;
+            };
+            let Some(at) = line.places.iter().position(|p| p.ticket == ticket) else {
+                return;
+            };
+            let woken = line.places.remove(at).is_some_and(|p| p.woken);
+            if woken || took {
+                line.wake_next();
+            }
+            line.settle();
+            line.places.is_empty()
+        };
+        if empty {
+            let _ = self.commands.send(Command::Unwatch(queue));
+        }
+    }
+
+    /// Waiter `ticket` looked in `queue` and found nothing: it counts among the queue's
+    /// waiters from now on (noted by the look's task, so a waiter whose future is leaked
+    /// with its look in flight is counted as one that found nothing).
+    pub(crate) fn missed(&self, queue: i32, ticket: u64) {
+        if let Some(line) = self.lines.lock().queues.get_mut(&queue) {
+            if let Some(place) = line.places.iter_mut().find(|p| p.ticket == ticket) {
+                place.counted = true;
+            }
+        }
+    }
+
+    /// This store's consumers waiting on `queue` now: in its line, having looked and found
+    /// nothing (a consumer whose first look is in flight is not counted yet).
     pub(super) fn count(&self, queue: i32) -> usize {
-        self.queues.lock().get(&queue).map_or(0, |w| w.count)
+        self.lines
+            .lock()
+            .queues
+            .get(&queue)
+            .map_or(0, |l| l.places.iter().filter(|p| p.counted).count())
     }
 
     /// Wakes this store's waiters on `queues` and has the listener notify the other stores'
@@ -97,114 +267,101 @@ impl Waiters {
         // This store's own waiters at once: the notification the listener sends is for the
         // other stores (its own lock on a queue this store waits on hides this store from
         // the "anyone waiting?" check, and the listener drops what it sent itself).
-        {
-            let waited = self.queues.lock();
-            for queue in &queues {
-                if let Some(waited) = waited.get(queue) {
-                    waited.notify.notify_one();
-                }
-            }
+        for queue in &queues {
+            self.wake_one(*queue);
         }
         // A listener gone (store closing) has nobody left to wake.
         let _ = self.commands.send(Command::Notify(queues));
     }
 
+    /// Items became visible in `queue`: its first waiter not woken yet is woken.
     fn wake_one(&self, queue: i32) {
-        if let Some(waited) = self.queues.lock().get(&queue) {
-            waited.notify.notify_one();
+        if let Some(line) = self.lines.lock().queues.get_mut(&queue) {
+            line.wake_next();
         }
     }
 
     /// Wakes every consumer (the listener reconnected, or the store is closing): each looks
-    /// for an item once more.
+    /// for an item once more, in its turn.
     pub(super) fn wake_all(&self) {
-        for waited in self.queues.lock().values() {
-            waited.notify.notify_waiters();
+        for line in self.lines.lock().queues.values() {
+            for place in &line.places {
+                place.wake.notify_one();
+            }
         }
     }
 
     fn waiting(&self, queue: i32) -> bool {
-        self.queues.lock().get(&queue).is_some_and(|w| w.count > 0)
+        self.lines
+            .lock()
+            .queues
+            .get(&queue)
+            .is_some_and(|l| !l.places.is_empty())
     }
 
     fn waited_queues(&self) -> Vec<i32> {
-        self.queues
+        self.lines
             .lock()
+            .queues
             .iter()
-            .filter(|(_, w)| w.count > 0)
+            .filter(|(_, l)| !l.places.is_empty())
             .map(|(q, _)| *q)
             .collect()
     }
 }
 
-/// A consumer among its store's waiters on one queue; leaves them when dropped.
-#[derive(Debug)]
-pub(crate) struct Watch {
+/// A waiter's place in the lines of its queues, as its transaction notes it: a wait whose
+/// future is leaked (never dropped) leaves the lines when its transaction ends or is used
+/// again ([`Seats::leave_all`]).
+#[derive(Debug, Clone)]
+pub(crate) struct Seats {
     waiters: Arc<Waiters>,
-    queue: i32,
-    notify: Arc<Notify>,
+    ticket: u64,
+    queues: SmallVec<[i32; 1]>,
 }
 
-impl Watch {
-    /// This consumer took an item: the next waiter looks too, as the commit that woke this
-    /// one may have brought more (FoundationDB's staging: waiters are woken one at a time,
-    /// each by the one before, never all at once).
-    pub(crate) fn pass_on(&self) {
-        let others = self
-            .waiters
-            .queues
-            .lock()
-            .get(&self.queue)
-            .is_some_and(|w| w.count > 1);
-        if others {
-            self.notify.notify_one();
+impl Seats {
+    pub(crate) fn new(waiters: &Arc<Waiters>, ticket: u64) -> Seats {
+        Seats {
+            waiters: Arc::clone(waiters),
+            ticket,
+            queues: SmallVec::new(),
+        }
+    }
+
+    pub(crate) fn ticket(&self) -> u64 {
+        self.ticket
+    }
+
+    pub(crate) fn note(&mut self, queue: i32) {
+        if !self.queues.contains(&queue) {
+            self.queues.push(queue);
+        }
+    }
+
+    /// Leaves every line, passing a wake-up on where this waiter had one; with `took`, the
+    /// waiter took an item from `took`'s queue, whose next waiter looks too.
+    pub(crate) fn leave_all(&mut self, took: Option<i32>) {
+        for queue in self.queues.drain(..) {
+            self.waiters.leave(queue, self.ticket, took == Some(queue));
         }
     }
 }
 
-impl Drop for Watch {
+impl Drop for Seats {
     fn drop(&mut self) {
-        let last = {
-            let mut queues = self.waiters.queues.lock();
-            let waited = queues.get_mut(&self.queue);
-            debug_assert!(
-                waited.as_ref().is_some_and(|w| w.count > 0),
-                "a queue's count of waiting consumers counts each live watch"
-            );
-            match waited {
-                Some(waited) => {
-                    waited.count = waited.count.saturating_sub(1);
-                    waited.count == 0
-                }
-                None => false,
-            }
-        };
-        if last {
-            let _ = self.waiters.commands.send(Command::Unwatch(self.queue));
-        }
+        self.leave_all(None);
     }
 }
 
-/// Waits for a notification for any of `watches`' queues, or `timeout` (timed on `rt`).
-pub(super) async fn wait_any(rt: &Handle, watches: &[Watch], timeout: Duration) {
+/// Waits for `wake` (a commit to one of the waiter's queues), or `timeout` (timed on `rt`).
+pub(crate) async fn wait_for(rt: &Handle, wake: &Notify, timeout: Duration) {
     let timer = rt.spawn(async move { tokio::time::sleep(timeout).await });
-    let mut notified: Vec<_> = watches
-        .iter()
-        .map(|w| Box::pin(w.notify.notified()))
-        .collect();
     tokio::pin!(timer);
-    std::future::poll_fn(|cx| {
-        if timer.as_mut().poll(cx).is_ready() {
-            return std::task::Poll::Ready(());
-        }
-        for n in &mut notified {
-            if n.as_mut().poll(cx).is_ready() {
-                return std::task::Poll::Ready(());
-            }
-        }
-        std::task::Poll::Pending
-    })
-    .await;
+    tokio::select! {
+        _ = wake.notified() => {}
+        _ = &mut timer => {}
+    }
     timer.abort();
 }
 

@@ -36,6 +36,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -62,8 +63,8 @@ use self::connection::{backend_pid, roll_back, take, terminate, PgTx};
 use self::failure::pg;
 use self::leases::maintain;
 pub(crate) use self::leases::{FailOutcome, Granted};
-pub(crate) use self::listener::Watch;
-use self::listener::{listen, Waiters};
+use self::listener::listen;
+pub(crate) use self::listener::{Seats, Turn, Waiters};
 use self::migrate::migrate;
 use self::pool::{client_config, Pool};
 pub(crate) use self::statements::int8;
@@ -116,7 +117,61 @@ pub(crate) struct Postgres {
     poll_interval: Duration,
     /// The database ids of the queues this store has opened, for the maintenance pass.
     maintained: Arc<Mutex<Vec<i32>>>,
+    /// The calls running on the store's runtime, which a close lets finish.
+    calls: Arc<Calls>,
 }
+
+/// The calls running on a store's runtime ([`Postgres::run`]): a close refuses new ones and
+/// waits for these to finish before it stops the runtime, so that a commit already
+/// submitted is applied or not as its answer says, never cut off half way.
+#[derive(Debug, Default)]
+struct Calls {
+    running: std::sync::atomic::AtomicUsize,
+    closing: std::sync::atomic::AtomicBool,
+    /// Notified when the last call ends.
+    idle: tokio::sync::Notify,
+}
+
+/// One call of [`Calls`], counted until dropped (its task ended or was cancelled).
+struct Call(Arc<Calls>);
+
+impl Drop for Call {
+    fn drop(&mut self) {
+        if self.0.running.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.idle.notify_waiters();
+        }
+    }
+}
+
+impl Calls {
+    /// Counts a call, unless the store is closing.
+    fn start(self: &Arc<Self>) -> Result<Call> {
+        self.running.fetch_add(1, Ordering::AcqRel);
+        let call = Call(Arc::clone(self));
+        if self.closing.load(Ordering::Acquire) {
+            return Err(Error::Closed);
+        }
+        Ok(call)
+    }
+
+    /// Refuses new calls and waits for those running to end.
+    async fn drain(&self) {
+        self.closing.store(true, Ordering::Release);
+        loop {
+            let idle = self.idle.notified();
+            tokio::pin!(idle);
+            idle.as_mut().enable();
+            if self.running.load(Ordering::Acquire) == 0 {
+                return;
+            }
+            idle.await;
+        }
+    }
+}
+
+/// How long a close waits for the calls in flight to finish before it stops the runtime
+/// (they are cancelled then).
+const CLOSE_DRAIN: Duration = Duration::from_secs(30);
 
 impl fmt::Debug for Postgres {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -171,6 +226,7 @@ impl Postgres {
             pg_config: Arc::new(pg_config.clone()),
             tls: tls.clone(),
             maintained: Arc::new(Mutex::new(Vec::new())),
+            calls: Arc::new(Calls::default()),
             poll_interval: config.poll_interval,
             // Saturating on purpose: a retention past `i64::MAX` ms (292 million years)
             // deletes nothing, as `i64::MAX` ms does.
@@ -203,13 +259,9 @@ impl Postgres {
         Ok(store)
     }
 
-    /// Puts a consumer of `core`'s queue among this store's waiters. Before it first looks
-    /// for an item, the consumer waits for the returned receiver (when there is one): then
-    /// the listener holds the advisory lock that makes committers notify this queue, so a
-    /// commit after that look is never missed.
-    pub(crate) fn watch(&self, core: &QueueCore) -> Result<(Watch, Option<oneshot::Receiver<()>>)> {
-        let queue = self.db_id(core)?;
-        Ok(self.waiters.watch(queue))
+    /// This store's waiting consumers, in a line per queue (by database id).
+    pub(crate) fn line(&self) -> &Arc<Waiters> {
+        &self.waiters
     }
 
     /// How long a waiting consumer waits for a notification before it looks anyway.
@@ -267,9 +319,9 @@ impl Postgres {
         })
     }
 
-    /// Waits for a notification for any of `watches`' queues, or `timeout`.
-    pub(crate) async fn wait_any(&self, watches: &[Watch], timeout: Duration) {
-        listener::wait_any(&self.rt, watches, timeout).await;
+    /// Waits for `wake` (a commit to one of a waiter's queues), or `timeout`.
+    pub(crate) async fn wait_for(&self, wake: &tokio::sync::Notify, timeout: Duration) {
+        listener::wait_for(&self.rt, wake, timeout).await;
     }
 
     /// Waits for `ack` (the listener's lock), at most `timeout`: a listener that is
@@ -283,10 +335,23 @@ impl Postgres {
         &self,
         task: impl std::future::Future<Output = Result<T>> + Send + 'static,
     ) -> Result<T> {
-        self.rt.spawn(task).await.map_err(|e| Error::Postgres {
-            operation: "run",
-            source: Arc::new(e),
-        })?
+        let call = self.calls.start()?;
+        let calls = Arc::clone(&self.calls);
+        self.rt
+            .spawn(async move {
+                let done = task.await;
+                drop(call);
+                done
+            })
+            .await
+            .map_err(|e| match calls.closing.load(Ordering::Acquire) {
+                // Cancelled by a close that waited for it in vain.
+                true => Error::Closed,
+                false => Error::Postgres {
+                    operation: "run",
+                    source: Arc::new(e),
+                },
+            })?
     }
 
     pub(crate) fn catalog(&self) -> &Catalog {
@@ -363,21 +428,45 @@ impl Postgres {
         core: &QueueCore,
         slot: &mut PgSlot,
         n: usize,
+        waiter: Option<u64>,
     ) -> Result<Vec<Entry>> {
         let queue = self.db_id(core)?;
         let n = up_to(n);
-        let mut held = slot.begin_call(&self.rt)?;
+        slot.reclaim().await;
+        let (mut held, back, returning) = slot.begin_returning_call(&self.rt)?;
+        let waiters = Arc::clone(&self.waiters);
+        let began = !held.open;
         let pool = self.pool.clone();
         let sql = Arc::clone(&self.sql);
         let now = self.now_param();
-        let (held, taken) = self
+        let taken = self
             .run(async move {
                 let taken = take(&pool, &sql, &mut held, queue, n, now).await;
-                Ok((held, taken))
+                if began
+                    && held.held == 0
+                    && !held.failed
+                    && taken.as_ref().is_ok_and(Vec::is_empty)
+                {
+                    // Nothing taken in a database transaction this call began: ended, and
+                    // its connection back in the pool, so that a consumer waiting for an
+                    // item holds none while it sleeps.
+                    if roll_back(&mut held).await.is_ok() {
+                        held.client = None;
+                        held.pid = None;
+                    }
+                }
+                // Through the transaction: if it is gone, dropped here (rolled back).
+                drop(back.send(held));
+                if let (Some(ticket), Ok(taken)) = (waiter, &taken) {
+                    if taken.is_empty() {
+                        waiters.missed(queue, ticket);
+                    }
+                }
+                Ok(taken)
             })
-            .await?;
-        slot.end_call(held);
-        taken
+            .await;
+        returning.back().await;
+        taken?
     }
 
     /// Commits: the buffered enqueues in one `INSERT`, then `COMMIT` if a database
@@ -388,6 +477,8 @@ impl Postgres {
         enqueues: Vec<(Arc<QueueCore>, Box<[u8]>)>,
         extra: Extra,
     ) -> Result<Vec<Granted>> {
+        let mut slot = slot;
+        slot.reclaim().await;
         let tx = slot.take();
         if let Some(why) = tx.as_ref().and_then(|held| held.aborted) {
             // Whatever the rollback gives, the commit's answer is that it did not commit.
@@ -439,6 +530,7 @@ impl Postgres {
         params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
         rows: bool,
     ) -> Result<SqlOutcome> {
+        slot.reclaim().await;
         let mut held = slot.begin_call(&self.rt)?;
         let ran = self.sql_in(&mut held, sql, params, rows).await;
         if ran.is_err() {
@@ -490,7 +582,14 @@ impl Postgres {
 
     /// [`roll_back`] of `held`, if it has a database transaction to end (else without a
     /// task).
-    async fn end(&self, held: Option<Box<PgTx>>) -> Result<()> {
+    async fn end(&self, mut held: Option<Box<PgTx>>) -> Result<()> {
+        // A call of the transaction still in flight (its future leaked): its connection,
+        // once it comes back, is the one to roll back.
+        if let Some(returned) = held.as_mut().and_then(|h| h.returning.take()) {
+            if let Ok(back) = returned.await {
+                held = Some(back);
+            }
+        }
         match held {
             Some(mut held) if held.must_roll_back() => {
                 self.run(async move { roll_back(&mut held).await }).await
@@ -548,9 +647,36 @@ impl Postgres {
         self.clock.is_manual().then(|| self.clock.clone())
     }
 
+    /// Closes the store: new calls are refused with `Closed`, waiting consumers wake (and
+    /// find it closed), the calls in flight may finish (at most [`CLOSE_DRAIN`]), then the
+    /// pool closes and the runtime's thread ends.
+    pub(crate) async fn close(&self) {
+        self.calls.closing.store(true, Ordering::Release);
+        self.waiters.wake_all();
+        let on_runtime_thread = self
+            .thread
+            .lock()
+            .as_ref()
+            .is_some_and(|t| t.thread().id() == std::thread::current().id());
+        if on_runtime_thread {
+            // Closed from a task of its own runtime (the last handle dropped there): the
+            // calls cannot be waited for from this thread.
+            self.stop();
+            return;
+        }
+        let calls = Arc::clone(&self.calls);
+        let drained = self.rt.spawn(async move {
+            let _ = tokio::time::timeout(CLOSE_DRAIN, calls.drain()).await;
+        });
+        if drained.await.is_err() {
+            tracing::warn!("the PostgreSQL store closed without waiting for its calls in flight");
+        }
+        self.stop();
+    }
+
     /// Closes the pool and ends the runtime's thread. Transactions still open are rolled back
     /// by the server when their connections close.
-    pub(crate) fn close(&self) {
+    fn stop(&self) {
         self.pool.close();
         for task in self.background.lock().drain(..) {
             task.abort();
@@ -568,6 +694,6 @@ impl Postgres {
 
 impl Drop for Postgres {
     fn drop(&mut self) {
-        self.close();
+        self.stop();
     }
 }
