@@ -477,25 +477,12 @@ fn poll_once<F: Future>(future: std::pin::Pin<&mut F>) -> Poll<F::Output> {
     future.poll(&mut Context::from_waker(Waker::noop()))
 }
 
-/// The defect that fails `each_of_64_waiters_is_served_once` on PostgreSQL.
-/// The defect that hangs `consumers_timing_out_lose_nothing` on PostgreSQL in a debug build.
-const TIMEOUTS_HANG: &str = "defect: in a debug build, consumers whose dequeue futures are \
-     dropped by a timeout of a few ms while their look is in flight make no progress on \
-     PostgreSQL: the case is still running after 120 s (it passes in a release build; the same \
-     on the code before the seam)";
-
 fn main() -> std::process::ExitCode {
     common::engines::main(vec![
         engine_case!(async waiter_is_woken_by_commit),
         engine_case!(async each_of_64_waiters_is_served_once),
         engine_case!(async waiters_are_served_first_come_first_served),
-        {
-            let case = engine_case!(async consumers_timing_out_lose_nothing);
-            match cfg!(debug_assertions) {
-                true => case.ignore_on("postgres", TIMEOUTS_HANG),
-                false => case,
-            }
-        },
+        engine_case!(async consumers_timing_out_lose_nothing),
         engine_case!(async dropping_a_served_future_puts_the_item_back),
         engine_case!(async try_dequeue_does_not_jump_the_line),
         engine_case!(blocking_dequeue_is_woken_by_commit),

@@ -292,14 +292,28 @@ pub(super) async fn take(
     if held.client.is_none() {
         held.client = Some(pool.get().await.map_err(|e| pg("dequeue", e))?);
     }
+    // Open from before the `BEGIN` is sent: a call cancelled half way rolls back whatever
+    // it began (a `ROLLBACK` with nothing begun is harmless).
+    let was_open = std::mem::replace(&mut held.open, true);
     let client = held.client()?;
     // Prepared once per connection (deadpool's statement cache).
-    let statement = client
+    let statement = match client
         .prepare_cached(if n == 1 { &sql.take_one } else { &sql.take })
         .await
-        .map_err(|e| pg("dequeue", e))?;
+    {
+        Ok(statement) => statement,
+        Err(e) => {
+            // Inside a database transaction a failed statement aborts it; outside, nothing
+            // was begun.
+            match was_open {
+                true => held.failed = true,
+                false => held.open = false,
+            }
+            return Err(pg("dequeue", e));
+        }
+    };
     let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] = [&queue, &n, &now];
-    let rows = if held.open {
+    let rows = if was_open {
         client.query(&statement, &params).await
     } else {
         // `BEGIN` and the first dequeue pipelined (one round trip), the dequeue prepared. If
@@ -309,11 +323,17 @@ pub(super) async fn take(
             client.simple_query(begin),
             client.query(&statement, &params)
         );
-        let begun = begun.map_err(|e| pg("dequeue", e))?;
-        let pid = begun_pid(sql, client, known, &begun);
-        held.open = true;
-        held.pid = pid;
-        rows
+        match begun {
+            Ok(begun) => {
+                let pid = begun_pid(sql, client, known, &begun);
+                held.pid = pid;
+                rows
+            }
+            Err(e) => {
+                held.failed = true;
+                return Err(pg("dequeue", e));
+            }
+        }
     };
     let mut taken = match rows {
         Ok(rows) => rows

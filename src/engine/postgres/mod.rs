@@ -169,6 +169,26 @@ impl Calls {
     }
 }
 
+/// A call's task, aborted when its caller's future drops this.
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> std::future::Future for AbortOnDrop<T> {
+    type Output = std::result::Result<T, tokio::task::JoinError>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        std::pin::Pin::new(&mut self.0).poll(cx)
+    }
+}
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// How long a close waits for the calls in flight to finish before it stops the runtime
 /// (they are cancelled then).
 const CLOSE_DRAIN: Duration = Duration::from_secs(30);
@@ -330,28 +350,52 @@ impl Postgres {
         listener::watched(&self.rt, ack, timeout).await;
     }
 
-    /// Runs `task` on the store's runtime.
+    /// Runs `task` on the store's runtime. A task whose caller's future is dropped runs on
+    /// to its end.
     async fn run<T: Send + 'static>(
         &self,
         task: impl std::future::Future<Output = Result<T>> + Send + 'static,
     ) -> Result<T> {
+        let handle = self.spawn_call(task)?;
+        self.joined(handle.await)
+    }
+
+    /// [`run`](Self::run) for a task that is cancelled (at its next await) when its
+    /// caller's future is dropped; one that is leaked runs to its end.
+    async fn run_cancellable<T: Send + 'static>(
+        &self,
+        task: impl std::future::Future<Output = Result<T>> + Send + 'static,
+    ) -> Result<T> {
+        let handle = AbortOnDrop(self.spawn_call(task)?);
+        self.joined(handle.await)
+    }
+
+    /// Spawns `task` on the store's runtime, counted among its calls (see [`Calls`]).
+    fn spawn_call<T: Send + 'static>(
+        &self,
+        task: impl std::future::Future<Output = Result<T>> + Send + 'static,
+    ) -> Result<tokio::task::JoinHandle<Result<T>>> {
         let call = self.calls.start()?;
-        let calls = Arc::clone(&self.calls);
-        self.rt
-            .spawn(async move {
-                let done = task.await;
-                drop(call);
-                done
-            })
-            .await
-            .map_err(|e| match calls.closing.load(Ordering::Acquire) {
-                // Cancelled by a close that waited for it in vain.
-                true => Error::Closed,
-                false => Error::Postgres {
-                    operation: "run",
-                    source: Arc::new(e),
-                },
-            })?
+        Ok(self.rt.spawn(async move {
+            let done = task.await;
+            drop(call);
+            done
+        }))
+    }
+
+    /// What a call's task gave, or why it gave nothing.
+    fn joined<T>(
+        &self,
+        joined: std::result::Result<Result<T>, tokio::task::JoinError>,
+    ) -> Result<T> {
+        joined.map_err(|e| match self.calls.closing.load(Ordering::Acquire) {
+            // Cancelled by a close that waited for it in vain.
+            true => Error::Closed,
+            false => Error::Postgres {
+                operation: "run",
+                source: Arc::new(e),
+            },
+        })?
     }
 
     pub(crate) fn catalog(&self) -> &Catalog {
@@ -439,8 +483,10 @@ impl Postgres {
         let pool = self.pool.clone();
         let sql = Arc::clone(&self.sql);
         let now = self.now_param();
+        // Cancelled with the call's future (a consumer that gives up): a look nobody waits
+        // for any more is not left to queue for a connection. One leaked runs to its end.
         let taken = self
-            .run(async move {
+            .run_cancellable(async move {
                 let taken = take(&pool, &sql, &mut held, queue, n, now).await;
                 if began
                     && held.held == 0
