@@ -166,12 +166,9 @@ impl Transaction {
     /// # Ok(()) }
     /// ```
     pub async fn commit(mut self) -> Result<()> {
-        let (enqueued, dequeued, started) = self.tally();
+        let tally = self.tally();
         let outcome = self.engine.commit(&mut self.work).await;
-        self.engine
-            .metrics
-            .commit(outcome.is_ok(), enqueued, dequeued, started);
-        outcome
+        self.counted(tally, outcome)
     }
 
     /// What a commit moves, for the metrics, and when it started if it is timed.
@@ -181,6 +178,19 @@ impl Transaction {
         let (enqueued, dequeued) = work.tally();
         let started = self.engine.is_durable().then(std::time::Instant::now);
         (enqueued, dequeued, started)
+    }
+
+    /// A commit's `outcome`, counted by the metrics with what it moved (its [`tally`](Self::tally)).
+    #[inline]
+    fn counted(
+        &self,
+        (enqueued, dequeued, started): (usize, usize, Option<std::time::Instant>),
+        outcome: Result<()>,
+    ) -> Result<()> {
+        self.engine
+            .metrics
+            .commit(outcome.is_ok(), enqueued, dequeued, started);
+        outcome
     }
 
     /// [`commit`](Transaction::commit) for threads: blocks until the commit is durable.
@@ -201,8 +211,10 @@ impl Transaction {
     /// assert_eq!(q.blocking_count()?, 1);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn blocking_commit(self) -> Result<()> {
-        block_on(self.commit())
+    pub fn blocking_commit(mut self) -> Result<()> {
+        let tally = self.tally();
+        let outcome = self.engine.blocking_commit(&mut self.work);
+        self.counted(tally, outcome)
     }
 
     /// Discards the enqueues and puts the dequeued items back at the front of their queues,

@@ -289,18 +289,15 @@ mod cases {
         assert_eq!(jobs.blocking_count().unwrap(), 5, "each item once");
     }
 
-    /// Waits until a consumer of `schema` has looked for an item and found none: its
-    /// transaction's session is idle inside the transaction its dequeue began. A commit after
-    /// this has to wake it (a wake before it waits is kept for it).
-    fn looked(server: &PgServer, schema: &str) {
+    /// Waits until the consumer of `q` has looked for an item and found none (it is counted
+    /// among the waiters then). A commit after this has to wake it (a wake before it waits
+    /// is kept for it; one of another store before the listener's lock is seen by the look
+    /// the consumer makes once the lock is held).
+    fn looked(q: &reliable_queue::ReliableConcurrentQueue<u64>) {
         let deadline = Instant::now() + WAKE_BOUND;
-        let sql = format!(
-            "SELECT count(*) FROM pg_stat_activity WHERE state = 'idle in transaction' \
-             AND query LIKE '%DELETE FROM \"{schema}\".items%'"
-        );
-        while query(server.url(), &sql)[0] == "0" {
+        while q.waiters() == 0 {
             assert!(Instant::now() < deadline, "the consumer looks");
-            std::thread::sleep(Duration::from_millis(5));
+            std::thread::yield_now();
         }
     }
 
@@ -339,7 +336,7 @@ mod cases {
                 let (store, q) = (store.clone(), q.clone());
                 waiting_consumer(store, q)
             };
-            looked(server, "own_wake");
+            looked(&q);
             let mut tx = store.begin();
             q.enqueue(&mut tx, round).unwrap();
             tx.blocking_commit().unwrap();
@@ -360,7 +357,7 @@ mod cases {
             let (store, q) = (store.clone(), q.clone());
             waiting_consumer(store, q)
         };
-        looked(server, "own_delay");
+        looked(&q);
         let mut tx = store.begin();
         q.enqueue_after(&mut tx, 7, Duration::from_millis(200))
             .unwrap();
@@ -380,7 +377,7 @@ mod cases {
             let (store, q) = (consumer_store.clone(), q.clone());
             waiting_consumer(store, q)
         };
-        looked(server, &schema);
+        looked(&q);
         let p = producer_store.blocking_queue::<u64>("q").unwrap();
         let mut tx = producer_store.begin();
         p.enqueue(&mut tx, 63).unwrap();

@@ -422,9 +422,17 @@ impl Engine {
         }
     }
 
-    /// [`commit`](Self::commit) for the engine's own threads (the timers').
+    /// [`commit`](Self::commit) for threads (a transaction's blocking form, the timers'):
+    /// on the embedded engines without a future where nothing needs waiting for.
     pub(crate) fn blocking_commit(&self, work: &mut Work) -> Result<()> {
-        block_on(self.commit(work))
+        #[cfg(feature = "postgres")]
+        if let Flavor::Postgres(_) = &self.flavor {
+            return block_on(self.commit(work));
+        }
+        match self.start_commit(work) {
+            Committing::Done(outcome) => outcome,
+            Committing::Waiting(reply) => block_on(sled::answer(reply)),
+        }
     }
 
     /// Applies `work` where that needs no waiting, or hands it to the engine.

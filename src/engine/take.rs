@@ -19,6 +19,8 @@ use std::pin::Pin;
 use super::postgres::{Postgres, Turn};
 
 #[cfg(feature = "postgres")]
+use super::block_on;
+#[cfg(feature = "postgres")]
 use super::Flavor;
 use super::{hold, poll_budget, Engine, Entry, QueueRef, Work};
 use crate::core::Request;
@@ -36,43 +38,51 @@ impl Engine {
         queue: &QueueRef,
         work: &mut Work,
         n: usize,
+        each: impl FnMut(&Entry) -> Result<()>,
+    ) -> Result<usize> {
+        #[cfg(feature = "postgres")]
+        if let Flavor::Postgres(pg) = &self.flavor {
+            // Boxed: the embedded engines' take must not carry the statement's future.
+            return Box::pin(self.take_from_postgres(pg, queue, work, n, each)).await;
+        }
+        self.take_now(queue, work, n, each)
+    }
+
+    /// [`take`](Self::take) for threads: on the embedded engines without a future.
+    pub(crate) fn blocking_take(
+        &self,
+        queue: &QueueRef,
+        work: &mut Work,
+        n: usize,
+        each: impl FnMut(&Entry) -> Result<()>,
+    ) -> Result<usize> {
+        #[cfg(feature = "postgres")]
+        if let Flavor::Postgres(_) = &self.flavor {
+            return block_on(self.take(queue, work, n, each));
+        }
+        self.take_now(queue, work, n, each)
+    }
+
+    /// The embedded engines' take, from the in-memory core: ready at once.
+    fn take_now(
+        &self,
+        queue: &QueueRef,
+        work: &mut Work,
+        n: usize,
         mut each: impl FnMut(&Entry) -> Result<()>,
     ) -> Result<usize> {
         work.withdraw_leaked();
         self.check_open()?;
         work.check_live()?;
-        match &self.flavor {
-            #[cfg(feature = "postgres")]
-            Flavor::Postgres(pg) => {
-                // This process's waiters first: a waiter woken for an item and still to
-                // look has it (see `Waiters`).
-                let id = pg.db_id(&queue.core)?;
-                let turn = pg.line().try_turn(id);
-                if turn == Turn::Wait {
-                    return Ok(0);
-                }
-                // Boxed: the embedded engines' take must not carry the statement's future.
-                let taken = Box::pin(self.take_on_postgres(pg, queue, work, n, None)).await?;
-                if turn == Turn::Taken && !taken.is_empty() {
-                    pg.line().pass_on(id);
-                }
-                for entry in &taken {
-                    each(entry)?;
-                }
-                Ok(taken.len())
-            }
-            _ => {
-                let mut count = 0;
-                while count < n {
-                    let Some(entry) = queue.core.try_take() else {
-                        break;
-                    };
-                    count += 1;
-                    each(hold(work, queue, entry))?;
-                }
-                Ok(count)
-            }
+        let mut count = 0;
+        while count < n {
+            let Some(entry) = queue.core.try_take() else {
+                break;
+            };
+            count += 1;
+            each(hold(work, queue, entry))?;
         }
+        Ok(count)
     }
 
     /// A waiting take of the first item of any of `queues` (tried in their order; each with
@@ -268,6 +278,34 @@ fn poll_core<'a>(
 
 #[cfg(feature = "postgres")]
 impl Engine {
+    /// PostgreSQL's [`take`](Engine::take): this process's waiters first (a waiter woken
+    /// for an item and still to look has it: see `Waiters`), then the statement.
+    async fn take_from_postgres(
+        &self,
+        pg: &Postgres,
+        queue: &QueueRef,
+        work: &mut Work,
+        n: usize,
+        mut each: impl FnMut(&Entry) -> Result<()>,
+    ) -> Result<usize> {
+        work.withdraw_leaked();
+        self.check_open()?;
+        work.check_live()?;
+        let id = pg.db_id(&queue.core)?;
+        let turn = pg.line().try_turn(id);
+        if turn == Turn::Wait {
+            return Ok(0);
+        }
+        let taken = self.take_on_postgres(pg, queue, work, n, None).await?;
+        if turn == Turn::Taken && !taken.is_empty() {
+            pg.line().pass_on(id);
+        }
+        for entry in &taken {
+            each(entry)?;
+        }
+        Ok(taken.len())
+    }
+
     /// PostgreSQL's take: up to `n` items at the head of `queue` into `work`'s database
     /// transaction, in queue order.
     async fn take_on_postgres(
@@ -285,9 +323,10 @@ impl Engine {
         taken
     }
 
-    /// PostgreSQL's waiting take: looks in each queue in order; if none has an item, waits
-    /// for a notification of a commit to any of them (woken one at a time with this store's
-    /// other consumers), the fallback poll or `deadline`, and looks again.
+    /// PostgreSQL's waiting take: in the line of each queue (see `Waiters`), looks in each
+    /// queue in order where no woken waiter is ahead of it; if none has an item, sleeps
+    /// until a commit to any of them wakes it, the fallback poll or `deadline`, and looks
+    /// again.
     async fn wait_on_postgres<'a>(
         &self,
         pg: &Postgres,

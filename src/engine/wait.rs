@@ -34,20 +34,34 @@ impl Wake for Unparker {
     }
 }
 
-/// Runs `future` to completion on the calling thread: the blocking form of an async call.
+/// Runs `future` to completion on the calling thread: the blocking form of an async call
+/// that does not wait for an item (for one that does, [`block_on_until`]).
 ///
-/// Between polls the thread parks at once. Measured on the durable benches (2 CPUs), this
-/// beats yielding the processor a few times first: with 16 + 16 committing threads, 28.6k
-/// against 21-23k one-item commits/s, and 517k against 467-491k items/s with 4 + 4 threads
-/// and 64-item transactions (`BENCHMARKS.md`). The future runs outside tokio's cooperative
-/// budget: a thread has no task to yield to.
+/// First one poll with a waker that does nothing: on the embedded engines most calls are
+/// ready at once, and then cost no more than that poll. A future that is not ready is polled
+/// again at once with the thread's waker (each of its resources keeps the waker of its
+/// latest poll), and from then on the thread parks between polls. Measured on the durable
+/// benches (2 CPUs), parking at once beats yielding the processor a few times first: with
+/// 16 + 16 committing threads, 28.6k against 21-23k one-item commits/s, and 517k against
+/// 467-491k items/s with 4 + 4 threads and 64-item transactions (`BENCHMARKS.md`). The
+/// future runs outside tokio's cooperative budget: a thread has no task to yield to (a first
+/// poll refused by a spent budget only costs that poll).
 pub(crate) fn block_on<F: Future>(future: F) -> F::Output {
+    let mut future = pin!(future);
+    if let Poll::Ready(out) = future
+        .as_mut()
+        .poll(&mut Context::from_waker(Waker::noop()))
+    {
+        return out;
+    }
     block_on_until(future, None)
 }
 
-/// [`block_on`] for a future that resolves by itself once `deadline` passes but is not woken
-/// then (an embedded [`Wait`](super::Wait)): the thread parks until woken or the deadline,
-/// whichever comes first, and polls again.
+/// [`block_on`] for a waiting take (an embedded [`Wait`](super::Wait)), polled from the first
+/// with the thread's waker: a waiting take's poll that finds nothing is a miss
+/// (`core/waiters.rs`), so a first poll with a waker of no use would count one miss too many.
+/// Such a future resolves by itself once `deadline` passes but is not woken then: the thread
+/// parks until woken or the deadline, whichever comes first, and polls again.
 pub(crate) fn block_on_until<F: Future>(future: F, deadline: Option<Instant>) -> F::Output {
     let mut future = pin!(coop::unconstrained(future));
     // One poll per wake-up, each with the thread's waker: a waiting take's poll that finds

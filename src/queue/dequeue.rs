@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use crate::engine::block_on_until;
 use crate::engine::take::{no_item_without_deadline, Wait};
-use crate::engine::{block_on, block_on_until};
 use crate::error::Result;
 use crate::queue::ReliableConcurrentQueue;
 use crate::transaction::Transaction;
@@ -155,11 +155,19 @@ where
     ///   queue after a restart. Only a leaked future whose transaction is leaked too (or kept
     ///   unused) while every other consumer sleeps keeps its item until the next miss.
     ///
+    /// On PostgreSQL the line is this process's and a commit hands the oldest waiter its
+    /// *turn*, not the item: the item stays visible until the waiter looks, the same misses
+    /// take the turn, and another process's consumer may take the item first (ARCHITECTURE.md,
+    /// "Waiting dequeue").
+    ///
     /// # Cancel safety
     ///
     /// Cancel-safe. Dropping the future at any point loses nothing: if an item had already
     /// been handed to it, the item goes back to the front of the queue (or to the next
-    /// waiter), and the transaction is left as it was before the call.
+    /// waiter), and the transaction is left as it was before the call. On PostgreSQL, one
+    /// dropped while its look is in flight leaves the transaction aborted (its later calls
+    /// and commit fail with [`Error::TransactionAborted`](crate::Error::TransactionAborted);
+    /// ARCHITECTURE.md, "Cancelled calls").
     ///
     /// # Errors
     ///
@@ -236,7 +244,7 @@ where
     /// # Ok::<(), reliable_queue::Error>(())
     /// ```
     pub fn blocking_dequeue(&self, tx: &mut Transaction) -> Result<T> {
-        block_on(self.dequeue(tx))
+        block_on_until(self.dequeue(tx), None)
     }
 
     /// Like [`blocking_dequeue`](Self::blocking_dequeue), giving up after `timeout`:

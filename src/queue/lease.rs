@@ -11,7 +11,7 @@ use serde::Serialize;
 use crate::clock::system_time;
 use crate::engine::proc::{check_reason, Granted, Proc};
 use crate::engine::take::no_item_without_deadline;
-use crate::engine::{block_on, Engine};
+use crate::engine::{block_on, block_on_until, Engine};
 use crate::error::{Error, Result};
 use crate::processing::check_ttl;
 use crate::queue::ReliableConcurrentQueue;
@@ -375,7 +375,7 @@ where
     ///
     /// As [`lease`](Self::lease).
     pub fn blocking_lease(&self, ttl: Duration) -> Result<Lease<T>> {
-        block_on(self.lease(ttl))
+        block_on_until(self.lease(ttl), None)
     }
 
     /// Leases up to `n` items at once, in one durable write: waits for the first, then takes
@@ -412,7 +412,7 @@ where
     ///
     /// As [`lease`](Self::lease).
     pub fn blocking_lease_many(&self, n: usize, ttl: Duration) -> Result<Vec<Lease<T>>> {
-        block_on(self.lease_many(n, ttl))
+        block_on_until(self.lease_many(n, ttl), None)
     }
 
     /// Commits `tx` and, in the same durable write, leases up to `n` more items of this queue

@@ -285,10 +285,7 @@ where
         self.check(tx)?;
         let mut item = None;
         self.engine
-            .take(&self.queue, tx.work_mut(), 1, |entry| {
-                item = Some(self.decode(entry)?);
-                Ok(())
-            })
+            .take(&self.queue, tx.work_mut(), 1, self.decode_into(&mut item))
             .await?;
         Ok(item)
     }
@@ -312,7 +309,11 @@ where
     /// # Ok::<(), reliable_queue::Error>(())
     /// ```
     pub fn blocking_try_dequeue(&self, tx: &mut Transaction) -> Result<Option<T>> {
-        block_on(self.try_dequeue(tx))
+        self.check(tx)?;
+        let mut item = None;
+        self.engine
+            .blocking_take(&self.queue, tx.work_mut(), 1, self.decode_into(&mut item))?;
+        Ok(item)
     }
 
     /// Takes up to `n` items from the front of the queue into the transaction, as many calls
@@ -365,6 +366,15 @@ where
     }
 
     /// Decodes an entry the transaction now holds.
+    /// What [`try_dequeue`](Self::try_dequeue) hands the engine's take: decodes the entry
+    /// into `item`.
+    fn decode_into<'a>(&'a self, item: &'a mut Option<T>) -> impl FnMut(&Entry) -> Result<()> + 'a {
+        move |entry| {
+            *item = Some(self.decode(entry)?);
+            Ok(())
+        }
+    }
+
     pub(crate) fn decode(&self, entry: &Entry) -> Result<T> {
         codec::decode(&entry.bytes).map_err(|e| Error::Deserialize {
             queue: self.name().to_owned(),
