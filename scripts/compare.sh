@@ -66,7 +66,8 @@ for round in $(seq 1 "$rounds"); do
 done
 
 # Criterion prints an id (on its own line or first on the `time:` line), then
-# `thrpt: [low median high]`; a later `thrpt:` with percentages is the change line.
+# `thrpt: [low median high]`; a later `thrpt:` with percentages is the change line. A
+# benchmark that sets no throughput is compared by operations per second, 1 / its time.
 awk '
     function per_second(v, u) {
         if (u ~ /^K/) return v * 1e3
@@ -82,7 +83,24 @@ awk '
     FNR == 1 { side = FILENAME; sub(/^.*\//, "", side); sub(/-.*$/, "", side) }
     /^Benchmarking/ { next }
     /^[^ ]/ && NF == 1 { last = $1; next }
-    /time:/ { id = ($1 == "time:") ? last : $1; next }
+    function in_ns(v, u) {
+        if (u == "ps") return v / 1e3
+        if (u == "ns") return v
+        if (u == "µs" || u == "us") return v * 1e3
+        if (u == "ms") return v * 1e6
+        if (u == "s") return v * 1e9
+        return -1
+    }
+    /time:/ {
+        id = ($1 == "time:") ? last : $1
+        t = $0; sub(/^.*time: *\[/, "", t); split(t, f, " ")
+        ns = in_ns(f[3], f[4])
+        if (ns > 0) {
+            if (!(id in seen)) { seen[id] = 1; ids[++n] = id }
+            times[side, id] = times[side, id] " " ns
+        }
+        next
+    }
     /thrpt:/ {
         sub(/^.*thrpt: *\[/, ""); split($0, f, " ")
         if (f[4] !~ /\/s$/) next
@@ -94,6 +112,12 @@ awk '
         print "|---|---:|---:|---:|---:|"
         for (i = 1; i <= n; i++) {
             id = ids[i]; b = runs["before", id]; a = runs["after", id]
+            # A benchmark without a throughput: operations per second from its time.
+            if (b == "" && a == "" && times["before", id] != "" && times["after", id] != "") {
+                split(times["before", id], tb, " "); split(times["after", id], ta, " ")
+                for (k in tb) b = b " " 1e9 / tb[k]
+                for (k in ta) a = a " " 1e9 / ta[k]
+            }
             if (b == "" || a == "") continue
             mb = median(b); ma = median(a)
             printf "| %s | %.0f | %.0f | %.3f | %d/%d |\n", id, mb, ma, ma / mb, split(b, x, " "), split(a, y, " ")

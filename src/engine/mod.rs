@@ -489,7 +489,7 @@ impl Engine {
         #[cfg(feature = "postgres")]
         if let Flavor::Postgres(pg) = &self.flavor {
             let mut work = work;
-            postgres_calls::give_back_acked(pg, &work.moves);
+            self.give_back_acked(&work.moves);
             if self.settle_deadline(&mut work).is_err() {
                 // Past its deadline: rolled back already (its session ended).
                 drop_expired(work);
@@ -509,8 +509,8 @@ impl Engine {
     #[inline]
     pub(crate) fn discard(&self, mut work: Work) {
         #[cfg(feature = "postgres")]
-        if let (Flavor::Postgres(pg), false) = (&self.flavor, work.moves.is_empty()) {
-            postgres_calls::give_back_acked(pg, &work.moves);
+        if let (Flavor::Postgres(_), false) = (&self.flavor, work.moves.is_empty()) {
+            self.give_back_acked(&work.moves);
         }
         match self.settle_deadline(&mut work) {
             Ok(()) => abort(work),

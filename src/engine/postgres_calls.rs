@@ -181,7 +181,7 @@ impl Engine {
                 if turn == Turn::Wait {
                     continue;
                 }
-                let granted = pg.lease(&queue.core, n, ttl).await?;
+                let granted = pg.lease(&queue.core, n, ttl, None).await?;
                 if !granted.is_empty() {
                     if turn == Turn::Taken {
                         pg.line().pass_on(id);
@@ -198,12 +198,13 @@ impl Engine {
                 if !line.may_look(i) {
                     continue;
                 }
-                let granted = pg.lease(&queue.core, n, ttl).await?;
+                let granted = pg
+                    .lease(&queue.core, n, ttl, Some(line.seats().ticket()))
+                    .await?;
                 if !granted.is_empty() {
                     line.took(i);
                     return Ok(Some((index, queue, granted)));
                 }
-                line.missed(i);
             }
             if line.watched().await {
                 continue;
@@ -299,8 +300,8 @@ impl InLine<'_> {
             match self.pg.line().turn(id, ticket) {
                 Turn::Look | Turn::Taken => return true,
                 Turn::Wait => {
-                    // Waiting behind a woken consumer: counted as one that found nothing.
-                    self.pg.line().missed(id, ticket);
+                    // Waiting behind one that holds the line up: counted as waiting.
+                    self.pg.line().waits(id, ticket);
                     return false;
                 }
                 Turn::Gone => {
@@ -311,12 +312,6 @@ impl InLine<'_> {
             }
         }
         true
-    }
-
-    /// The consumer looked in its `i`th queue and found nothing (for the looks whose task
-    /// does not note it: see `Waiters::missed`).
-    pub(crate) fn missed(&self, i: usize) {
-        self.pg.line().missed(self.queues[i].1, self.seats.ticket());
     }
 
     /// Waits for the listener to watch the queues whose line this consumer started (at
@@ -358,10 +353,19 @@ impl InLine<'_> {
     }
 }
 
-/// Gives back at once, as dropped leases, the leases that `moves` of a transaction that
-/// does not commit acknowledged (P5, P10, S4: what undoing an ack does on the embedded
-/// engines).
-pub(crate) fn give_back_acked(pg: &Postgres, moves: &[Move]) {
+impl Engine {
+    /// Gives back at once, as dropped leases, the leases that `moves` of a transaction that
+    /// does not commit acknowledged (P5, P10, S4: what undoing an ack does on the embedded
+    /// engines). Nothing on the embedded engines, whose undo does it.
+    pub(crate) fn give_back_acked(&self, moves: &[Move]) {
+        if let super::Flavor::Postgres(pg) = &self.flavor {
+            give_back_acked(pg, moves);
+        }
+    }
+}
+
+/// [`Engine::give_back_acked`] on PostgreSQL.
+fn give_back_acked(pg: &Postgres, moves: &[Move]) {
     for mv in moves {
         if let MoveKind::Ack { token, .. } = mv.kind {
             pg.drop_lease(token);

@@ -280,7 +280,7 @@ impl Drop for PgTx {
 }
 
 /// The dequeue statement in `held`'s transaction (a connection taken and `BEGIN` sent first
-/// if need be).
+/// if need be); nothing, before any statement is sent, once `gone` says nobody waits for it.
 pub(super) async fn take(
     pool: &Pool,
     sql: &Sql,
@@ -288,9 +288,16 @@ pub(super) async fn take(
     queue: i32,
     n: i64,
     now: Option<i64>,
+    gone: &(dyn Fn() -> bool + Send + Sync),
 ) -> Result<Vec<Entry>> {
+    if gone() {
+        return Ok(Vec::new());
+    }
     if held.client.is_none() {
         held.client = Some(pool.get().await.map_err(|e| pg("dequeue", e))?);
+    }
+    if gone() {
+        return Ok(Vec::new());
     }
     // Open from before the `BEGIN` is sent: a call cancelled half way rolls back whatever
     // it began (a `ROLLBACK` with nothing begun is harmless).

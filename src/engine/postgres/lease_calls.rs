@@ -37,13 +37,29 @@ const DELAY: &str = "a delay passed to the engine is at most MAX_DELAY";
 impl Postgres {
     /// Leases up to `n` visible items of `core`'s queue for `ttl` ms, in one autocommitted
     /// statement (durable when this returns); none if nothing is visible.
-    pub(crate) async fn lease(&self, core: &QueueCore, n: usize, ttl: u64) -> Result<Vec<Granted>> {
+    pub(crate) async fn lease(
+        &self,
+        core: &QueueCore,
+        n: usize,
+        ttl: u64,
+        waiter: Option<u64>,
+    ) -> Result<Vec<Granted>> {
         let queue = self.db_id(core)?;
         let (n, now, ttl) = (up_to(n), self.now_param(), int8(ttl, TTL)?);
         let (pool, sql) = (self.pool.clone(), Arc::clone(&self.sql));
+        let waiters = Arc::clone(&self.waiters);
         self.run(async move {
-            let client = pool.get().await.map_err(|e| pg("lease", e))?;
-            lease_on(&client, &sql, queue, n, now, ttl).await
+            let granted = async {
+                let client = pool.get().await.map_err(|e| pg("lease", e))?;
+                lease_on(&client, &sql, queue, n, now, ttl).await
+            }
+            .await;
+            // The waiter's look ended (noted here: see `Waiters::looked`).
+            if let Some(ticket) = waiter {
+                let took = granted.as_ref().is_ok_and(|g| !g.is_empty());
+                waiters.looked(queue, ticket, took);
+            }
+            granted
         })
         .await
     }

@@ -21,12 +21,15 @@ use crate::sync::process::Mutex;
 /// and the line to the listener task.
 ///
 /// The line is how this process keeps first come, first served among its own consumers
-/// (FoundationDB's staging, with wake-ups in the place of items): a commit to a queue wakes
-/// the first waiter of its line that is not woken yet; a woken waiter looks, and one that
-/// took an item wakes the next, as the commit may have brought more. Until a woken waiter has
-/// looked, a `try_dequeue` (or a waiter behind it that was not woken) of this process finds
-/// nothing; its second such miss takes the woken waiter's turn away, so that a leaked or
-/// stalled waiter holds nothing up for long (the embedded engines' rule for an item handed
+/// (FoundationDB's staging, with the waiter's turn in the place of the item): a commit to a
+/// queue wakes the first waiter of its line that is not woken yet; woken waiters look one
+/// after the other, in their order (a woken waiter behind one that is still to look, or is
+/// looking, waits for it), and one that took an item wakes the next, as the commit may have
+/// brought more. While a waiter is woken or looking, this process's other takes of the queue
+/// (a `try_dequeue`, a waiter behind it) find nothing; behind a waiter that is woken and has
+/// not started to look each is a *miss*, and the second miss since it was woken takes its
+/// turn away (it leaves the line), so that a leaked or stalled waiter holds nothing up for
+/// long (the embedded engines' rule for an item handed
 /// to a request nobody polls). Other processes' consumers are not in the line: between
 /// processes, order is best effort.
 #[derive(Debug)]
@@ -46,19 +49,34 @@ struct Lines {
 #[derive(Debug, Default)]
 struct Line {
     places: VecDeque<Place>,
-    /// Misses (a take that found a woken waiter ahead of it) since the oldest woken waiter
-    /// was woken; the second takes its turn.
-    misses: u8,
+    /// A miss just took a woken waiter's turn, and no other is woken: the waiter woken next
+    /// (by the take that follows) has one miss counted already, so that `n` stalled waiters
+    /// lose their turns to `n + 1` misses, as on the embedded engines.
+    taken: bool,
 }
 
 #[derive(Debug)]
 struct Place {
     ticket: u64,
     wake: Arc<Notify>,
-    /// Woken by a commit (or a waiter before it that took an item), and not looked since.
+    /// Woken by a commit (or a waiter before it that took an item), and not looking yet.
     woken: bool,
-    /// Has looked and found nothing: counted among the queue's waiters from then on.
+    /// Looking for an item now (between its turn and the look's end).
+    looking: bool,
+    /// Misses since it was woken: the second takes its turn.
+    misses: u8,
+    /// Has counted a miss against a waiter ahead since its own last look.
+    missed: bool,
+    /// Has looked and found nothing (or was told to wait): counted among the queue's
+    /// waiters from then on.
     counted: bool,
+}
+
+impl Place {
+    /// Holds the line up: the takes behind it wait for it.
+    fn holds_up(&self) -> bool {
+        self.woken || self.looking
+    }
 }
 
 /// What a take on a queue may do now (see [`Waiters`]).
@@ -66,10 +84,10 @@ struct Place {
 pub(crate) enum Turn {
     /// Look.
     Look,
-    /// Look, in the turn of a woken waiter that did not look in time: an item taken wakes
-    /// the next waiter ([`Waiters::pass_on`]).
+    /// Look, in the turn of a waiter that did not take it in time: an item taken wakes the
+    /// next waiter ([`Waiters::pass_on`]).
     Taken,
-    /// Do not look: a woken waiter ahead has not looked yet.
+    /// Do not look: a waiter ahead is woken or looking.
     Wait,
     /// The waiter is not in the line any more (its turn was taken): it joins again, at its
     /// place.
@@ -77,40 +95,55 @@ pub(crate) enum Turn {
 }
 
 impl Line {
-    /// Wakes the first waiter not woken yet.
+    /// Wakes the first waiter not woken yet. One that is looking is woken too: its look
+    /// may have started before the change that wakes it, so it looks again.
     fn wake_next(&mut self) {
+        let misses = u8::from(std::mem::take(&mut self.taken));
         if let Some(place) = self.places.iter_mut().find(|p| !p.woken) {
             place.woken = true;
+            place.misses = misses;
             place.wake.notify_one();
         }
     }
 
-    /// A take that is not the woken waiters' (a `try_dequeue`, or a waiter not woken with a
-    /// woken one ahead of `ahead_of`): a miss, or on the second one the oldest woken
-    /// waiter's turn.
-    fn miss(&mut self, ahead_of: u64) -> Turn {
+    /// A look ended: the first woken waiter, if none ahead of it holds the line up any
+    /// more, may look now.
+    fn go_on(&self) {
+        if let Some(place) = self.places.iter().find(|p| p.holds_up()) {
+            if place.woken {
+                place.wake.notify_one();
+            }
+        }
+    }
+
+    /// A take held up by the first waiter ahead of `ahead_of` that holds the line up: it
+    /// waits for a waiter that is looking; for one that is woken and has not started to
+    /// look, it is a miss, and on the second one it takes that waiter's turn (the waiter
+    /// leaves the line).
+    fn miss(&mut self, ahead_of: u64) -> (Turn, bool) {
         let Some(at) = self
             .places
             .iter()
-            .position(|p| p.woken && p.ticket < ahead_of)
+            .position(|p| p.holds_up() && p.ticket < ahead_of)
         else {
-            return Turn::Look;
+            return (Turn::Look, false);
         };
-        self.misses = self.misses.saturating_add(1);
-        if self.misses < 2 {
-            return Turn::Wait;
+        let place = &mut self.places[at];
+        if !place.woken {
+            return (Turn::Wait, false);
         }
-        // The next woken waiter's turn is taken by the next miss after this one.
-        self.misses = 1;
+        place.misses = place.misses.saturating_add(1);
+        if place.misses < 2 {
+            return (Turn::Wait, true);
+        }
         self.places.remove(at);
-        Turn::Taken
-    }
-
-    /// No woken waiter left: the misses count for nothing any more.
-    fn settle(&mut self) {
-        if !self.places.iter().any(|p| p.woken) {
-            self.misses = 0;
+        // The next woken waiter, or the one the take that follows wakes, has had its first
+        // miss: misses take the turns of stalled waiters one each.
+        match self.places.iter_mut().find(|p| p.woken) {
+            Some(next) => next.misses = next.misses.max(1),
+            None => self.taken = true,
         }
+        (Turn::Taken, true)
     }
 }
 
@@ -166,6 +199,9 @@ impl Waiters {
                     ticket,
                     wake: Arc::clone(wake),
                     woken: false,
+                    looking: false,
+                    misses: 0,
+                    missed: false,
                     counted: false,
                 },
             );
@@ -179,28 +215,54 @@ impl Waiters {
         })
     }
 
-    /// May waiter `ticket` look in `queue` now? Looking, it is not woken any more.
+    /// May waiter `ticket` look in `queue` now? Behind one that holds the line up it waits
+    /// (and is told when to go on), counting a miss where that one has not started to look.
+    /// Looking, it is not woken any more.
     pub(crate) fn turn(&self, queue: i32, ticket: u64) -> Turn {
         let mut lines = self.lines.lock();
         let Some(line) = lines.queues.get_mut(&queue) else {
             return Turn::Gone;
         };
-        let Some(place) = line.places.iter_mut().find(|p| p.ticket == ticket) else {
+        let Some(me) = line.places.iter().position(|p| p.ticket == ticket) else {
             return Turn::Gone;
         };
-        if place.woken {
-            place.woken = false;
-            line.settle();
-            return Turn::Look;
+        let place = &line.places[me];
+        // Without a wake, only the first of the line looks again (at its fallback poll, or
+        // when the listener reconnects): the others have looked since they came, and a look
+        // of theirs could take the item a commit is about to hand the first.
+        if !place.woken && place.counted && me > 0 {
+            return Turn::Wait;
         }
-        line.miss(ticket)
+        // A waiter counts one miss per look: woken again while still held up, it waits
+        // without counting another.
+        let turn = match place.missed {
+            true if line.places.iter().take(me).any(Place::holds_up) => Turn::Wait,
+            _ => {
+                let (turn, counted) = line.miss(ticket);
+                if counted {
+                    if let Some(place) = line.places.iter_mut().find(|p| p.ticket == ticket) {
+                        place.missed = true;
+                    }
+                }
+                turn
+            }
+        };
+        if turn != Turn::Wait {
+            // Looked up again: a turn taken from the waiter ahead (`Taken`) removed it.
+            if let Some(place) = line.places.iter_mut().find(|p| p.ticket == ticket) {
+                place.woken = false;
+                place.looking = true;
+                place.missed = false;
+            }
+        }
+        turn
     }
 
     /// May a take that is not a waiter's (`try_dequeue`, a lease that does not wait) look
     /// in `queue` now?
     pub(crate) fn try_turn(&self, queue: i32) -> Turn {
         match self.lines.lock().queues.get_mut(&queue) {
-            Some(line) => line.miss(u64::MAX),
+            Some(line) => line.miss(u64::MAX).0,
             None => Turn::Look,
         }
     }
@@ -211,11 +273,12 @@ impl Waiters {
     pub(crate) fn pass_on(&self, queue: i32) {
         if let Some(line) = self.lines.lock().queues.get_mut(&queue) {
             line.wake_next();
+            line.go_on();
         }
     }
 
-    /// Takes waiter `ticket` out of `queue`'s line; if it was woken and had not looked, or
-    /// `took` an item, the next waiter is woken in its place.
+    /// Takes waiter `ticket` out of `queue`'s line; if it held the line up (woken, or
+    /// looking) or `took` an item, the next waiter is woken in its place.
     pub(super) fn leave(&self, queue: i32, ticket: u64, took: bool) {
         let empty = {
             let mut lines = self.lines.lock();
@@ -225,11 +288,11 @@ impl Waiters {
             let Some(at) = line.places.iter().position(|p| p.ticket == ticket) else {
                 return;
             };
-            let woken = line.places.remove(at).is_some_and(|p| p.woken);
-            if woken || took {
+            let held_up = line.places.remove(at).is_some_and(|p| p.holds_up());
+            if held_up || took {
                 line.wake_next();
+                line.go_on();
             }
-            line.settle();
             line.places.is_empty()
         };
         if empty {
@@ -237,10 +300,23 @@ impl Waiters {
         }
     }
 
-    /// Waiter `ticket` looked in `queue` and found nothing: it counts among the queue's
-    /// waiters from now on (noted by the look's task, so a waiter whose future is leaked
-    /// with its look in flight is counted as one that found nothing).
-    pub(crate) fn missed(&self, queue: i32, ticket: u64) {
+    /// Waiter `ticket`'s look in `queue` ended, having `took` an item or not (noted by the
+    /// look's task, so a waiter whose future is leaked with its look in flight holds nobody
+    /// up): one that found nothing counts among the queue's waiters from now on; the woken
+    /// waiter behind it may look.
+    pub(crate) fn looked(&self, queue: i32, ticket: u64, took: bool) {
+        if let Some(line) = self.lines.lock().queues.get_mut(&queue) {
+            if let Some(place) = line.places.iter_mut().find(|p| p.ticket == ticket) {
+                place.counted = !took;
+                place.looking = false;
+            }
+            line.go_on();
+        }
+    }
+
+    /// Waiter `ticket` waits behind one that holds the line up: it counts among the
+    /// queue's waiters.
+    pub(crate) fn waits(&self, queue: i32, ticket: u64) {
         if let Some(line) = self.lines.lock().queues.get_mut(&queue) {
             if let Some(place) = line.places.iter_mut().find(|p| p.ticket == ticket) {
                 place.counted = true;
@@ -277,6 +353,7 @@ impl Waiters {
     /// Items became visible in `queue`: its first waiter not woken yet is woken.
     fn wake_one(&self, queue: i32) {
         if let Some(line) = self.lines.lock().queues.get_mut(&queue) {
+            line.taken = false;
             line.wake_next();
         }
     }

@@ -169,26 +169,6 @@ impl Calls {
     }
 }
 
-/// A call's task, aborted when its caller's future drops this.
-struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
-
-impl<T> std::future::Future for AbortOnDrop<T> {
-    type Output = std::result::Result<T, tokio::task::JoinError>;
-
-    fn poll(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Self::Output> {
-        std::pin::Pin::new(&mut self.0).poll(cx)
-    }
-}
-
-impl<T> Drop for AbortOnDrop<T> {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
 /// How long a close waits for the calls in flight to finish before it stops the runtime
 /// (they are cancelled then).
 const CLOSE_DRAIN: Duration = Duration::from_secs(30);
@@ -360,16 +340,6 @@ impl Postgres {
         self.joined(handle.await)
     }
 
-    /// [`run`](Self::run) for a task that is cancelled (at its next await) when its
-    /// caller's future is dropped; one that is leaked runs to its end.
-    async fn run_cancellable<T: Send + 'static>(
-        &self,
-        task: impl std::future::Future<Output = Result<T>> + Send + 'static,
-    ) -> Result<T> {
-        let handle = AbortOnDrop(self.spawn_call(task)?);
-        self.joined(handle.await)
-    }
-
     /// Spawns `task` on the store's runtime, counted among its calls (see [`Calls`]).
     fn spawn_call<T: Send + 'static>(
         &self,
@@ -483,11 +453,14 @@ impl Postgres {
         let pool = self.pool.clone();
         let sql = Arc::clone(&self.sql);
         let now = self.now_param();
-        // Cancelled with the call's future (a consumer that gives up): a look nobody waits
-        // for any more is not left to queue for a connection. One leaked runs to its end.
         let taken = self
-            .run_cancellable(async move {
-                let taken = take(&pool, &sql, &mut held, queue, n, now).await;
+            .run(async move {
+                // A look whose caller has given up (its future dropped, not leaked) before
+                // the statement is sent is not made: a consumer that gives up often leaves
+                // no statements behind to hold connections. (Not cancelled outright: a
+                // connection being opened for it would be cut off half way.)
+                let gone = || back.is_closed();
+                let taken = take(&pool, &sql, &mut held, queue, n, now, &gone).await;
                 if began
                     && held.held == 0
                     && !held.failed
@@ -503,10 +476,9 @@ impl Postgres {
                 }
                 // Through the transaction: if it is gone, dropped here (rolled back).
                 drop(back.send(held));
-                if let (Some(ticket), Ok(taken)) = (waiter, &taken) {
-                    if taken.is_empty() {
-                        waiters.missed(queue, ticket);
-                    }
+                if let Some(ticket) = waiter {
+                    let took = taken.as_ref().is_ok_and(|t| !t.is_empty());
+                    waiters.looked(queue, ticket, took);
                 }
                 Ok(taken)
             })

@@ -92,6 +92,9 @@ impl CommitRequest {
 
 /// What the committer is asked to do.
 #[derive(Debug)]
+// The commit is the message nearly every send carries: boxing it would add an allocation
+// per commit for the sake of the rare small ones.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum Message {
     Commit(CommitRequest),
     /// Record a new queue (durably before answering, under `Durability::Sync`).
