@@ -183,7 +183,7 @@ impl Engine {
                 }
                 let granted = pg.lease(&queue.core, n, ttl, None).await?;
                 if !granted.is_empty() {
-                    if turn == Turn::Taken {
+                    if turn == (Turn::Taken { sure: false }) {
                         pg.line().pass_on(id);
                     }
                     return Ok(Some((index, queue, granted)));
@@ -298,7 +298,7 @@ impl InLine<'_> {
         let (id, ticket) = (self.queues[i].1, self.seats.ticket());
         for _ in 0..2 {
             match self.pg.line().turn(id, ticket) {
-                Turn::Look | Turn::Taken => return true,
+                Turn::Look | Turn::Taken { .. } => return true,
                 Turn::Wait => {
                     // Waiting behind one that holds the line up: counted as waiting.
                     self.pg.line().waits(id, ticket);

@@ -297,7 +297,7 @@ impl Engine {
             return Ok(0);
         }
         let taken = self.take_on_postgres(pg, queue, work, n, None).await?;
-        if turn == Turn::Taken && !taken.is_empty() {
+        if turn == (Turn::Taken { sure: false }) && !taken.is_empty() {
             pg.line().pass_on(id);
         }
         for entry in &taken {

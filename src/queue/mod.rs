@@ -163,7 +163,8 @@ impl<T> ReliableConcurrentQueue<T> {
     /// The number of consumers waiting in [`dequeue`](Self::dequeue) or
     /// [`blocking_dequeue`](Self::blocking_dequeue) (or a waiting lease) right now. A
     /// point-in-time figure. On PostgreSQL, this store's consumers only (other processes'
-    /// are not counted).
+    /// are not counted), and a consumer counts while it sleeps: not while it looks for an
+    /// item or has been woken to look.
     ///
     /// # Examples
     ///

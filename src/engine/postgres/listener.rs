@@ -21,15 +21,17 @@ use crate::sync::process::Mutex;
 /// and the line to the listener task.
 ///
 /// The line is how this process keeps first come, first served among its own consumers
-/// (FoundationDB's staging, with the waiter's turn in the place of the item): a commit to a
-/// queue wakes the first waiter of its line that is not woken yet; woken waiters look one
-/// after the other, in their order (a woken waiter behind one that is still to look, or is
-/// looking, waits for it), and one that took an item wakes the next, as the commit may have
-/// brought more. While a waiter is woken or looking, this process's other takes of the queue
-/// (a `try_dequeue`, a waiter behind it) find nothing; behind a waiter that is woken and has
-/// not started to look each is a *miss*, and the second miss since it was woken takes its
-/// turn away (it leaves the line), so that a leaked or stalled waiter holds nothing up for
-/// long (the embedded engines' rule for an item handed
+/// (FoundationDB's staging, with the waiter's turn in the place of the item): each item a
+/// commit of this store makes visible wakes the first waiter of its queue's line not woken
+/// for an item yet (a *sure* wake); a notification of another store's commit (one per
+/// commit) or a fallback poll wakes one waiter that, if it takes an item, wakes the next, as
+/// there may be more. Woken waiters look one after the other, in their order (a woken waiter
+/// behind one that is still to look, or is looking, waits for it). While a waiter is woken or
+/// looking, this process's other takes of the queue (a `try_dequeue`, a waiter behind it)
+/// find nothing; behind a waiter that is woken and has not started to look, a take of its
+/// own (not a waiter's, a waiter's first look, or one woken by a commit) is a *miss*, and the
+/// second miss since it was woken takes its turn away (it leaves the line), so that a leaked
+/// or stalled waiter holds nothing up for long (the embedded engines' rule for an item handed
 /// to a request nobody polls). Other processes' consumers are not in the line: between
 /// processes, order is best effort.
 #[derive(Debug)]
@@ -61,6 +63,12 @@ struct Place {
     wake: Arc<Notify>,
     /// Woken by a commit (or a waiter before it that took an item), and not looking yet.
     woken: bool,
+    /// Woken by a commit to the queue (an item is there for it), not only by a waiter
+    /// before it that took one (the commit may have brought more).
+    sure: bool,
+    /// Its look (or the one in flight) is for a commit's wake ([`Place::sure`]): an item it
+    /// takes is the one that commit woke it for, and nobody else need look.
+    turn_sure: bool,
     /// Looking for an item now (between its turn and the look's end).
     looking: bool,
     /// Misses since it was woken: the second takes its turn.
@@ -84,9 +92,10 @@ impl Place {
 pub(crate) enum Turn {
     /// Look.
     Look,
-    /// Look, in the turn of a waiter that did not take it in time: an item taken wakes the
-    /// next waiter ([`Waiters::pass_on`]).
-    Taken,
+    /// Look, in the turn of a waiter that did not take it in time; `sure` if a commit of
+    /// this store woke that waiter (an item was there for it). Where not, an item taken
+    /// wakes the next waiter ([`Waiters::pass_on`]), as there may be more.
+    Taken { sure: bool },
     /// Do not look: a waiter ahead is woken or looking.
     Wait,
     /// The waiter is not in the line any more (its turn was taken): it joins again, at its
@@ -95,13 +104,21 @@ pub(crate) enum Turn {
 }
 
 impl Line {
-    /// Wakes the first waiter not woken yet. One that is looking is woken too: its look
-    /// may have started before the change that wakes it, so it looks again.
-    fn wake_next(&mut self) {
+    /// Wakes the first waiter not woken yet (`sure`: by a commit, the first not woken by a
+    /// commit yet). One that is looking is woken too: its look may have started before the
+    /// change that wakes it, so it looks again.
+    fn wake_next(&mut self, sure: bool) {
         let misses = u8::from(std::mem::take(&mut self.taken));
-        if let Some(place) = self.places.iter_mut().find(|p| !p.woken) {
+        if let Some(place) = self
+            .places
+            .iter_mut()
+            .find(|p| !p.woken || (sure && !p.sure))
+        {
+            if !place.woken {
+                place.misses = misses;
+            }
             place.woken = true;
-            place.misses = misses;
+            place.sure |= sure;
             place.wake.notify_one();
         }
     }
@@ -118,9 +135,9 @@ impl Line {
 
     /// A take held up by the first waiter ahead of `ahead_of` that holds the line up: it
     /// waits for a waiter that is looking; for one that is woken and has not started to
-    /// look, it is a miss, and on the second one it takes that waiter's turn (the waiter
-    /// leaves the line).
-    fn miss(&mut self, ahead_of: u64) -> (Turn, bool) {
+    /// look, it is a miss where the take `counts` (see [`Waiters::turn`]), and on the
+    /// second one it takes that waiter's turn (the waiter leaves the line).
+    fn miss(&mut self, ahead_of: u64, counts: bool) -> (Turn, bool) {
         let Some(at) = self
             .places
             .iter()
@@ -129,21 +146,21 @@ impl Line {
             return (Turn::Look, false);
         };
         let place = &mut self.places[at];
-        if !place.woken {
+        if !place.woken || !counts {
             return (Turn::Wait, false);
         }
         place.misses = place.misses.saturating_add(1);
         if place.misses < 2 {
             return (Turn::Wait, true);
         }
-        self.places.remove(at);
+        let sure = self.places.remove(at).is_some_and(|p| p.sure);
         // The next woken waiter, or the one the take that follows wakes, has had its first
         // miss: misses take the turns of stalled waiters one each.
         match self.places.iter_mut().find(|p| p.woken) {
             Some(next) => next.misses = next.misses.max(1),
             None => self.taken = true,
         }
-        (Turn::Taken, true)
+        (Turn::Taken { sure }, true)
     }
 }
 
@@ -199,6 +216,8 @@ impl Waiters {
                     ticket,
                     wake: Arc::clone(wake),
                     woken: false,
+                    sure: false,
+                    turn_sure: false,
                     looking: false,
                     misses: 0,
                     missed: false,
@@ -228,17 +247,27 @@ impl Waiters {
         };
         let place = &line.places[me];
         // Without a wake, only the first of the line looks again (at its fallback poll, or
-        // when the listener reconnects): the others have looked since they came, and a look
-        // of theirs could take the item a commit is about to hand the first.
-        if !place.woken && place.counted && me > 0 {
+        // when the listener reconnects), and only while no other waiter has the turn: the
+        // others have looked since they came, and a look of theirs could take the item a
+        // commit is about to hand the first, or the one a take that missed twice is
+        // looking for.
+        if !place.woken
+            && place.counted
+            && (me > 0 || line.places.iter().skip(1).any(Place::holds_up))
+        {
             return Turn::Wait;
         }
         // A waiter counts one miss per look: woken again while still held up, it waits
-        // without counting another.
+        // without counting another. Only a look of its own counts: its first (it has not
+        // waited yet), or one a commit woke it for. One woken by a waiter before it that
+        // took an item (there may be more) waits behind a woken waiter without a miss: the
+        // line's order stays, and a waiter slow to look loses its turn only to takes that
+        // found the queue's items held up.
+        let counts = !place.counted || (place.woken && place.sure);
         let turn = match place.missed {
             true if line.places.iter().take(me).any(Place::holds_up) => Turn::Wait,
             _ => {
-                let (turn, counted) = line.miss(ticket);
+                let (turn, counted) = line.miss(ticket, counts);
                 if counted {
                     if let Some(place) = line.places.iter_mut().find(|p| p.ticket == ticket) {
                         place.missed = true;
@@ -250,7 +279,12 @@ impl Waiters {
         if turn != Turn::Wait {
             // Looked up again: a turn taken from the waiter ahead (`Taken`) removed it.
             if let Some(place) = line.places.iter_mut().find(|p| p.ticket == ticket) {
+                // A look for its turn is not counted among the waiters until it has found
+                // nothing; the first waiter's look without a wake (its fallback poll) is.
+                place.counted &= !place.woken;
+                place.turn_sure = place.sure;
                 place.woken = false;
+                place.sure = false;
                 place.looking = true;
                 place.missed = false;
             }
@@ -262,7 +296,7 @@ impl Waiters {
     /// in `queue` now?
     pub(crate) fn try_turn(&self, queue: i32) -> Turn {
         match self.lines.lock().queues.get_mut(&queue) {
-            Some(line) => line.miss(u64::MAX).0,
+            Some(line) => line.miss(u64::MAX, true).0,
             None => Turn::Look,
         }
     }
@@ -272,7 +306,7 @@ impl Waiters {
     /// before, never all at once).
     pub(crate) fn pass_on(&self, queue: i32) {
         if let Some(line) = self.lines.lock().queues.get_mut(&queue) {
-            line.wake_next();
+            line.wake_next(false);
             line.go_on();
         }
     }
@@ -288,10 +322,24 @@ impl Waiters {
             let Some(at) = line.places.iter().position(|p| p.ticket == ticket) else {
                 return;
             };
-            let held_up = line.places.remove(at).is_some_and(|p| p.holds_up());
-            if held_up || took {
-                line.wake_next();
-                line.go_on();
+            let left = line.places.remove(at);
+            let held_up = left.as_ref().is_some_and(Place::holds_up);
+            if let Some(left) = left {
+                if left.woken {
+                    // A wake it did not use goes to the next waiter as it was.
+                    line.wake_next(left.sure);
+                } else if left.looking && !took {
+                    // Gone during its look (given up, or its look failed): the item that
+                    // look was for may still be there.
+                    line.wake_next(left.turn_sure);
+                } else if took && !left.turn_sure {
+                    // It looked without a wake of this store's commit (the listener's, one
+                    // per commit of another store; its fallback poll): there may be more.
+                    line.wake_next(false);
+                }
+                if held_up || took {
+                    line.go_on();
+                }
             }
             line.places.is_empty()
         };
@@ -325,13 +373,12 @@ impl Waiters {
     }
 
     /// This store's consumers waiting on `queue` now: in its line, having looked and found
-    /// nothing (a consumer whose first look is in flight is not counted yet).
+    /// nothing, and not woken or looking for its turn (such a consumer may take an item with
+    /// its next look, so it is not counted until that look has found nothing).
     pub(super) fn count(&self, queue: i32) -> usize {
-        self.lines
-            .lock()
-            .queues
-            .get(&queue)
-            .map_or(0, |l| l.places.iter().filter(|p| p.counted).count())
+        self.lines.lock().queues.get(&queue).map_or(0, |l| {
+            l.places.iter().filter(|p| p.counted && !p.woken).count()
+        })
     }
 
     /// Wakes this store's waiters on `queues` and has the listener notify the other stores'
@@ -344,17 +391,19 @@ impl Waiters {
         // other stores (its own lock on a queue this store waits on hides this store from
         // the "anyone waiting?" check, and the listener drops what it sent itself).
         for queue in &queues {
-            self.wake_one(*queue);
+            self.wake_one(*queue, true);
         }
         // A listener gone (store closing) has nobody left to wake.
         let _ = self.commands.send(Command::Notify(queues));
     }
 
-    /// Items became visible in `queue`: its first waiter not woken yet is woken.
-    fn wake_one(&self, queue: i32) {
+    /// Items became visible in `queue`: its first waiter not woken yet is woken. `sure`: by
+    /// this store's commit, one wake per item; else (the listener's notification, one per
+    /// commit of another store) the waiter that takes an item wakes the next.
+    fn wake_one(&self, queue: i32, sure: bool) {
         if let Some(line) = self.lines.lock().queues.get_mut(&queue) {
             line.taken = false;
-            line.wake_next();
+            line.wake_next(sure);
         }
     }
 
@@ -536,7 +585,7 @@ async fn listen_with<T>(
                     tokio::select! {
                         note = notes.recv() => match note {
                             Some((from, Some(queue))) if Some(from) != own_pid => {
-                                waiters.wake_one(queue);
+                                waiters.wake_one(queue, false);
                             }
                             Some(_) => {}
                             None => up = false,
