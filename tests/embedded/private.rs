@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use reliable_queue::{DirectoryProblem, Error, Store};
 
-mod common;
+use crate::common;
 
 use common::mode;
 

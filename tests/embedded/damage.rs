@@ -57,8 +57,8 @@
 //! description contains the text; `RQ_DAMAGE_VERBOSE=1` lists every case and its outcome.
 //!
 //! ```sh
-//! cargo test --release --test damage -- --nocapture
-//! RQ_DAMAGE_FLIPS=2000 RQ_DAMAGE_CUTS=20 cargo test --release --test damage -- --nocapture
+//! cargo test --release --test embedded -- damage:: --nocapture
+//! RQ_DAMAGE_FLIPS=2000 RQ_DAMAGE_CUTS=20 cargo test --release --test embedded -- damage:: --nocapture
 //! ```
 
 #[path = "damage/cases.rs"]
@@ -86,8 +86,9 @@ use cases::Damage;
 use verdict::{ChildRun, Outcome, Verdict};
 use workload::Expected;
 
-/// The test's name, which the children are started with.
-const TEST_NAME: &str = "damage_campaign_never_panics_hangs_or_loses_silently";
+/// The test's full name in the test binary, which the children are started with (and
+/// libtest names its thread after).
+const TEST_NAME: &str = "damage::damage_campaign_never_panics_hangs_or_loses_silently";
 
 const DEFAULT_FLIPS: usize = 120;
 const DEFAULT_CUTS: usize = 7;

@@ -4,8 +4,8 @@ use std::collections::BTreeMap;
 use std::process::ExitStatus;
 use std::time::Duration;
 
-use crate::child::{OpenOutcome, Opened, Report, Seen};
-use crate::workload::{Expected, QUEUES};
+use super::child::{OpenOutcome, Opened, Report, Seen};
+use super::workload::{Expected, QUEUES};
 
 /// The outcome of one case, in the order of the table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -95,8 +95,8 @@ impl ChildRun {
     /// The lines meant for the parent, without their prefix.
     pub(crate) fn lines(&self) -> impl Iterator<Item = &str> {
         self.stdout.lines().filter_map(|line| {
-            line.find(crate::child::PREFIX)
-                .map(|at| &line[at + crate::child::PREFIX.len()..])
+            line.find(super::child::PREFIX)
+                .map(|at| &line[at + super::child::PREFIX.len()..])
         })
     }
 }
@@ -142,7 +142,7 @@ pub(crate) fn judge(run: &ChildRun, expected: &Expected) -> Verdict {
         let tail: String = run.stderr.chars().take(1500).collect();
         // A panic in the child's main thread that the store caught and turned into an error:
         // uncaught, it would have failed the child's test and its exit status.
-        let main_thread = format!("thread '{}'", crate::TEST_NAME);
+        let main_thread = format!("thread '{}'", super::TEST_NAME);
         let caught = complete && panicked.iter().all(|l| l.contains(&main_thread));
         return if caught {
             verdict(
@@ -294,7 +294,7 @@ fn judge_unfenced(unfenced: &Opened, expected: &Expected) -> (String, Vec<String
                         bad.push(format!("{t} twice"));
                     } else if live.contains(t.as_str()) {
                     } else if expected.consumed.contains(t)
-                        && crate::workload::queue_of(t) == Some(q)
+                        && super::workload::queue_of(t) == Some(q)
                     {
                         back += 1;
                     } else if expected.aborted.contains(t) {

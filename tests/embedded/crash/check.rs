@@ -71,8 +71,8 @@ use std::time::Duration;
 
 use reliable_queue::Durability;
 
-use crate::report::{format_ops, CycleLog, Kind, Op, Place, Queue, Tx};
-use crate::twosat::{Lit, TwoSat};
+use super::report::{format_ops, CycleLog, Kind, Op, Place, Queue, Tx};
+use super::twosat::{Lit, TwoSat};
 
 /// Where an item is, at some point of its history.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,5 +1,5 @@
-//! The reference model of `tests/model.rs`: a plain, single-threaded implementation of the
-//! contract, item by item. Items are told apart by value (every value is enqueued once, or
+//! The reference model of `tests/embedded/model.rs`: a plain, single-threaded implementation of
+//! the contract, item by item. Items are told apart by value (every value is enqueued once, or
 //! moved whole from one queue to another), never by id: ids change with every version.
 //!
 //! What it keeps:

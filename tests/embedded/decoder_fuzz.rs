@@ -13,7 +13,7 @@
 //!   acknowledged by an intact record), every item intact: damaged bytes never come back as
 //!   an item.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use reliable_queue::{Error, Store};
 
-mod common;
+use crate::common;
 
 use common::{drain, peek_all};
 

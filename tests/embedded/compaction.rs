@@ -1,7 +1,7 @@
 //! Compaction keeps the log proportional to the live backlog, not to history, and what it
 //! rewrites survives restarts exactly once and in order.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::path::Path;

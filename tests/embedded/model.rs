@@ -1,6 +1,6 @@
 //! Model-based property test: random interleavings of up to three open transactions over
 //! three queues, with the processing layer and restarts, run against a store and against a
-//! reference model (`tests/model/reference.rs`).
+//! reference model (`tests/embedded/model/reference.rs`).
 //!
 //! Steps: begin, enqueue, try_dequeue, move (dequeue from one queue and enqueue the same item
 //! into another, in one transaction), commit, abort; produce (enqueue and commit at once);
@@ -54,7 +54,7 @@
 //! count of every test. Each test prints how often each interesting event happened (run with
 //! `--nocapture`), so that a change of weights that starves a path shows.
 
-mod common;
+use crate::common;
 #[path = "model/reference.rs"]
 mod reference;
 

@@ -27,7 +27,7 @@ use std::path::{Path, PathBuf};
 
 use reliable_queue::{Error, Store};
 
-use crate::workload::{self, QUEUES};
+use super::workload::{self, QUEUES};
 
 /// Selects the child role; absent in the parent.
 pub(crate) const ROLE_VAR: &str = "RQ_DAMAGE_ROLE";

@@ -33,7 +33,7 @@ use reliable_queue::{
     Durability, Failed, Lease, ReliableConcurrentQueue, Replay, RetryPolicy, Store, Transaction,
 };
 
-use crate::report::{format_ops, Kind, Op, Queue};
+use super::report::{format_ops, Kind, Op, Queue};
 
 /// How long a child runs if nobody kills it (the parent counts that as a failure).
 const LIFETIME: Duration = Duration::from_secs(60);
@@ -535,7 +535,7 @@ impl Workload {
 /// Runs the child: open, report, work until killed.
 pub(crate) fn run(durability: Durability, config: ChildConfig) {
     report("o");
-    let opened = crate::open_store(&config.path, durability).and_then(|store| {
+    let opened = super::open_store(&config.path, durability).and_then(|store| {
         let a = store.blocking_queue::<Item>("a")?;
         let b = store.blocking_queue::<Item>("b")?;
         let c = store.blocking_queue::<Item>("c")?;

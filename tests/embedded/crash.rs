@@ -82,7 +82,7 @@ fn open_store(path: &Path, durability: Durability) -> reliable_queue::Result<Sto
 #[test]
 fn sync_store_keeps_every_acknowledged_commit_across_kill_9() {
     crash_test(
-        "sync_store_keeps_every_acknowledged_commit_across_kill_9",
+        "crash::sync_store_keeps_every_acknowledged_commit_across_kill_9",
         Durability::Sync,
     );
 }
@@ -90,7 +90,7 @@ fn sync_store_keeps_every_acknowledged_commit_across_kill_9() {
 #[test]
 fn buffered_store_loses_only_whole_recent_commits_across_kill_9() {
     crash_test(
-        "buffered_store_loses_only_whole_recent_commits_across_kill_9",
+        "crash::buffered_store_loses_only_whole_recent_commits_across_kill_9",
         Durability::Buffered,
     );
 }
@@ -101,7 +101,7 @@ fn buffered_store_loses_only_whole_recent_commits_across_kill_9() {
 /// `Store::open` waits that moment out.
 #[test]
 fn a_recovered_store_reopens_at_once_after_close() {
-    let test_name = "a_recovered_store_reopens_at_once_after_close";
+    let test_name = "crash::a_recovered_store_reopens_at_once_after_close";
     if run_child_if_asked(Durability::Sync) {
         return;
     }
