@@ -680,7 +680,7 @@ pub enum Needs {
 }
 
 /// Why an [`Needs::OwnCluster`] test does not run against `RQ_TEST_POSTGRES_URL`'s server.
-const OWN_CLUSTER_SKIP: &str = "kills and restarts its server, so needs a cluster this \
+pub const OWN_CLUSTER_SKIP: &str = "kills and restarts its server, so needs a cluster this \
                                 harness starts; RQ_TEST_POSTGRES_URL names an existing server";
 
 /// Runs `tests` as a libtest-style suite against one [`PgServer`] and returns the exit code for
@@ -865,7 +865,7 @@ pub async fn connect(url: &str) -> tokio_postgres::Client {
 }
 
 /// `RQ_TEST_POSTGRES_URL`, when set to something.
-fn external_url() -> Option<String> {
+pub fn external_url() -> Option<String> {
     std::env::var(URL_VAR)
         .ok()
         .filter(|url| !url.trim().is_empty())

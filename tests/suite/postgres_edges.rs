@@ -8,7 +8,7 @@
 //! generous bound that fails the test instead of hanging it. Nothing here asserts a speed.
 
 #[cfg(feature = "postgres")]
-mod pg;
+use crate::common::pg;
 
 #[cfg(feature = "postgres")]
 mod cases {
@@ -553,10 +553,11 @@ mod cases {
     }
 }
 
+/// The cases of this module of the suite (`tests/suite/main.rs`).
 #[cfg(feature = "postgres")]
-fn main() -> std::process::ExitCode {
+pub(crate) fn cases() -> Vec<crate::common::engines::Case> {
     use cases::*;
-    pg::run_suite(vec![
+    crate::common::engines::postgres_suite(vec![
         (
             "a_connect_to_a_port_that_never_answers_fails_naming_the_host",
             a_connect_to_a_port_that_never_answers_fails_naming_the_host,
@@ -598,12 +599,4 @@ fn main() -> std::process::ExitCode {
             timeouts_the_server_refuses_are_invalid_config,
         ),
     ])
-}
-
-/// Built without the `postgres` feature: says how to run these tests.
-#[cfg(not(feature = "postgres"))]
-fn main() {
-    eprintln!(
-        "==> PostgreSQL edge tests not built: run them with `cargo test --features postgres`"
-    );
 }

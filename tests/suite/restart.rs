@@ -8,7 +8,8 @@
 //! at once). Directories, buffered durability, sled's log records and killed processes are
 //! sled's, checked once.
 
-mod common;
+use crate::common;
+use crate::{engine_case, once_case};
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -767,7 +768,11 @@ fn leases_ended_by_a_kill_come_back_at_the_head() {
         return;
     }
     let (_guard, path) = temp_dir();
-    run_child_and_kill_it("leases_ended_by_a_kill_come_back_at_the_head", &path, false);
+    run_child_and_kill_it(
+        "restart::leases_ended_by_a_kill_come_back_at_the_head",
+        &path,
+        false,
+    );
     check_order_after_the_kill(&path);
 }
 
@@ -791,7 +796,7 @@ fn leases_ended_by_a_kill_come_back_at_the_head_after_compaction() {
     }
     let (_guard, path) = temp_dir();
     run_child_and_kill_it(
-        "leases_ended_by_a_kill_come_back_at_the_head_after_compaction",
+        "restart::leases_ended_by_a_kill_come_back_at_the_head_after_compaction",
         &path,
         true,
     );
@@ -822,8 +827,9 @@ fn leases_ended_by_a_kill_come_back_at_the_head_after_compaction() {
     check_order_after_the_kill(&path);
 }
 
-fn main() -> std::process::ExitCode {
-    common::engines::main(vec![
+/// The cases of this module of the suite (`tests/suite/main.rs`).
+pub(crate) fn cases() -> Vec<common::engines::Case> {
+    vec![
         engine_case!(committed_enqueues_survive_a_reopen),
         engine_case!(committed_dequeues_do_not_come_back),
         engine_case!(transaction_open_at_close_is_undone),
@@ -843,5 +849,5 @@ fn main() -> std::process::ExitCode {
         once_case!(a_large_log_recovers_and_the_store_keeps_working),
         once_case!(leases_ended_by_a_kill_come_back_at_the_head),
         once_case!(leases_ended_by_a_kill_come_back_at_the_head_after_compaction),
-    ])
+    ]
 }

@@ -11,7 +11,8 @@
 //! looks for the item like anyone else (ARCHITECTURE.md, "Waiting dequeue": the item stays
 //! visible until taken, and every call is a round trip).
 
-mod common;
+use crate::common;
+use crate::engine_case;
 
 use std::collections::BTreeSet;
 use std::future::Future;
@@ -481,8 +482,9 @@ fn poll_once<F: Future>(future: std::pin::Pin<&mut F>) -> Poll<F::Output> {
     future.poll(&mut Context::from_waker(Waker::noop()))
 }
 
-fn main() -> std::process::ExitCode {
-    common::engines::main(vec![
+/// The cases of this module of the suite (`tests/suite/main.rs`).
+pub(crate) fn cases() -> Vec<common::engines::Case> {
+    vec![
         engine_case!(async waiter_is_woken_by_commit),
         engine_case!(async each_of_64_waiters_is_served_once),
         engine_case!(async waiters_are_served_first_come_first_served),
@@ -495,5 +497,5 @@ fn main() -> std::process::ExitCode {
         engine_case!(async async_commit_from_many_tasks_is_durable),
         engine_case!(a_dequeue_dropped_mid_wait_leaves_its_transaction_as_documented),
         engine_case!(a_commit_dropped_after_its_first_poll_still_commits),
-    ])
+    ]
 }

@@ -3,7 +3,8 @@
 //! (`tests/common/engines.rs`: memory, sled, and PostgreSQL when the crate is built with the
 //! `postgres` feature; without a server the output says PostgreSQL was skipped).
 
-mod common;
+use crate::common;
+use crate::engine_case;
 
 use std::thread;
 use std::time::{Duration, Instant};
@@ -439,8 +440,9 @@ fn a_batch_dequeue_takes_up_to_n_at_the_front(engine: &'static Engine) {
     });
 }
 
-fn main() -> std::process::ExitCode {
-    common::engines::main(vec![
+/// The cases of this module of the suite (`tests/suite/main.rs`).
+pub(crate) fn cases() -> Vec<common::engines::Case> {
+    vec![
         engine_case!(move_between_queues_aborted_leaves_both_unchanged),
         engine_case!(move_between_queues_committed_moves_the_item),
         engine_case!(move_between_queues_of_different_item_types),
@@ -454,5 +456,5 @@ fn main() -> std::process::ExitCode {
         engine_case!(blocking_dequeue_timeout_gets_an_item_once_committed),
         engine_case!(waiting_consumer_gets_an_item_another_transaction_aborts),
         engine_case!(a_batch_dequeue_takes_up_to_n_at_the_front),
-    ])
+    ]
 }

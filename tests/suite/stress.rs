@@ -7,7 +7,8 @@
 //! Runs on every engine of the conformance suite (`tests/common/engines.rs`), sized per
 //! engine for a few seconds on two cores; the compaction scenario is sled's alone.
 
-mod common;
+use crate::common;
+use crate::{engine_case, once_case};
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -453,11 +454,12 @@ fn concurrent_moves_between_queues_are_atomic(engine: &'static Engine) {
     assert_eq!(remaining.len(), history.acknowledged.len());
 }
 
-fn main() -> std::process::ExitCode {
-    common::engines::main(vec![
+/// The cases of this module of the suite (`tests/suite/main.rs`).
+pub(crate) fn cases() -> Vec<common::engines::Case> {
+    vec![
         engine_case!(concurrent_producers_and_consumers),
         engine_case!(concurrent_producers_and_consumers_across_restarts),
         once_case!(concurrent_producers_and_consumers_across_restarts_with_compaction),
         engine_case!(concurrent_moves_between_queues_are_atomic),
-    ])
+    ]
 }

@@ -4,7 +4,8 @@
 //! The cases about items and settings run on every engine of the conformance suite
 //! (`tests/common/engines.rs`); the damaged records are sled's, checked once.
 
-mod common;
+use crate::common;
+use crate::{engine_case, once_case};
 
 use std::path::Path;
 
@@ -792,8 +793,9 @@ fn database_that_is_not_a_store_is_refused() {
     assert_eq!(log.len(), 1, "the foreign data is untouched");
 }
 
-fn main() -> std::process::ExitCode {
-    common::engines::main(vec![
+/// The cases of this module of the suite (`tests/suite/main.rs`).
+pub(crate) fn cases() -> Vec<common::engines::Case> {
+    vec![
         engine_case!(unserialisable_item_is_rejected_and_the_transaction_is_unchanged),
         engine_case!(item_failing_halfway_through_serialization_leaves_nothing_behind),
         engine_case!(oversized_item_is_rejected_and_the_transaction_keeps_the_rest),
@@ -814,5 +816,5 @@ fn main() -> std::process::ExitCode {
         once_case!(log_entry_under_a_foreign_key_is_set_aside_and_sequence_numbers_stay_unique),
         once_case!(store_of_another_format_version_is_refused_and_released),
         once_case!(database_that_is_not_a_store_is_refused),
-    ])
+    ]
 }

@@ -2,7 +2,8 @@
 //! encoded (not after), and the transaction limit counts each buffered item's real cost. On
 //! every engine of the conformance suite (`tests/common/engines.rs`).
 
-mod common;
+use crate::common;
+use crate::engine_case;
 
 use common::drain;
 use common::engines::{Engine, EngineStore};
@@ -168,12 +169,13 @@ fn a_lone_item_of_the_item_limit_fits_a_transaction_of_the_same_limit(engine: &'
     assert_eq!(drain(store, &q), [vec![1u8; 1021]]);
 }
 
-fn main() -> std::process::ExitCode {
-    common::engines::main(vec![
+/// The cases of this module of the suite (`tests/suite/main.rs`).
+pub(crate) fn cases() -> Vec<common::engines::Case> {
+    vec![
         engine_case!(a_huge_byte_item_is_refused_with_its_exact_size),
         engine_case!(a_huge_struct_is_refused_as_soon_as_it_crosses_the_limit),
         engine_case!(items_of_exactly_the_limit_are_accepted_and_one_byte_more_is_not),
         engine_case!(zero_sized_items_count_against_the_transaction_limit),
         engine_case!(a_lone_item_of_the_item_limit_fits_a_transaction_of_the_same_limit),
-    ])
+    ]
 }

@@ -6,7 +6,8 @@
 //! `commit`, `abort`, `flush`, `unfence`, `close`) as the compiler infers them, on every
 //! engine of the conformance suite (`tests/common/engines.rs`).
 
-mod common;
+use crate::common;
+use crate::engine_case;
 
 use std::future::Future;
 
@@ -136,6 +137,7 @@ fn handles_and_futures_are_send(engine: &'static Engine) {
     assert_eq!(queue.blocking_count().expect("count"), 0);
 }
 
-fn main() -> std::process::ExitCode {
-    common::engines::main(vec![engine_case!(handles_and_futures_are_send)])
+/// The cases of this module of the suite (`tests/suite/main.rs`).
+pub(crate) fn cases() -> Vec<common::engines::Case> {
+    vec![engine_case!(handles_and_futures_are_send)]
 }

@@ -3,7 +3,8 @@
 //! damaged files of the storage engine, and an item whose `Serialize` refuses with a message of
 //! its own.
 
-mod common;
+use crate::common;
+use crate::{engine_case, once_case};
 
 use std::error::Error as _;
 use std::path::{Path, PathBuf};
@@ -196,7 +197,7 @@ fn a_permission_problem_names_the_file_and_the_cause() {
         .arg(&exe)
         .args([
             "--exact",
-            "a_permission_problem_names_the_file_and_the_cause",
+            "messages::a_permission_problem_names_the_file_and_the_cause",
             "--nocapture",
             "--test-threads=1",
         ])
@@ -387,8 +388,9 @@ fn the_items_own_serialization_message_reaches_the_user(engine: &'static Engine)
     }
 }
 
-fn main() -> std::process::ExitCode {
-    common::engines::main(vec![
+/// The cases of this module of the suite (`tests/suite/main.rs`).
+pub(crate) fn cases() -> Vec<common::engines::Case> {
+    vec![
         engine_case!(the_items_own_serialization_message_reaches_the_user),
         once_case!(a_store_path_that_is_a_regular_file_is_named),
         #[cfg(unix)]
@@ -397,5 +399,5 @@ fn main() -> std::process::ExitCode {
         once_case!(a_log_file_cut_short_is_named),
         once_case!(a_flipped_bit_in_the_storage_engines_settings_is_damage_of_conf),
         once_case!(a_flipped_bit_in_the_storage_engines_snapshot_names_it),
-    ])
+    ]
 }

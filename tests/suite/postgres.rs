@@ -7,7 +7,7 @@
 //! Each test works in a schema of its own, so tests can run side by side on one database.
 
 #[cfg(feature = "postgres")]
-mod pg;
+use crate::common::pg;
 
 #[cfg(feature = "postgres")]
 mod cases {
@@ -901,14 +901,23 @@ mod cases {
     }
 }
 
+/// Runs this process as a worker of this module's tests (started by one of them with
+/// `WORKER_VAR` set, not as a test run) and says so, or returns `false`.
 #[cfg(feature = "postgres")]
-fn main() -> std::process::ExitCode {
+pub(crate) fn run_worker_if_asked() -> bool {
     use cases::*;
     if let Ok(url) = std::env::var(WORKER_VAR) {
         worker(&url);
-        return std::process::ExitCode::SUCCESS;
+        return true;
     }
-    pg::run_suite(vec![
+    false
+}
+
+/// The cases of this module of the suite (`tests/suite/main.rs`).
+#[cfg(feature = "postgres")]
+pub(crate) fn cases() -> Vec<crate::common::engines::Case> {
+    use cases::*;
+    crate::common::engines::postgres_suite(vec![
         (
             "stores_opening_one_new_queue_at_once_share_it",
             stores_opening_one_new_queue_at_once_share_it,
@@ -986,12 +995,4 @@ fn main() -> std::process::ExitCode {
             a_schema_of_another_version_is_refused,
         ),
     ])
-}
-
-/// Built without the `postgres` feature: says how to run these tests.
-#[cfg(not(feature = "postgres"))]
-fn main() {
-    eprintln!(
-        "==> PostgreSQL engine tests not built: run them with `cargo test --features postgres`"
-    );
 }

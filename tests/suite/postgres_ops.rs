@@ -5,7 +5,7 @@
 //! (`tests/pg/mod.rs`); without PostgreSQL every test is reported ignored with a banner.
 
 #[cfg(feature = "postgres")]
-mod pg;
+use crate::common::pg;
 
 #[cfg(feature = "postgres")]
 mod cases {
@@ -375,14 +375,23 @@ mod cases {
     }
 }
 
+/// Runs this process as a worker of this module's tests (started by one of them with
+/// `WORKER_VAR` set, not as a test run) and says so, or returns `false`.
 #[cfg(feature = "postgres")]
-fn main() -> std::process::ExitCode {
+pub(crate) fn run_worker_if_asked() -> bool {
     use cases::*;
     if let Ok(url) = std::env::var(WORKER_VAR) {
         worker(&url);
-        return std::process::ExitCode::SUCCESS;
+        return true;
     }
-    pg::run_suite(vec![
+    false
+}
+
+/// The cases of this module of the suite (`tests/suite/main.rs`).
+#[cfg(feature = "postgres")]
+pub(crate) fn cases() -> Vec<crate::common::engines::Case> {
+    use cases::*;
+    crate::common::engines::postgres_suite(vec![
         (
             "a_schema_of_version_1_is_migrated_with_its_items",
             a_schema_of_version_1_is_migrated_with_its_items,
@@ -412,12 +421,4 @@ fn main() -> std::process::ExitCode {
             a_lease_deadline_comes_from_the_databases_clock,
         ),
     ])
-}
-
-#[cfg(not(feature = "postgres"))]
-fn main() {
-    eprintln!(
-        "\n==> PostgreSQL tests SKIPPED: built without the `postgres` feature \
-         (run `cargo test --features postgres`)\n"
-    );
 }

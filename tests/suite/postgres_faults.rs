@@ -6,7 +6,7 @@
 //! third test kills the server under consumers waiting in `blocking_dequeue_timeout`: they
 //! must get the items committed after the restart (the listeners reconnect too).
 //!
-//! Which server each test gets (`tests/pg/mod.rs`, [`pg::run_suite_with`]):
+//! Which server each test gets (`tests/pg/mod.rs`, [`crate::common::engines::Case::postgres`]):
 //!
 //! - The kill tests kill the server, which would break every other test running against it
 //!   at the same time (the trials run on several threads). So they run with
@@ -18,7 +18,7 @@
 //!   theirs to kill. A cluster costs about a second of `initdb`; `--test-threads=1` is not
 //!   needed, the tests run side by side.
 //! - The `pg_terminate_backend` test only ends its own sessions (picked by their
-//!   `application_name`), so it shares the suite's server, in a schema of its own.
+//!   `application_name`), so it shares the binary's server, in a schema of its own.
 //!
 //! How the outcome is checked: every item carries a unique id and a hop count, the number of
 //! moves it went through; an item at hop `h` belongs in queue `a` when `h` is even, `b` when
@@ -47,7 +47,7 @@
 //! after an error, as a backoff.
 
 #[cfg(feature = "postgres")]
-mod pg;
+use crate::common::pg;
 
 #[cfg(feature = "postgres")]
 mod cases {
@@ -1068,11 +1068,12 @@ mod cases {
     }
 }
 
+/// The cases of this module of the suite (`tests/suite/main.rs`).
 #[cfg(feature = "postgres")]
-fn main() -> std::process::ExitCode {
+pub(crate) fn cases() -> Vec<crate::common::engines::Case> {
     use cases::*;
     use pg::Needs;
-    pg::run_suite_with(vec![
+    crate::common::engines::postgres_suite_with(vec![
         (
             "kill_9_of_the_server_under_moving_workers_loses_nothing_and_the_store_recovers",
             Needs::OwnCluster,
@@ -1089,12 +1090,4 @@ fn main() -> std::process::ExitCode {
             pg_terminate_backend_mid_transaction_under_moving_workers_loses_nothing,
         ),
     ])
-}
-
-/// Built without the `postgres` feature: says how to run these tests.
-#[cfg(not(feature = "postgres"))]
-fn main() {
-    eprintln!(
-        "==> PostgreSQL fault tests not built: run them with `cargo test --features postgres`"
-    );
 }

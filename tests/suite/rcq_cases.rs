@@ -1,7 +1,8 @@
 //! The documented cases of Service Fabric's ReliableConcurrentQueue, each run on every engine
 //! of the conformance suite (`tests/common/engines.rs`).
 
-mod common;
+use crate::common;
+use crate::engine_case;
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Barrier};
@@ -509,8 +510,9 @@ fn a_transaction_dropped_in_another_thread_gives_its_items_back(engine: &'static
     });
 }
 
-fn main() -> std::process::ExitCode {
-    common::engines::main(vec![
+/// The cases of this module of the suite (`tests/suite/main.rs`).
+pub(crate) fn cases() -> Vec<common::engines::Case> {
+    vec![
         engine_case!(single_enqueue_task_holds_exactly_both_items),
         engine_case!(parallel_enqueue_tasks_lose_nothing),
         engine_case!(single_dequeue_task_takes_three_distinct_items_and_leaves_the_rest),
@@ -528,5 +530,5 @@ fn main() -> std::process::ExitCode {
         engine_case!(count_is_exact_when_idle_and_excludes_held_items),
         engine_case!(dropping_a_transaction_aborts_it),
         engine_case!(a_transaction_dropped_in_another_thread_gives_its_items_back),
-    ])
+    ]
 }

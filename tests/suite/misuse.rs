@@ -6,7 +6,8 @@
 //! The cases that are not about sled's directory run on every engine of the conformance suite
 //! (`tests/common/engines.rs`); the others run once, on sled.
 
-mod common;
+use crate::common;
+use crate::{engine_case, once_case};
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
@@ -341,7 +342,7 @@ fn a_directory_open_in_another_process_is_refused_quickly() {
     let mut child = Command::new(std::env::current_exe().expect("test binary"))
         .args([
             "--exact",
-            "child_holds_a_store_open_until_stdin_closes",
+            "misuse::child_holds_a_store_open_until_stdin_closes",
             "--nocapture",
             "--test-threads=1",
         ])
@@ -465,8 +466,9 @@ fn an_existing_store_directory_open_to_others_is_refused_unless_allowed() {
     );
 }
 
-fn main() -> std::process::ExitCode {
-    common::engines::main(vec![
+/// The cases of this module of the suite (`tests/suite/main.rs`).
+pub(crate) fn cases() -> Vec<common::engines::Case> {
+    vec![
         engine_case!(transaction_of_another_store_is_refused),
         engine_case!(item_limit_is_exact_and_rejections_leave_the_transaction_whole),
         engine_case!(transaction_limit_is_exact),
@@ -483,5 +485,5 @@ fn main() -> std::process::ExitCode {
         once_case!(missing_parents_are_created_owner_only_and_existing_ones_left_alone),
         #[cfg(unix)]
         once_case!(an_existing_store_directory_open_to_others_is_refused_unless_allowed),
-    ])
+    ]
 }

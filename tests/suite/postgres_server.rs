@@ -2,24 +2,29 @@
 //! reachable, private (a Unix socket only), not running as root, and hands out independent
 //! databases.
 
-mod pg;
-
 use std::os::unix::fs::MetadataExt;
-use std::process::ExitCode;
 
+use crate::common::pg;
 use pg::{block_on, connect, PgServer};
 
 /// Set in a child of this binary: start a cluster, print its data directory, and leave by
 /// `std::process::exit` without dropping it.
 const EXIT_CHILD_VAR: &str = "RQ_TEST_PG_EXIT_CHILD";
 
-fn main() -> ExitCode {
+/// In a child of this binary started by
+/// [`a_test_process_that_exits_without_cleaning_up_leaves_no_server`] (not a test run): starts a
+/// cluster, prints its data directory and exits without dropping it.
+pub(crate) fn exit_child_if_asked() {
     if std::env::var_os(EXIT_CHILD_VAR).is_some() {
         let server = PgServer::start_cluster().expect("the binaries, as the parent found");
         println!("{}", server.data_dir().expect("started here").display());
         std::process::exit(0);
     }
-    pg::run_suite_with(
+}
+
+/// The cases of this module of the suite (`tests/suite/main.rs`).
+pub(crate) fn cases() -> Vec<crate::common::engines::Case> {
+    crate::common::engines::postgres_suite_with(
         vec![(
             "a_test_process_that_exits_without_cleaning_up_leaves_no_server",
             pg::Needs::OwnCluster,

@@ -3,10 +3,11 @@
 //! given that authority connects over TLS (the server says so in `pg_stat_ssl`), one
 //! without it is refused with a typed error, and `sslmode=disable` connects in the clear.
 //!
-//! One trial in its own test binary: it restarts the server it runs against.
+//! It restarts the server it runs against, so it runs on a cluster of its own
+//! ([`pg::Needs::OwnCluster`]), not on the one the other tests of the binary share.
 
 #[cfg(feature = "postgres")]
-mod pg;
+use crate::common::pg;
 
 #[cfg(feature = "postgres")]
 mod cases {
@@ -227,8 +228,9 @@ mod cases {
     }
 }
 
+/// The cases of this module of the suite (`tests/suite/main.rs`).
 #[cfg(feature = "postgres")]
-fn main() -> std::process::ExitCode {
+pub(crate) fn cases() -> Vec<crate::common::engines::Case> {
     let openssl = std::process::Command::new("openssl")
         .arg("version")
         .output()
@@ -243,18 +245,11 @@ fn main() -> std::process::ExitCode {
             "\n==> PostgreSQL TLS test SKIPPED: no `openssl` command to make its certificates \
              (Debian: apt-get install openssl)\n"
         );
-        return std::process::ExitCode::SUCCESS;
+        return Vec::new();
     }
-    pg::run_suite(vec![(
+    crate::common::engines::postgres_suite_with(vec![(
         "tls_connections_verify_the_server",
+        pg::Needs::OwnCluster,
         cases::tls_connections_verify_the_server,
     )])
-}
-
-#[cfg(not(feature = "postgres"))]
-fn main() {
-    eprintln!(
-        "\n==> PostgreSQL tests SKIPPED: built without the `postgres` feature \
-         (run `cargo test --features postgres`)\n"
-    );
 }

@@ -5,7 +5,8 @@
 //! behaviour differs (ARCHITECTURE.md, "Where this engine differs"), the test says so next to
 //! the assertion.
 
-mod common;
+use crate::common;
+use crate::engine_case;
 
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
@@ -1477,8 +1478,9 @@ fn p6_a_delay_runs_from_the_commit(engine: &'static Engine) {
     }
 }
 
-fn main() -> std::process::ExitCode {
-    common::engines::main(vec![
+/// The cases of this module of the suite (`tests/suite/main.rs`).
+pub(crate) fn cases() -> Vec<common::engines::Case> {
+    vec![
         engine_case!(p1_a_lease_hides_the_item_and_counts_the_attempt),
         engine_case!(p2_expiry_returns_the_item_to_the_head_and_counts_the_attempts),
         engine_case!(a_holder_whose_lease_expired_cannot_ack_and_the_next_holder_completes_it_once),
@@ -1507,5 +1509,5 @@ fn main() -> std::process::ExitCode {
         engine_case!(an_import_with_more_attempts_than_the_engines_count_is_refused_and_the_queue_keeps_leasing),
         engine_case!(a_queue_name_with_a_nul_is_refused_on_every_engine),
         engine_case!(a_fail_reason_with_a_nul_is_refused_before_anything_is_recorded),
-    ])
+    ]
 }

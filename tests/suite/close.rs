@@ -7,7 +7,8 @@
 //! where the data outlives the store (sled, PostgreSQL) the next open is checked too.
 //! Consumers are awaited through `waiters()` polled against a deadline, never through sleeps.
 
-mod common;
+use crate::common;
+use crate::engine_case;
 
 use std::collections::BTreeSet;
 use std::fmt::Debug;
@@ -820,8 +821,9 @@ fn empty_and_over_long_queue_names_are_invalid(engine: &'static Engine) {
     }
 }
 
-fn main() -> std::process::ExitCode {
-    common::engines::main(vec![
+/// The cases of this module of the suite (`tests/suite/main.rs`).
+pub(crate) fn cases() -> Vec<common::engines::Case> {
+    vec![
         engine_case!(close_on_one_clone_makes_every_call_on_the_others_fail_with_closed),
         engine_case!(async async_forms_fail_with_closed),
         engine_case!(a_second_close_returns_closed),
@@ -837,5 +839,5 @@ fn main() -> std::process::ExitCode {
         engine_case!(blocking_dequeue_timeout_of_duration_max_waits_for_an_item),
         engine_case!(an_item_refused_by_the_transaction_limit_stays_with_the_caller),
         engine_case!(empty_and_over_long_queue_names_are_invalid),
-    ])
+    ]
 }

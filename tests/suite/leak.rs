@@ -18,7 +18,8 @@
 //! Every step is ordered by events (commits returning, `waiters()` counts, tasks and threads
 //! finishing), never by time.
 
-mod common;
+use crate::common;
+use crate::engine_case;
 
 use std::future::{poll_fn, Future};
 use std::pin::{pin, Pin};
@@ -526,8 +527,9 @@ fn a_leaked_dequeue_keeps_no_item_once_its_transaction_ends(engine: &'static Eng
     check_after_reopen(f, &[]);
 }
 
-fn main() -> std::process::ExitCode {
-    common::engines::main(vec![
+/// The cases of this module of the suite (`tests/suite/main.rs`).
+pub(crate) fn cases() -> Vec<common::engines::Case> {
+    vec![
         engine_case!(async leaked_dequeue_loses_its_item_to_the_second_miss),
         engine_case!(async leaked_dequeue_does_not_hold_up_later_waiters),
         engine_case!(async unpolled_dequeue_waits_again_at_its_place),
@@ -538,5 +540,5 @@ fn main() -> std::process::ExitCode {
         engine_case!(leaked_dequeue_gives_its_item_back_when_its_transaction_is_used_again),
         engine_case!(a_leaked_request_leaves_the_line_when_its_transaction_ends),
         engine_case!(a_leaked_dequeue_keeps_no_item_once_its_transaction_ends),
-    ])
+    ]
 }
