@@ -712,8 +712,8 @@ mod cases {
     /// the `INSERT`, the `COMMIT`), again and again while the workers move items. Every
     /// commit cut off that way fails with a typed error (in doubt when the connection went
     /// during `COMMIT`), nothing is lost or doubled, and the stores go on with new
-    /// connections. (tests/postgres.rs ends one idle transaction of an otherwise idle store;
-    /// this one ends them at random points under load.)
+    /// connections. (tests/suite/postgres.rs ends one idle transaction of an otherwise idle
+    /// store; this one ends them at random points under load.)
     pub(crate) fn pg_terminate_backend_mid_transaction_under_moving_workers_loses_nothing(
         server: &PgServer,
     ) {
@@ -891,7 +891,7 @@ mod cases {
         // One connection more than consumers: a waiting consumer holds one in its open
         // transaction and takes a second for a moment between looks (the next-due query);
         // with no spare connection they all wait for one forever (see the report of
-        // tests/postgres_faults.rs: a pool of 1 and one `blocking_dequeue_timeout` hang).
+        // tests/suite/postgres_faults.rs: a pool of 1 and one `blocking_dequeue_timeout` hang).
         let consumer_store = open(&consumer_url, CONSUMERS + 1);
         let producer_store = open(&producer_url, 2);
         let q = consumer_store.blocking_queue::<u32>("q").unwrap();

@@ -276,7 +276,7 @@ async fn dropping_a_served_future_puts_the_item_back(engine: &'static Engine) {
 
 /// While a consumer waits, a committed item goes to it, not to a `try_dequeue` that comes
 /// later. (That `try_dequeue` is one miss; a second miss before the waiter collects would take
-/// the item: `tests/leak.rs`.) `dequeue`'s documentation: "While anyone waits, try_dequeue
+/// the item: `tests/suite/leak.rs`.) `dequeue`'s documentation: "While anyone waits, try_dequeue
 /// finds nothing, so it cannot jump the line".
 async fn try_dequeue_does_not_jump_the_line(engine: &'static Engine) {
     let f = Fixture::new(engine);
