@@ -5,7 +5,8 @@
 //! thread with `std::thread::park`/`park_timeout`, which loom does not control (a parked loom
 //! thread would block the whole model), and loom has no clock for the deadline. Their
 //! staging path is the one `dequeue` uses (`poll_take`, then `withdraw` at the deadline),
-//! which these models cover; `tests/waiting.rs` checks the blocking variants on real threads.
+//! which these models cover; `tests/suite/waiting.rs` checks the blocking variants on real
+//! threads.
 #![cfg(reliable_queue_loom)]
 
 use std::pin::pin;

@@ -1,21 +1,24 @@
 //! The conformance suite's engines (DESIGN.md, "Engines": "one conformance suite runs every
 //! behaviour test on every engine; a new engine joins it with one line, and its documented
-//! differences are asserted there").
+//! differences are asserted there"), and the `main` of the suite's test binary.
 //!
-//! A test binary of the suite (`harness = false` in `Cargo.toml`) lists its cases and hands
-//! them to [`main`]; each case written against an [`Engine`] becomes one trial per engine of
-//! [`ENGINES`], named `<case>::<engine>` (filter with `cargo test --test waiting -- postgres`).
-//! A case opens its stores with [`Engine::store`] (a fresh, empty store: memory; sled in a
-//! temporary directory; PostgreSQL in a schema of its own on the binary's server) and, where
-//! the contract lets engines differ, asserts each engine's behaviour by [`Engine::name`], with
-//! a comment citing the contract.
+//! The suite is one test binary, `tests/suite/main.rs` (`harness = false` in `Cargo.toml`):
+//! each of its modules (one per behaviour) lists its cases, and [`main`] runs them all. Each
+//! case written against an [`Engine`] becomes one trial per engine of [`ENGINES`], named
+//! `<module>::<case>::<engine>` (filter with `cargo test --test suite -- waiting::` or
+//! `-- ::postgres`). A case opens its stores with [`Engine::store`] (a fresh, empty store:
+//! memory; sled in a temporary directory; PostgreSQL in a schema of its own on the binary's
+//! server) and, where the contract lets engines differ, asserts each engine's behaviour by
+//! [`Engine::name`], with a comment citing the contract. The PostgreSQL-only tests of the
+//! binary ([`Case::postgres`], `<module>::<test>`) run once, against the same server or a
+//! cluster of their own.
 //!
 //! An engine that needs a server starts it once per test binary (PostgreSQL: the harness of
 //! `tests/pg/mod.rs`, or `RQ_TEST_POSTGRES_URL`). Without one, its trials are reported as
 //! ignored and a banner before and after the summary says why (`RQ_TEST_REQUIRE_POSTGRES=1`
 //! makes that a failure).
 //!
-//! **A new engine** (Redis is next) joins every binary of the suite with one line in
+//! **A new engine** (Redis is next) joins every case of the suite with one line in
 //! [`ENGINES`]: its name, the function that starts its server for a binary, and the one that
 //! gives a fresh place for a store; nothing in the tests changes. Its documented differences
 //! then show up as failures of the cases that assert the embedded behaviour, each to be
@@ -33,9 +36,7 @@ use std::time::{Duration, Instant};
 use libtest_mimic::{Arguments, Completion, Trial};
 use reliable_queue::{Builder, Store};
 
-#[cfg(feature = "postgres")]
-#[path = "../pg/mod.rs"]
-pub mod pg;
+use super::pg::{self, PgServer};
 
 /// One engine of the suite.
 #[derive(Debug)]
@@ -109,15 +110,16 @@ mod postgres {
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::OnceLock;
 
-    use super::pg::PgServer;
     use super::Place;
 
     /// The server's URL, and whether it is an existing server (`RQ_TEST_POSTGRES_URL`), where a
     /// schema of an earlier run may be left.
     static SERVER: OnceLock<(String, bool)> = OnceLock::new();
 
+    /// The binary's PostgreSQL server ([`super::pg_server`]), which the PostgreSQL-only tests
+    /// share.
     pub(super) fn start() -> Result<Box<dyn std::any::Any>, String> {
-        let server = PgServer::start().map_err(|skip| skip.reason)?;
+        let server = super::pg_server()?;
         let _ = SERVER.set((server.url().to_owned(), !server.started_here()));
         Ok(Box::new(server))
     }
@@ -159,6 +161,32 @@ mod postgres {
 
 /// Why each engine that cannot run in this binary cannot (no server).
 static UNAVAILABLE: Mutex<BTreeMap<&'static str, String>> = Mutex::new(BTreeMap::new());
+
+/// The binary's PostgreSQL server, for the `postgres` engine and the PostgreSQL-only tests
+/// ([`Case::postgres`]): not asked for yet, started, or why there is none.
+static PG_SERVER: Mutex<Option<Result<Arc<PgServer>, String>>> = Mutex::new(None);
+
+/// The binary's PostgreSQL server, started at the first call ([`main`] makes it before the
+/// first trial runs), or why there is none. [`PgServer::start`]: the harness's own server or
+/// `RQ_TEST_POSTGRES_URL`'s; a missing one is a panic with `RQ_TEST_REQUIRE_POSTGRES=1`.
+fn pg_server() -> Result<Arc<PgServer>, String> {
+    PG_SERVER
+        .lock()
+        .unwrap()
+        .get_or_insert_with(|| PgServer::start().map(Arc::new).map_err(|skip| skip.reason))
+        .clone()
+}
+
+/// Stops the binary's PostgreSQL server, once no trial refers to it any more.
+fn stop_pg_server() {
+    let server = PG_SERVER.lock().unwrap().take();
+    if let Some(Ok(server)) = server {
+        match Arc::into_inner(server) {
+            Some(server) => drop(server),
+            None => eprintln!("==> the test PostgreSQL server is still referenced: not stopped"),
+        }
+    }
+}
 
 impl Engine {
     const fn new(
@@ -296,16 +324,33 @@ enum Body {
     Blocking(fn(&'static Engine)),
     /// Runs once per engine, on a two-worker tokio runtime.
     Async(fn(&'static Engine) -> BoxFuture),
-    /// Runs once: a test of one engine's insides that lives in a binary of the suite.
+    /// Runs once: a test of one engine's insides that lives in a module of the suite.
     Once(fn()),
+    /// Runs once, against the binary's PostgreSQL server or a cluster of its own: a
+    /// PostgreSQL-only test (`tests/pg/mod.rs`).
+    Postgres(pg::Needs, pg::TestFn),
 }
 
-/// One test of a binary of the suite.
+/// One test of a module of the suite.
 pub struct Case {
     name: &'static str,
     body: Body,
     /// Engines on which the case is ignored, with the defect that makes it fail there.
     ignored: Vec<(&'static str, &'static str)>,
+}
+
+/// What a trial needs started before the first trial runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Setup {
+    /// Nothing (a case run once).
+    Nothing,
+    /// The engine of this name (its server, if it has one).
+    Engine(&'static str),
+    /// The binary's PostgreSQL server ([`pg::Needs::SharedServer`]).
+    PgServer,
+    /// A PostgreSQL cluster of the test's own, which the trial starts
+    /// ([`pg::Needs::OwnCluster`]).
+    PgCluster,
 }
 
 impl Case {
@@ -336,6 +381,18 @@ impl Case {
         }
     }
 
+    /// A PostgreSQL-only test, run once: against the server the binary's other trials share
+    /// ([`pg::Needs::SharedServer`]), or on a cluster started for it alone, which it may kill
+    /// and restart ([`pg::Needs::OwnCluster`]; reported ignored with `RQ_TEST_POSTGRES_URL`
+    /// set). Not bounded by [`CASE_LIMIT`], as under [`pg::run_suite_with`].
+    pub fn postgres(name: &'static str, needs: pg::Needs, test: pg::TestFn) -> Case {
+        Case {
+            name,
+            body: Body::Postgres(needs, test),
+            ignored: Vec::new(),
+        }
+    }
+
     /// Ignores the case on `engine` because of a defect of the library, described in `why`
     /// (`--include-ignored` runs it). Never for a documented difference: assert that instead.
     pub fn ignore_on(mut self, engine: &'static str, why: &'static str) -> Case {
@@ -343,12 +400,14 @@ impl Case {
         self
     }
 
-    fn trials(self) -> Vec<Trial> {
+    /// The case's trials, named `<module>::<case>` and, per engine, `<module>::<case>::<engine>`.
+    fn trials(self, module: &str) -> Vec<(Setup, Trial)> {
         let Case {
             name,
             body,
             ignored,
         } = self;
+        let name = format!("{module}::{name}");
         let per_engine = |run: Box<dyn Fn(&'static Engine) + Send + Sync>| {
             let run = Arc::new(run);
             ENGINES
@@ -356,37 +415,91 @@ impl Case {
                 .map(|engine| {
                     let run = run.clone();
                     let ignore = ignored.iter().any(|(e, _)| *e == engine.name);
-                    Trial::ignorable_test(format!("{name}::{}", engine.name), move || {
-                        if let Some(why) = UNAVAILABLE.lock().unwrap().get(engine.name) {
-                            return Ok(Completion::ignored_with(why));
-                        }
-                        run(engine);
-                        Ok(Completion::Completed)
-                    })
-                    .with_ignored_flag(ignore)
+                    let trial =
+                        Trial::ignorable_test(format!("{name}::{}", engine.name), move || {
+                            if let Some(why) = UNAVAILABLE.lock().unwrap().get(engine.name) {
+                                return Ok(Completion::ignored_with(why));
+                            }
+                            run(engine);
+                            Ok(Completion::Completed)
+                        })
+                        .with_ignored_flag(ignore);
+                    (Setup::Engine(engine.name), trial)
                 })
                 .collect::<Vec<_>>()
         };
         match body {
-            Body::Blocking(body) => per_engine(Box::new(move |engine| {
-                bounded(name, engine.name, move || body(engine));
-            })),
-            Body::Async(body) => per_engine(Box::new(move |engine| {
-                bounded(name, engine.name, move || {
-                    tokio::runtime::Builder::new_multi_thread()
-                        .worker_threads(2)
-                        .enable_all()
-                        .build()
-                        .expect("a runtime")
-                        .block_on(body(engine));
-                });
-            })),
-            Body::Once(body) => vec![Trial::test(name, move || {
-                bounded(name, "", body);
-                Ok(())
-            })],
+            Body::Blocking(body) => {
+                let name = name.clone();
+                per_engine(Box::new(move |engine| {
+                    bounded(&name, engine.name, move || body(engine));
+                }))
+            }
+            Body::Async(body) => {
+                let name = name.clone();
+                per_engine(Box::new(move |engine| {
+                    bounded(&name, engine.name, move || {
+                        tokio::runtime::Builder::new_multi_thread()
+                            .worker_threads(2)
+                            .enable_all()
+                            .build()
+                            .expect("a runtime")
+                            .block_on(body(engine));
+                    });
+                }))
+            }
+            Body::Once(body) => vec![(
+                Setup::Nothing,
+                Trial::test(name.clone(), move || {
+                    bounded(&name, "", body);
+                    Ok(())
+                }),
+            )],
+            Body::Postgres(pg::Needs::SharedServer, test) => vec![(
+                Setup::PgServer,
+                Trial::ignorable_test(name, move || match pg_server() {
+                    Ok(server) => {
+                        test(&server);
+                        Ok(Completion::Completed)
+                    }
+                    Err(why) => Ok(Completion::ignored_with(why)),
+                }),
+            )],
+            Body::Postgres(pg::Needs::OwnCluster, test) => vec![(
+                Setup::PgCluster,
+                Trial::ignorable_test(name, move || {
+                    if pg::external_url().is_some() {
+                        return Ok(Completion::ignored_with(pg::OWN_CLUSTER_SKIP));
+                    }
+                    match PgServer::start_cluster() {
+                        Ok(own) => {
+                            test(&own);
+                            Ok(Completion::Completed)
+                        }
+                        Err(skip) => Ok(Completion::ignored_with(skip.reason)),
+                    }
+                }),
+            )],
         }
     }
+}
+
+/// The cases of a module of PostgreSQL-only tests, listed as for [`pg::run_suite`]: each
+/// run once against the binary's server ([`Case::postgres`]).
+pub fn postgres_suite(tests: Vec<(&'static str, pg::TestFn)>) -> Vec<Case> {
+    tests
+        .into_iter()
+        .map(|(name, test)| Case::postgres(name, pg::Needs::SharedServer, test))
+        .collect()
+}
+
+/// [`postgres_suite`] with tests that may need a cluster of their own, listed as for
+/// [`pg::run_suite_with`].
+pub fn postgres_suite_with(tests: Vec<(&'static str, pg::Needs, pg::TestFn)>) -> Vec<Case> {
+    tests
+        .into_iter()
+        .map(|(name, needs, test)| Case::postgres(name, needs, test))
+        .collect()
 }
 
 /// Runs `case` on a thread of its own and fails the trial if it has not returned within
@@ -431,29 +544,38 @@ macro_rules! once_case {
     };
 }
 
-/// The `main` of a binary of the suite: starts each engine's server (unless the run only
-/// lists the tests), runs `cases` on every engine, says which engines were skipped and which
-/// trials are ignored for a defect, and stops the servers.
-pub fn main(cases: Vec<Case>) -> ExitCode {
+/// The `main` of the suite's binary: `modules` are its modules' names with their cases.
+/// Starts each engine's server and the PostgreSQL server the PostgreSQL-only tests share
+/// (one server for both, unless the run only lists the tests or runs none of theirs), runs
+/// every trial, says which engines were skipped and which trials are ignored for a defect,
+/// and stops the servers.
+pub fn main(modules: Vec<(&'static str, Vec<Case>)>) -> ExitCode {
     let args = Arguments::from_args();
-    let defects: Vec<String> = cases
+    let defects: Vec<String> = modules
         .iter()
-        .flat_map(|case| {
-            case.ignored
-                .iter()
-                .map(move |(engine, why)| format!("{}::{engine}: {why}", case.name))
+        .flat_map(|(module, cases)| {
+            cases.iter().flat_map(move |case| {
+                case.ignored
+                    .iter()
+                    .map(move |(engine, why)| format!("{module}::{}::{engine}: {why}", case.name))
+            })
         })
         .collect();
-    let trials: Vec<Trial> = cases.into_iter().flat_map(Case::trials).collect();
+    let trials: Vec<(Setup, Trial)> = modules
+        .into_iter()
+        .flat_map(|(module, cases)| cases.into_iter().flat_map(move |case| case.trials(module)))
+        .collect();
+    // Whether a trial that needs `setup` is going to run (not for a child process that runs
+    // one test by name, nor for `--list`).
+    let runs = |setup: Setup| {
+        !args.list
+            && trials
+                .iter()
+                .any(|(n, t)| *n == setup && !args.is_filtered_out(t) && !args.is_ignored(t))
+    };
     let mut guards = Vec::new();
     for engine in ENGINES {
-        // Only for a run with a trial of the engine to run (not for a child process that
-        // runs one test by name, nor for `--list`).
-        let suffix = format!("::{}", engine.name);
-        let runs = |t: &Trial| {
-            t.name().ends_with(&suffix) && !args.is_filtered_out(t) && !args.is_ignored(t)
-        };
-        if !args.list && trials.iter().any(runs) {
+        if runs(Setup::Engine(engine.name)) {
             match (engine.start)() {
                 Ok(guard) => guards.push(guard),
                 Err(why) => {
@@ -463,7 +585,28 @@ pub fn main(cases: Vec<Case>) -> ExitCode {
             }
         }
     }
-    let conclusion = libtest_mimic::run(&args, trials);
+    // The server of the PostgreSQL-only tests: the `postgres` engine's, if it started one.
+    let pg_skipped = if runs(Setup::PgServer) {
+        pg_server().err()
+    } else {
+        None
+    };
+    if let Some(why) = &pg_skipped {
+        eprintln!("\n==> PostgreSQL tests SKIPPED: {why}\n");
+    }
+    let own_skipped = runs(Setup::PgCluster) && pg::external_url().is_some();
+    let own_banner = || {
+        eprintln!(
+            "==> PostgreSQL tests that kill and restart their server SKIPPED \
+             (reported ignored): each {}\n",
+            pg::OWN_CLUSTER_SKIP
+        )
+    };
+    if own_skipped {
+        eprintln!();
+        own_banner();
+    }
+    let conclusion = libtest_mimic::run(&args, trials.into_iter().map(|(_, t)| t).collect());
     if !args.list {
         #[cfg(not(feature = "postgres"))]
         eprintln!(
@@ -473,10 +616,17 @@ pub fn main(cases: Vec<Case>) -> ExitCode {
         for (engine, why) in UNAVAILABLE.lock().unwrap().iter() {
             eprintln!("==> {engine} SKIPPED in these tests: {why}");
         }
+        if let Some(why) = &pg_skipped {
+            eprintln!("==> PostgreSQL tests SKIPPED: {why}");
+        }
+        if own_skipped {
+            own_banner();
+        }
         for defect in &defects {
             eprintln!("==> ignored for a defect: {defect}");
         }
     }
     drop(guards);
+    stop_pg_server();
     conclusion.exit_code()
 }

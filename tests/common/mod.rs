@@ -5,6 +5,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
 pub mod engines;
+#[path = "../pg/mod.rs"]
+pub mod pg;
 mod raw_sled;
 pub mod scenarios;
 #[allow(unused_imports)]

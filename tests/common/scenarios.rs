@@ -1,6 +1,6 @@
-//! Scenarios of waiting consumers, run on every engine of the suite (`tests/waiting.rs`,
-//! `tests/leak.rs`, see [`super::engines`]): the fixture, and waiting for consumers to register
-//! (through `waiters()`, never through sleeps).
+//! Scenarios of waiting consumers, run on every engine of the suite (`tests/suite/waiting.rs`,
+//! `tests/suite/leak.rs`, see [`super::engines`]): the fixture, and waiting for consumers to
+//! register (through `waiters()`, never through sleeps).
 
 use std::time::{Duration, Instant};
 

@@ -1,8 +1,11 @@
 //! A private PostgreSQL server for the tests that need a real one.
 //!
-//! A test binary (`harness = false` in `Cargo.toml`) includes this module with `mod pg;` and
-//! hands its tests to [`run_suite`], which parses the usual test arguments, starts one server,
-//! runs every test against it (each may take its own database with
+//! The suite's test binary (`tests/suite/`) includes this module through `tests/common/` and
+//! lists its PostgreSQL-only tests as cases (`engines::Case::postgres`), which its `main` runs
+//! against one server it starts for the binary, the one its `postgres` engine uses. Another
+//! test binary (`harness = false` in `Cargo.toml`: rq's `cli_postgres`) includes this module
+//! with `#[path]` and hands its tests to [`run_suite`], which parses the usual test arguments,
+//! starts one server, runs every test against it (each may take its own database with
 //! [`PgServer::create_database`]) and stops the server at the end.
 //!
 //! Where the server comes from:
@@ -23,10 +26,11 @@
 //! the command's output and the tail of the server log.
 //!
 //! A test that kills or restarts the server ([`PgServer::kill_9`], [`PgServer::restart`]) must
-//! not do it to the server the other tests of its binary share: [`run_suite_with`] gives such a
-//! test ([`Needs::OwnCluster`]) a cluster of its own, started for it alone and stopped after
-//! it. Those tests need a server this harness starts: with `RQ_TEST_POSTGRES_URL` set they are
-//! reported as ignored, with the reason, and a banner on stderr says so.
+//! not do it to the server the other tests of its binary share: [`run_suite_with`] (and the
+//! suite's `main`) gives such a test ([`Needs::OwnCluster`]) a cluster of its own, started for
+//! it alone and stopped after it. Those tests need a server this harness starts: with
+//! `RQ_TEST_POSTGRES_URL` set they are reported as ignored, with the reason, and a banner on
+//! stderr says so.
 #![allow(dead_code, unreachable_pub)]
 
 use std::fmt;
@@ -680,7 +684,7 @@ pub enum Needs {
 }
 
 /// Why an [`Needs::OwnCluster`] test does not run against `RQ_TEST_POSTGRES_URL`'s server.
-const OWN_CLUSTER_SKIP: &str = "kills and restarts its server, so needs a cluster this \
+pub const OWN_CLUSTER_SKIP: &str = "kills and restarts its server, so needs a cluster this \
                                 harness starts; RQ_TEST_POSTGRES_URL names an existing server";
 
 /// Runs `tests` as a libtest-style suite against one [`PgServer`] and returns the exit code for
@@ -865,7 +869,7 @@ pub async fn connect(url: &str) -> tokio_postgres::Client {
 }
 
 /// `RQ_TEST_POSTGRES_URL`, when set to something.
-fn external_url() -> Option<String> {
+pub fn external_url() -> Option<String> {
     std::env::var(URL_VAR)
         .ok()
         .filter(|url| !url.trim().is_empty())
