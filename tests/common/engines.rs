@@ -384,7 +384,7 @@ impl Case {
     /// A PostgreSQL-only test, run once: against the server the binary's other trials share
     /// ([`pg::Needs::SharedServer`]), or on a cluster started for it alone, which it may kill
     /// and restart ([`pg::Needs::OwnCluster`]; reported ignored with `RQ_TEST_POSTGRES_URL`
-    /// set). Not bounded by [`CASE_LIMIT`], as under [`pg::run_suite_with`].
+    /// set). Not bounded by [`CASE_LIMIT`], as under [`pg::run_suite`].
     pub fn postgres(name: &'static str, needs: pg::Needs, test: pg::TestFn) -> Case {
         Case {
             name,
@@ -493,8 +493,8 @@ pub fn postgres_suite(tests: Vec<(&'static str, pg::TestFn)>) -> Vec<Case> {
         .collect()
 }
 
-/// [`postgres_suite`] with tests that may need a cluster of their own, listed as for
-/// [`pg::run_suite_with`].
+/// [`postgres_suite`] with tests that may need a cluster of their own
+/// ([`pg::Needs::OwnCluster`]).
 pub fn postgres_suite_with(tests: Vec<(&'static str, pg::Needs, pg::TestFn)>) -> Vec<Case> {
     tests
         .into_iter()

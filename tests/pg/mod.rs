@@ -26,8 +26,8 @@
 //! the command's output and the tail of the server log.
 //!
 //! A test that kills or restarts the server ([`PgServer::kill_9`], [`PgServer::restart`]) must
-//! not do it to the server the other tests of its binary share: [`run_suite_with`] (and the
-//! suite's `main`) gives such a test ([`Needs::OwnCluster`]) a cluster of its own, started for
+//! not do it to the server the other tests of its binary share: the suite's `main`
+//! (`tests/common/engines.rs`) gives such a test ([`Needs::OwnCluster`]) a cluster of its own, started for
 //! it alone and stopped after it. Those tests need a server this harness starts: with
 //! `RQ_TEST_POSTGRES_URL` set they are reported as ignored, with the reason, and a banner on
 //! stderr says so.
@@ -43,7 +43,7 @@ use std::process::{Command, ExitCode, Output};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use libtest_mimic::{Arguments, Completion, Failed, Trial};
+use libtest_mimic::{Arguments, Failed, Trial};
 
 pub mod proxy;
 
@@ -670,7 +670,7 @@ impl Cluster {
 /// A test of the suite: it gets the shared server, or its own cluster ([`Needs`]).
 pub type TestFn = fn(&PgServer);
 
-/// What server a test of [`run_suite_with`] runs against.
+/// What server a PostgreSQL test of the suite runs against (`tests/common/engines.rs`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Needs {
     /// The server the suite's tests share (this harness's, or `RQ_TEST_POSTGRES_URL`'s).
@@ -688,90 +688,45 @@ pub const OWN_CLUSTER_SKIP: &str = "kills and restarts its server, so needs a cl
                                 harness starts; RQ_TEST_POSTGRES_URL names an existing server";
 
 /// Runs `tests` as a libtest-style suite against one [`PgServer`] and returns the exit code for
-/// `main`.
+/// `main` (the suite's binary runs its PostgreSQL tests with `tests/common/engines.rs`
+/// instead, beside the conformance suite, with [`Needs`]).
 ///
 /// Takes the usual test arguments (a name filter, `--exact`, `--skip`, `--list`, `--ignored`,
 /// `--test-threads`, ...). The server is started once, only when some test is going to run, and
 /// shared by the tests, which run on several threads; a panicking test fails. When there is no
 /// server ([`Skip`]), every test is reported as ignored and a banner on stderr says why.
 pub fn run_suite(tests: Vec<(&'static str, TestFn)>) -> ExitCode {
-    run_suite_with(
-        tests
-            .into_iter()
-            .map(|(name, test)| (name, Needs::SharedServer, test))
-            .collect(),
-    )
-}
-
-/// [`run_suite`] with tests that may need a cluster of their own ([`Needs::OwnCluster`]): each
-/// of those gets one started for it alone (and stopped after it) instead of the shared
-/// server, which is started only when some [`Needs::SharedServer`] test is going to run. With
-/// `RQ_TEST_POSTGRES_URL` set the own-cluster tests are reported as ignored, with the reason,
-/// and a banner on stderr says so.
-pub fn run_suite_with(tests: Vec<(&'static str, Needs, TestFn)>) -> ExitCode {
     let mut args = Arguments::from_args();
-    let external = external_url().is_some();
     // Filled in before the trials run; the trials only read it.
     let server: Arc<OnceLock<PgServer>> = Arc::new(OnceLock::new());
-    let mut trials: Vec<(Needs, Trial)> = tests
+    let mut trials: Vec<Trial> = tests
         .into_iter()
-        .map(|(name, needs, test)| {
-            let trial = match needs {
-                Needs::SharedServer => {
-                    let server = Arc::clone(&server);
-                    Trial::test(name, move || {
-                        let server = server
-                            .get()
-                            .ok_or_else(|| Failed::from("no PostgreSQL server was started"))?;
-                        test(server);
-                        Ok(())
-                    })
-                }
-                Needs::OwnCluster => Trial::ignorable_test(name, move || {
-                    if external {
-                        return Ok(Completion::ignored_with(OWN_CLUSTER_SKIP));
-                    }
-                    let own =
-                        PgServer::start_cluster().map_err(|skip| Failed::from(skip.reason))?;
-                    test(&own);
-                    Ok(Completion::Completed)
-                }),
-            };
-            (needs, trial)
+        .map(|(name, test)| {
+            let server = Arc::clone(&server);
+            Trial::test(name, move || {
+                let server = server
+                    .get()
+                    .ok_or_else(|| Failed::from("no PostgreSQL server was started"))?;
+                test(server);
+                Ok(())
+            })
         })
         .collect();
 
-    let will_run = |needs: Needs| {
-        trials
-            .iter()
-            .any(|(n, t)| *n == needs && !args.is_filtered_out(t) && !args.is_ignored(t))
-    };
-    let (shared_will_run, own_will_run) =
-        (will_run(Needs::SharedServer), will_run(Needs::OwnCluster));
+    let will_run = trials
+        .iter()
+        .any(|t| !args.is_filtered_out(t) && !args.is_ignored(t));
     let mut skipped = None;
-    if !args.list && (shared_will_run || own_will_run) {
-        // The shared server only if a test needs it; else only whether one could be started.
-        let available = if shared_will_run {
-            PgServer::start().map(|started| {
-                if server.set(started).is_err() {
-                    unreachable!("the server is set once");
-                }
-            })
-        } else if external {
-            Ok(())
-        } else {
-            find_bin_dir().map(drop).map_err(|skip| {
-                if postgres_required() {
-                    panic!("{skip} ({REQUIRE_VAR}=1 makes a missing PostgreSQL a failure)")
-                }
-                skip
-            })
-        };
-        if let Err(skip) = available {
+    if !args.list && will_run {
+        if let Err(skip) = PgServer::start().map(|started| {
+            if server.set(started).is_err() {
+                unreachable!("the server is set once");
+            }
+        }) {
             eprintln!("\n==> PostgreSQL tests SKIPPED: {skip}\n");
             trials = trials
                 .into_iter()
-                .map(|(needs, t)| (needs, t.with_ignored_flag(true)))
+                .map(|t| t.with_ignored_flag(true))
                 .collect();
             // Without a server even `--ignored`/`--include-ignored` cannot run them.
             args.ignored = false;
@@ -779,26 +734,12 @@ pub fn run_suite_with(tests: Vec<(&'static str, Needs, TestFn)>) -> ExitCode {
             skipped = Some(skip);
         }
     }
-    let own_skipped = skipped.is_none() && external && own_will_run && !args.list;
-    let own_banner = || {
-        eprintln!(
-            "==> PostgreSQL tests that kill and restart their server SKIPPED \
-             (reported ignored): each {OWN_CLUSTER_SKIP}\n"
-        )
-    };
-    if own_skipped {
-        eprintln!();
-        own_banner();
-    }
 
-    let conclusion = libtest_mimic::run(&args, trials.into_iter().map(|(_, t)| t).collect());
+    let conclusion = libtest_mimic::run(&args, trials);
 
     if let Some(skip) = skipped {
         // Again after the summary, where it is seen.
         eprintln!("==> PostgreSQL tests SKIPPED: {skip}\n");
-    }
-    if own_skipped {
-        own_banner();
     }
     // The trials, and their references to the server, are gone: this stops it.
     match Arc::into_inner(server) {

@@ -48,8 +48,11 @@ fn main() -> ExitCode {
     // This binary started again by one of its tests, for something other than a test run.
     postgres_server::exit_child_if_asked();
     #[cfg(feature = "postgres")]
-    if postgres::run_worker_if_asked() || postgres_ops::run_worker_if_asked() {
-        return ExitCode::SUCCESS;
+    for (var, worker) in [postgres::WORKER, postgres_ops::WORKER] {
+        if let Ok(url) = std::env::var(var) {
+            worker(&url);
+            return ExitCode::SUCCESS;
+        }
     }
     common::engines::main(vec![
         module!(async_send_sync),

@@ -901,17 +901,10 @@ mod cases {
     }
 }
 
-/// Runs this process as a worker of this module's tests (started by one of them with
-/// `WORKER_VAR` set, not as a test run) and says so, or returns `false`.
+/// This module's worker process: started by one of its tests with the variable set to the
+/// server's URL (see `tests/suite/main.rs`), not as a test run.
 #[cfg(feature = "postgres")]
-pub(crate) fn run_worker_if_asked() -> bool {
-    use cases::*;
-    if let Ok(url) = std::env::var(WORKER_VAR) {
-        worker(&url);
-        return true;
-    }
-    false
-}
+pub(crate) const WORKER: (&str, fn(&str)) = (cases::WORKER_VAR, cases::worker);
 
 /// The cases of this module of the suite (`tests/suite/main.rs`).
 #[cfg(feature = "postgres")]

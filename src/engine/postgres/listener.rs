@@ -264,30 +264,30 @@ impl Waiters {
         // line's order stays, and a waiter slow to look loses its turn only to takes that
         // found the queue's items held up.
         let counts = !place.counted || (place.woken && place.sure);
-        let turn = match place.missed {
-            true if line.places.iter().take(me).any(Place::holds_up) => Turn::Wait,
-            _ => {
-                let (turn, counted) = line.miss(ticket, counts);
-                if counted {
-                    if let Some(place) = line.places.iter_mut().find(|p| p.ticket == ticket) {
-                        place.missed = true;
-                    }
-                }
-                turn
-            }
+        let (turn, counted) = if place.missed && line.places.iter().take(me).any(Place::holds_up) {
+            (Turn::Wait, false)
+        } else {
+            line.miss(ticket, counts)
         };
+        // A turn taken from the waiter ahead (`Taken`) removed that one, before this one.
+        let me = match turn {
+            Turn::Taken { .. } => me.saturating_sub(1),
+            _ => me,
+        };
+        let Some(place) = line.places.get_mut(me) else {
+            return turn;
+        };
+        debug_assert_eq!(place.ticket, ticket, "a miss removes a place ahead only");
+        place.missed |= counted;
         if turn != Turn::Wait {
-            // Looked up again: a turn taken from the waiter ahead (`Taken`) removed it.
-            if let Some(place) = line.places.iter_mut().find(|p| p.ticket == ticket) {
-                // A look for its turn is not counted among the waiters until it has found
-                // nothing; the first waiter's look without a wake (its fallback poll) is.
-                place.counted &= !place.woken;
-                place.turn_sure = place.sure;
-                place.woken = false;
-                place.sure = false;
-                place.looking = true;
-                place.missed = false;
-            }
+            // Looking now. A look for its turn is not counted among the waiters until it has
+            // found nothing; the first waiter's look without a wake (its fallback poll) is.
+            place.counted &= !place.woken;
+            place.turn_sure = place.sure;
+            place.woken = false;
+            place.sure = false;
+            place.looking = true;
+            place.missed = false;
         }
         turn
     }
@@ -322,24 +322,23 @@ impl Waiters {
             let Some(at) = line.places.iter().position(|p| p.ticket == ticket) else {
                 return;
             };
-            let left = line.places.remove(at);
-            let held_up = left.as_ref().is_some_and(Place::holds_up);
-            if let Some(left) = left {
-                if left.woken {
-                    // A wake it did not use goes to the next waiter as it was.
-                    line.wake_next(left.sure);
-                } else if left.looking && !took {
-                    // Gone during its look (given up, or its look failed): the item that
-                    // look was for may still be there.
-                    line.wake_next(left.turn_sure);
-                } else if took && !left.turn_sure {
-                    // It looked without a wake of this store's commit (the listener's, one
-                    // per commit of another store; its fallback poll): there may be more.
-                    line.wake_next(false);
-                }
-                if held_up || took {
-                    line.go_on();
-                }
+            let Some(left) = line.places.remove(at) else {
+                return;
+            };
+            if left.woken {
+                // A wake it did not use goes to the next waiter as it was.
+                line.wake_next(left.sure);
+            } else if left.looking && !took {
+                // Gone during its look (given up, or its look failed): the item that look
+                // was for may still be there.
+                line.wake_next(left.turn_sure);
+            } else if took && !left.turn_sure {
+                // It looked without a wake of this store's commit (the listener's, one per
+                // commit of another store; its fallback poll): there may be more.
+                line.wake_next(false);
+            }
+            if left.holds_up() || took {
+                line.go_on();
             }
             line.places.is_empty()
         };
