@@ -25,10 +25,14 @@ use crate::sync::process::Mutex;
 /// commit of this store makes visible wakes the first waiter of its queue's line not woken
 /// for an item yet (a *sure* wake); a notification of another store's commit (one per
 /// commit) or a fallback poll wakes one waiter that, if it takes an item, wakes the next, as
-/// there may be more. Woken waiters look one after the other, in their order (a woken waiter
-/// behind one that is still to look, or is looking, waits for it). While a waiter is woken or
-/// looking, this process's other takes of the queue (a `try_dequeue`, a waiter behind it)
-/// find nothing; behind a waiter that is woken and has not started to look, a take of its
+/// there may be more (a waiter whose look is in flight is passed over then). Woken waiters
+/// look one after the other, in their order (a woken waiter behind one that is still to look,
+/// or is looking, waits for it). While a waiter is woken and has not started to look, this
+/// process's other takes of the queue (a `try_dequeue`, a waiter behind it) find nothing;
+/// beside a look in flight, a take that is not a woken waiter's (a `try_dequeue`, a waiter's
+/// first look) looks too, as `SKIP LOCKED` gives each its own rows (so a backlog is taken by
+/// every consumer at once, not one look at a time). Behind a waiter that is woken and has not
+/// started to look, a take of its
 /// own (not a waiter's, a waiter's first look, or one woken by a commit) is a *miss*, and the
 /// second miss since it was woken takes its turn away (it leaves the line), so that a leaked
 /// or stalled waiter holds nothing up for long (the embedded engines' rule for an item handed
@@ -105,14 +109,16 @@ pub(crate) enum Turn {
 
 impl Line {
     /// Wakes the first waiter not woken yet (`sure`: by a commit, the first not woken by a
-    /// commit yet). One that is looking is woken too: its look may have started before the
-    /// change that wakes it, so it looks again.
-    fn wake_next(&mut self, sure: bool) {
+    /// commit yet). With `lookers`, one that is looking is woken too: its look may have
+    /// started before the change that wakes it (a commit), so it looks again. Without (a
+    /// waiter that took an item passes on: there may be more), a waiter whose look is in
+    /// flight is passed over: that look sees what the taker left.
+    fn wake_next(&mut self, sure: bool, lookers: bool) {
         let misses = u8::from(std::mem::take(&mut self.taken));
         if let Some(place) = self
             .places
             .iter_mut()
-            .find(|p| !p.woken || (sure && !p.sure))
+            .find(|p| (!p.woken && (lookers || !p.looking)) || (sure && !p.sure))
         {
             if !place.woken {
                 place.misses = misses;
@@ -133,11 +139,15 @@ impl Line {
         }
     }
 
-    /// A take held up by the first waiter ahead of `ahead_of` that holds the line up: it
-    /// waits for a waiter that is looking; for one that is woken and has not started to
-    /// look, it is a miss where the take `counts` (see [`Waiters::turn`]), and on the
-    /// second one it takes that waiter's turn (the waiter leaves the line).
-    fn miss(&mut self, ahead_of: u64, counts: bool) -> (Turn, bool) {
+    /// A take held up by the first waiter ahead of `ahead_of` that holds the line up. For
+    /// one that is looking, it waits where `lookers` hold it up (a woken waiter's look,
+    /// which keeps the order of the wakes), else it looks beside it: a take that is not a
+    /// woken waiter's (a `try_dequeue`, a waiter's first look), for which `SKIP LOCKED`
+    /// gives each look its own rows, so that a backlog is taken by every consumer at once
+    /// rather than one look at a time. For one that is woken and has not started to look,
+    /// it is a miss where the take `counts` (see [`Waiters::turn`]), and on the second one
+    /// it takes that waiter's turn (the waiter leaves the line, and is told).
+    fn miss(&mut self, ahead_of: u64, counts: bool, lookers: bool) -> (Turn, bool) {
         let Some(at) = self
             .places
             .iter()
@@ -146,14 +156,24 @@ impl Line {
             return (Turn::Look, false);
         };
         let place = &mut self.places[at];
-        if !place.woken || !counts {
+        if !place.woken {
+            // A look in flight.
+            let turn = if lookers { Turn::Wait } else { Turn::Look };
+            return (turn, false);
+        }
+        if !counts {
             return (Turn::Wait, false);
         }
         place.misses = place.misses.saturating_add(1);
         if place.misses < 2 {
             return (Turn::Wait, true);
         }
-        let sure = self.places.remove(at).is_some_and(|p| p.sure);
+        let removed = self.places.remove(at);
+        // Told at once, so that it joins again (at its place) rather than at its poll.
+        if let Some(p) = &removed {
+            p.wake.notify_one();
+        }
+        let sure = removed.is_some_and(|p| p.sure);
         // The next woken waiter, or the one the take that follows wakes, has had its first
         // miss: misses take the turns of stalled waiters one each.
         match self.places.iter_mut().find(|p| p.woken) {
@@ -267,7 +287,8 @@ impl Waiters {
         let (turn, counted) = if place.missed && line.places.iter().take(me).any(Place::holds_up) {
             (Turn::Wait, false)
         } else {
-            line.miss(ticket, counts)
+            // Only a waiter's first look (not woken, not counted) looks beside lookers.
+            line.miss(ticket, counts, place.woken || place.counted)
         };
         // A turn taken from the waiter ahead (`Taken`) removed that one, before this one.
         let me = match turn {
@@ -296,7 +317,7 @@ impl Waiters {
     /// in `queue` now?
     pub(crate) fn try_turn(&self, queue: i32) -> Turn {
         match self.lines.lock().queues.get_mut(&queue) {
-            Some(line) => line.miss(u64::MAX, true).0,
+            Some(line) => line.miss(u64::MAX, true, false).0,
             None => Turn::Look,
         }
     }
@@ -306,7 +327,7 @@ impl Waiters {
     /// before, never all at once).
     pub(crate) fn pass_on(&self, queue: i32) {
         if let Some(line) = self.lines.lock().queues.get_mut(&queue) {
-            line.wake_next(false);
+            line.wake_next(false, false);
             line.go_on();
         }
     }
@@ -327,15 +348,15 @@ impl Waiters {
             };
             if left.woken {
                 // A wake it did not use goes to the next waiter as it was.
-                line.wake_next(left.sure);
+                line.wake_next(left.sure, true);
             } else if left.looking && !took {
                 // Gone during its look (given up, or its look failed): the item that look
                 // was for may still be there.
-                line.wake_next(left.turn_sure);
+                line.wake_next(left.turn_sure, true);
             } else if took && !left.turn_sure {
                 // It looked without a wake of this store's commit (the listener's, one per
                 // commit of another store; its fallback poll): there may be more.
-                line.wake_next(false);
+                line.wake_next(false, false);
             }
             if left.holds_up() || took {
                 line.go_on();
@@ -402,7 +423,7 @@ impl Waiters {
     fn wake_one(&self, queue: i32, sure: bool) {
         if let Some(line) = self.lines.lock().queues.get_mut(&queue) {
             line.taken = false;
-            line.wake_next(sure);
+            line.wake_next(sure, true);
         }
     }
 
@@ -668,4 +689,59 @@ async fn reconcile(
         locked.remove(&queue);
     }
     true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A line of `n` waiters on queue 1, in ticket order.
+    fn line(n: usize) -> (Arc<Waiters>, Vec<(u64, Arc<Notify>)>) {
+        let (waiters, _commands) = Waiters::new();
+        let mut joined = Vec::new();
+        for _ in 0..n {
+            let (ticket, wake) = waiters.ticket();
+            drop(waiters.join(1, ticket, &wake));
+            joined.push((ticket, wake));
+        }
+        (waiters, joined)
+    }
+
+    #[test]
+    fn a_first_look_goes_beside_a_look_in_flight_and_a_woken_waiter_waits_for_it() {
+        let (waiters, w) = line(3);
+        assert_eq!(waiters.turn(1, w[0].0), Turn::Look);
+        // Its first look: `SKIP LOCKED` gives it other rows than the look in flight.
+        assert_eq!(waiters.turn(1, w[1].0), Turn::Look);
+        assert_eq!(waiters.try_turn(1), Turn::Look);
+        // A waiter woken by a commit looks after the looks ahead of it, in order.
+        waiters.looked(1, w[1].0, false);
+        waiters.wake_one(1, true);
+        assert_eq!(waiters.turn(1, w[1].0), Turn::Wait);
+        waiters.looked(1, w[0].0, true);
+        waiters.leave(1, w[0].0, true);
+        assert_eq!(waiters.turn(1, w[1].0), Turn::Look);
+    }
+
+    #[test]
+    fn a_waiter_whose_turn_is_taken_is_told_at_once() {
+        let (waiters, w) = line(1);
+        let (ticket, wake) = &w[0];
+        waiters.looked(1, *ticket, false);
+        waiters.wake_one(1, true);
+        // The wake's permit, used as the waiter would before it looks.
+        let woken = wake.notified();
+        tokio::pin!(woken);
+        assert!(woken.as_mut().enable());
+        // It does not look: two misses take its turn.
+        assert_eq!(waiters.try_turn(1), Turn::Wait);
+        assert_eq!(waiters.try_turn(1), Turn::Taken { sure: true });
+        let told = wake.notified();
+        tokio::pin!(told);
+        assert!(
+            told.as_mut().enable(),
+            "the waiter was not told its turn was taken"
+        );
+        assert_eq!(waiters.turn(1, *ticket), Turn::Gone);
+    }
 }
