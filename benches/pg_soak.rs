@@ -51,6 +51,10 @@ struct Args {
     /// `lease`.
     #[arg(long)]
     try_lease: bool,
+    /// Print, at the end, the plans of the statements that took longer than this many
+    /// milliseconds (PostgreSQL's `auto_explain`, with timings).
+    #[arg(long)]
+    explain_over_ms: Option<u64>,
     /// Fail when the last window's throughput is below half the first's.
     #[arg(long)]
     smoke: bool,
@@ -201,6 +205,20 @@ async fn run(args: &Args, url: &str) -> bool {
     pg::make_durable(url).await;
     let schema = "soak";
     let admin = pg::connect(url).await;
+    if let Some(ms) = args.explain_over_ms {
+        for statement in [
+            "LOAD 'auto_explain'".to_owned(),
+            "ALTER SYSTEM SET session_preload_libraries = 'auto_explain'".to_owned(),
+            format!("ALTER SYSTEM SET auto_explain.log_min_duration = {ms}"),
+            "ALTER SYSTEM SET auto_explain.log_analyze = on".to_owned(),
+            "SELECT pg_reload_conf()".to_owned(),
+        ] {
+            admin
+                .batch_execute(&statement)
+                .await
+                .expect("turn auto_explain on");
+        }
+    }
     admin
         .batch_execute(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"))
         .await
@@ -233,6 +251,29 @@ async fn run(args: &Args, url: &str) -> bool {
         .batch_execute(&format!("ANALYZE \"{schema}\".items"))
         .await
         .expect("analyze");
+    // `stats()` and `count()` on the backlog at rest: the figures a dashboard's refresh costs.
+    let mut at_rest = Vec::new();
+    for _ in 0..5 {
+        let asked = Instant::now();
+        let stats = q.stats().await.expect("stats");
+        let took = asked.elapsed();
+        let asked = Instant::now();
+        let count = q.count().await.expect("count");
+        at_rest.push((took, asked.elapsed()));
+        assert_eq!(
+            (stats.visible, count),
+            (args.backlog, args.backlog),
+            "an idle queue's figures are exact"
+        );
+    }
+    at_rest.sort();
+    let (stats_ms, count_ms) = at_rest[at_rest.len() / 2];
+    println!(
+        "pg_soak: at rest with {} items, stats() {:.2} ms, count() {:.2} ms (median of 5)",
+        args.backlog,
+        stats_ms.as_secs_f64() * 1000.0,
+        count_ms.as_secs_f64() * 1000.0
+    );
     println!(
         "pg_soak: backlog {} filled in {:.1} s; {} leasing consumers (every 8th call a take), \
          {} producers of {BATCH}-item commits; {} s in {} s windows",
@@ -333,6 +374,18 @@ async fn run(args: &Args, url: &str) -> bool {
     }
     store.close().await.expect("close");
 
+    if args.explain_over_ms.is_some() {
+        // The harness's server logs to `server.log` beside its data directory.
+        let log = admin
+            .query_one(
+                "SELECT pg_read_file(current_setting('data_directory') || '/../server.log')",
+                &[],
+            )
+            .await
+            .map(|row| row.get::<_, String>(0))
+            .unwrap_or_else(|e| format!("(the server's log could not be read: {e})"));
+        println!("{log}");
+    }
     let first = rates.first().copied().unwrap_or(0.0);
     let last = rates.last().copied().unwrap_or(0.0);
     let (t0, i0) = first_sizes.unwrap_or((0, 0));

@@ -747,7 +747,7 @@ mod cases {
         {
             Err(Error::SchemaVersion {
                 found, supported, ..
-            }) => assert_eq!((found, supported), (99, 3)),
+            }) => assert_eq!((found, supported), (99, 4)),
             other => panic!("expected SchemaVersion, got {other:?}"),
         }
     }

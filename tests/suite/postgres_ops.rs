@@ -49,48 +49,94 @@ mod cases {
         )
     }
 
-    /// `schema` records the current version (3) and has its shape: no foreign keys.
+    /// Version 3's shape made from the current one: version 4's counts, their triggers and
+    /// functions, and its table settings gone.
+    fn to_v3_shape(schema: &str) -> String {
+        format!(
+            "DROP TABLE {schema}.counts; \
+             DROP FUNCTION {schema}.count_items_in, {schema}.count_items_out, \
+               {schema}.count_items_moved, {schema}.count_dead_in, {schema}.count_dead_out \
+               CASCADE; \
+             ALTER TABLE {schema}.items RESET (fillfactor, autovacuum_vacuum_scale_factor, \
+               autovacuum_vacuum_threshold, autovacuum_vacuum_insert_scale_factor, \
+               autovacuum_analyze_scale_factor, autovacuum_vacuum_cost_delay); \
+             ALTER TABLE {schema}.dead_letters RESET (autovacuum_vacuum_scale_factor); \
+             UPDATE {schema}.meta SET value = '3' WHERE key = 'schema_version';"
+        )
+    }
+
+    /// `schema` records the current version (4) and has its shape: no foreign keys, the
+    /// counts and their triggers.
     fn assert_current(server: &PgServer, schema: &str) {
         let version = one_i64(
             server.url(),
             &format!("SELECT value::int8 FROM {schema}.meta WHERE key = 'schema_version'"),
         );
-        assert_eq!(version, 3, "{schema}'s recorded version");
+        assert_eq!(version, 4, "{schema}'s recorded version");
+        let triggers = one_i64(
+            server.url(),
+            &format!(
+                "SELECT count(*) FROM pg_trigger WHERE NOT tgisinternal \
+                 AND tgrelid IN ('{schema}.items'::regclass, '{schema}.dead_letters'::regclass)"
+            ),
+        );
+        assert_eq!(triggers, 5, "{schema}'s counting triggers");
         assert_eq!(foreign_keys(server, schema), 0, "{schema}'s foreign keys");
     }
 
-    /// A schema of version 2 (foreign keys from the items and the dead letters to the
-    /// queues) is migrated to version 3 when a store connects: the keys are dropped, its items
-    /// and dead letters stay, and a version-3 store connecting again changes nothing.
+    /// A schema of version 2 (version 3 with foreign keys from the items and the dead
+    /// letters to the queues) is migrated to the current version when a store connects.
     pub(crate) fn a_schema_of_version_2_is_migrated_with_its_items(server: &PgServer) {
-        let store = store(server, "migrate_v2");
+        migrated_with_its_items(server, "migrate_v2", 2);
+    }
+
+    /// A schema of version 3 (no counts) is migrated to the current version when a store
+    /// connects.
+    pub(crate) fn a_schema_of_version_3_is_migrated_with_its_items(server: &PgServer) {
+        migrated_with_its_items(server, "migrate_v3", 3);
+    }
+
+    /// A schema of `version` (2 or 3) is migrated when a store connects: version 2's keys
+    /// are dropped, the counts are made from the rows there (`stats()` and `count()` agree
+    /// with them), its items and dead letters stay, and a store connecting again changes
+    /// nothing.
+    fn migrated_with_its_items(server: &PgServer, schema: &str, version: u32) {
+        let store = store(server, schema);
         let q = store.blocking_queue::<String>("q").unwrap();
         q.blocking_set_retry_policy(RetryPolicy::default().max_attempts(1))
             .unwrap();
         let mut tx = store.begin();
-        for item in ["poison", "first", "second"] {
+        for item in ["poison", "first", "second", "leased"] {
             q.enqueue(&mut tx, item.to_owned()).unwrap();
         }
+        q.enqueue_after(&mut tx, "later".to_owned(), Duration::from_secs(3600))
+            .unwrap();
         tx.blocking_commit().unwrap();
         let lease = q.blocking_lease(Duration::from_secs(30)).unwrap();
         assert_eq!(lease.item().as_str(), "poison");
         assert!(matches!(lease.blocking_fail("bad").unwrap(), Failed::Dead));
         drop(q);
         store.blocking_close().unwrap();
-        // Version 2 is version 3 with the two foreign keys.
-        sql(
-            server.url(),
-            "ALTER TABLE migrate_v2.items ADD CONSTRAINT items_queue_fkey \
-               FOREIGN KEY (queue) REFERENCES migrate_v2.queues (id); \
-             ALTER TABLE migrate_v2.dead_letters ADD CONSTRAINT dead_letters_queue_fkey \
-               FOREIGN KEY (queue) REFERENCES migrate_v2.queues (id); \
-             UPDATE migrate_v2.meta SET value = '2' WHERE key = 'schema_version';",
+        let mut older = to_v3_shape(schema);
+        if version == 2 {
+            older = format!(
+                "{older} ALTER TABLE {schema}.items ADD CONSTRAINT items_queue_fkey \
+                   FOREIGN KEY (queue) REFERENCES {schema}.queues (id); \
+                 ALTER TABLE {schema}.dead_letters ADD CONSTRAINT dead_letters_queue_fkey \
+                   FOREIGN KEY (queue) REFERENCES {schema}.queues (id); \
+                 UPDATE {schema}.meta SET value = '2' WHERE key = 'schema_version';"
+            );
+        }
+        sql(server.url(), &older);
+        assert_eq!(
+            foreign_keys(server, schema),
+            if version == 2 { 2 } else { 0 }
         );
-        assert_eq!(foreign_keys(server, "migrate_v2"), 2);
 
-        for _ in 0..2 {
-            let store = self::store(server, "migrate_v2");
-            assert_current(server, "migrate_v2");
+        for round in 0..2 {
+            let store = self::store(server, schema);
+            assert_current(server, schema);
+            assert_eq!(foreign_keys(server, schema), 0);
             let q = store.blocking_queue::<String>("q").unwrap();
             let dead = q.blocking_dead_letters(None, 10).unwrap();
             assert_eq!(dead.len(), 1);
@@ -104,7 +150,29 @@ mod cases {
                 .into_iter()
                 .map(|b| b.item)
                 .collect();
-            assert_eq!(browsed, ["first", "second"]);
+            if round == 0 {
+                assert_eq!(browsed, ["first", "second", "leased", "later"]);
+                let stats = q.blocking_stats().unwrap();
+                assert_eq!(
+                    (stats.visible, stats.delayed, stats.leased, stats.dead),
+                    (3, 1, 0, 1)
+                );
+                // The counts go on from those the migration made.
+                let lease = q.blocking_lease(Duration::from_secs(30)).unwrap();
+                assert_eq!(lease.item().as_str(), "first");
+                lease.blocking_complete().unwrap();
+                let lease = q.blocking_lease(Duration::from_secs(30)).unwrap();
+                assert_eq!(lease.item().as_str(), "second");
+                std::mem::forget(lease);
+            } else {
+                assert_eq!(browsed, ["second", "leased", "later"]);
+            }
+            let stats = q.blocking_stats().unwrap();
+            assert_eq!(
+                (stats.visible, stats.delayed, stats.leased, stats.dead),
+                (1, 1, 1, 1)
+            );
+            assert_eq!(q.blocking_count().unwrap(), 1);
             drop(q);
             store.blocking_close().unwrap();
         }
@@ -160,7 +228,7 @@ mod cases {
         );
         tx.blocking_commit().unwrap();
         assert_eq!(q.blocking_count().unwrap(), 0);
-        // Connecting again finds version 3 and changes nothing.
+        // Connecting again finds version 4 and changes nothing.
         drop(q);
         store.blocking_close().unwrap();
         let again = self::store(server, "migrate_v1");
@@ -392,6 +460,10 @@ pub(crate) fn cases() -> Vec<crate::common::engines::Case> {
         (
             "a_schema_of_version_2_is_migrated_with_its_items",
             a_schema_of_version_2_is_migrated_with_its_items,
+        ),
+        (
+            "a_schema_of_version_3_is_migrated_with_its_items",
+            a_schema_of_version_3_is_migrated_with_its_items,
         ),
         (
             "dead_letters_past_the_retention_are_deleted",

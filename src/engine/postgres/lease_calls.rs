@@ -20,7 +20,7 @@ use tokio_postgres::Row;
 
 use super::failure::pg;
 use super::leases::{bury, lease_on, FailOutcome, Granted};
-use super::statements::{after_id, int8, ms, opt_ms, up_to};
+use super::statements::{after_id, fold_if_due, int8, ms, opt_ms, up_to};
 use super::Postgres;
 use crate::core::{Entry, QueueCore};
 use crate::engine::proc::{cut_reason, DeadSlot};
@@ -235,7 +235,10 @@ impl Postgres {
                     );
                     Ok((stats, policy))
                 };
-            read().map_err(|e| pg("stats", e))
+            let (stats, policy) = read().map_err(|e| pg("stats", e))?;
+            let rows: i64 = row.try_get(10).map_err(|e| pg("stats", e))?;
+            fold_if_due(&client, &sql, queue, now, rows).await;
+            Ok((stats, policy))
         })
         .await
     }

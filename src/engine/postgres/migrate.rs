@@ -9,9 +9,9 @@ use super::pool::Pool;
 use crate::error::{Error, Result};
 
 /// The schema version this build reads and writes.
-const SCHEMA_VERSION: i64 = 3;
+const SCHEMA_VERSION: i64 = 4;
 
-/// The schema's tables, version 3 (see ARCHITECTURE.md, "The PostgreSQL engine"): built
+/// The schema's tables, version 4 (see ARCHITECTURE.md, "The PostgreSQL engine"): built
 /// by the same steps a migrated schema went through, so both end the same.
 fn create_tables(schema: &str) -> String {
     let s = format!("\"{schema}\"");
@@ -26,9 +26,110 @@ fn create_tables(schema: &str) -> String {
            attempts int4 NOT NULL DEFAULT 0, \
            lease_token int8, \
            dedup_key bytea); \
-         {v2}{v3}",
+         {v2}{v3}{v4}",
         v2 = to_v2(schema, false),
-        v3 = to_v3(schema)
+        v3 = to_v3(schema),
+        v4 = to_v4(schema)
+    )
+}
+
+/// The class of an `items` row in `counts` (SQL, of the row's columns): `-1` leased; `0`
+/// not leased and due when written (its due time not after its enqueue time); else not
+/// leased with a due time in the 65.536 s bucket `(ready_ms >> 16) + 1` (at least 1).
+/// `-2` is the dead letters'. The statements of `stats()` and `count()` read the classes.
+const CLASS_OF: &str = "CASE WHEN leased_until IS NOT NULL THEN -1::int8 \
+     WHEN ready_ms <= enqueued_ms THEN 0::int8 \
+     ELSE greatest((ready_ms >> 16) + 1, 1) END";
+
+/// From version 3 to version 4: per-queue counts kept by the database, and the vacuum
+/// settings of a queue's tables.
+///
+/// `counts(queue, class, backend, n)`: how many rows of each class (see [`CLASS_OF`]) the
+/// queue has, as sums over rows kept per server process (`backend`: the writer's
+/// `pg_backend_pid()`, 0 for rows folded together), so that concurrent transactions never
+/// update the same row (no waits, no deadlocks between them). Statement-level triggers on
+/// `items` and `dead_letters` add each statement's changes in the statement's own
+/// transaction: the counts commit or roll back with the rows, whoever writes them (this
+/// engine, an older build still connected, the user's own SQL). `stats()` and `count()`
+/// read the sums and look at rows only where time alone changes a row's state (delayed
+/// rows coming due within the current bucket, leases), so their cost does not grow with
+/// the backlog.
+///
+/// Vacuum: a queue's rows are deleted at the head and inserted at the tail all day, and the
+/// default thresholds (20% of the table) let a 1,000,000-row table gather 200,000 dead rows
+/// before a vacuum, which every dequeue then walks over. `items` is vacuumed from 1% of
+/// its rows plus 1,000 dead, unthrottled; `counts`, a few rows rewritten at every commit,
+/// from 200. `items` keeps 10% of each page free (fillfactor 90) so that an update of a
+/// row that changes no indexed column (extending a lease) stays on its page.
+fn to_v4(schema: &str) -> String {
+    let s = format!("\"{schema}\"");
+    let sum = |rows: &str, sign: &str| {
+        format!("SELECT queue, {CLASS_OF} AS class, {sign}1 AS d FROM {rows}")
+    };
+    let upsert = |select: &str| {
+        format!(
+            "INSERT INTO {s}.counts AS c (queue, class, backend, n) \
+               SELECT queue, class, pg_backend_pid(), sum(d) FROM ({select}) x \
+               GROUP BY queue, class HAVING sum(d) <> 0 \
+             ON CONFLICT (queue, class, backend) DO UPDATE SET n = c.n + EXCLUDED.n; \
+             RETURN NULL;"
+        )
+    };
+    let function = |name: &str, body: &str| {
+        format!(
+            "CREATE FUNCTION {s}.{name}() RETURNS trigger LANGUAGE plpgsql AS $rq$ \
+             BEGIN {body} END $rq$; "
+        )
+    };
+    let dead = |rows: &str, sign: &str| {
+        format!("SELECT queue, -2::int8 AS class, {sign}1 AS d FROM {rows}")
+    };
+    format!(
+        "CREATE TABLE {s}.counts (\
+           queue int4 NOT NULL, \
+           class int8 NOT NULL, \
+           backend int4 NOT NULL, \
+           n int8 NOT NULL, \
+           PRIMARY KEY (queue, class, backend)) \
+         WITH (fillfactor = 50, autovacuum_vacuum_scale_factor = 0, \
+           autovacuum_vacuum_threshold = 200, autovacuum_vacuum_cost_delay = 0); \
+         {items_in}{items_out}{items_moved}{dead_in}{dead_out}\
+         CREATE TRIGGER items_in AFTER INSERT ON {s}.items REFERENCING NEW TABLE AS fresh \
+           FOR EACH STATEMENT EXECUTE FUNCTION {s}.count_items_in(); \
+         CREATE TRIGGER items_out AFTER DELETE ON {s}.items REFERENCING OLD TABLE AS gone \
+           FOR EACH STATEMENT EXECUTE FUNCTION {s}.count_items_out(); \
+         CREATE TRIGGER items_moved AFTER UPDATE ON {s}.items \
+           REFERENCING OLD TABLE AS gone NEW TABLE AS fresh \
+           FOR EACH STATEMENT EXECUTE FUNCTION {s}.count_items_moved(); \
+         CREATE TRIGGER dead_in AFTER INSERT ON {s}.dead_letters REFERENCING NEW TABLE AS fresh \
+           FOR EACH STATEMENT EXECUTE FUNCTION {s}.count_dead_in(); \
+         CREATE TRIGGER dead_out AFTER DELETE ON {s}.dead_letters \
+           REFERENCING OLD TABLE AS gone \
+           FOR EACH STATEMENT EXECUTE FUNCTION {s}.count_dead_out(); \
+         INSERT INTO {s}.counts (queue, class, backend, n) \
+           SELECT queue, class, 0, count(*) FROM (\
+             SELECT queue, {CLASS_OF} AS class FROM {s}.items \
+             UNION ALL SELECT queue, -2 FROM {s}.dead_letters) x \
+           GROUP BY queue, class; \
+         ALTER TABLE {s}.items SET (fillfactor = 90, \
+           autovacuum_vacuum_scale_factor = 0.01, autovacuum_vacuum_threshold = 1000, \
+           autovacuum_vacuum_insert_scale_factor = 0.01, autovacuum_analyze_scale_factor = 0.02, \
+           autovacuum_vacuum_cost_delay = 0); \
+         ALTER TABLE {s}.dead_letters SET (autovacuum_vacuum_scale_factor = 0.05); \
+         INSERT INTO {s}.meta (key, value) VALUES ('schema_version', '4') \
+           ON CONFLICT (key) DO UPDATE SET value = '4';",
+        items_in = function("count_items_in", &upsert(&sum("fresh", ""))),
+        items_out = function("count_items_out", &upsert(&sum("gone", "-"))),
+        items_moved = function(
+            "count_items_moved",
+            &upsert(&format!(
+                "{} UNION ALL {}",
+                sum("fresh", ""),
+                sum("gone", "-")
+            ))
+        ),
+        dead_in = function("count_dead_in", &upsert(&dead("fresh", ""))),
+        dead_out = function("count_dead_out", &upsert(&dead("gone", "-"))),
     )
 }
 
@@ -190,8 +291,14 @@ pub(super) async fn migrate(pool: &Pool, schema: &str, create: bool) -> Result<(
             let version = text.trim().parse::<i64>().unwrap_or(-1);
             let steps = match version {
                 SCHEMA_VERSION => None,
-                1 => Some(format!("{}{}", to_v2(schema, true), to_v3(schema))),
-                2 => Some(to_v3(schema)),
+                1 => Some(format!(
+                    "{}{}{}",
+                    to_v2(schema, true),
+                    to_v3(schema),
+                    to_v4(schema)
+                )),
+                2 => Some(format!("{}{}", to_v3(schema), to_v4(schema))),
+                3 => Some(to_v4(schema)),
                 found => {
                     return Err(Error::SchemaVersion {
                         schema: schema.to_owned(),

@@ -68,7 +68,7 @@ pub(crate) use self::listener::{Seats, Turn, Waiters};
 use self::migrate::migrate;
 use self::pool::{client_config, Pool};
 pub(crate) use self::statements::int8;
-use self::statements::{clock_ms, up_to, Sql, BEGIN};
+use self::statements::{clock_ms, fold_if_due, ms, up_to, Sql, BEGIN};
 use self::tls::Tls;
 use super::catalog::Catalog;
 use super::Entry;
@@ -628,8 +628,12 @@ impl Postgres {
                 .query_one(&sql.count, &[&queue, &now])
                 .await
                 .map_err(|e| pg("count", e))?;
-            let n: i64 = row.get(0);
-            Ok(u64::try_from(n).unwrap_or(0))
+            let (n, rows): (i64, i64) = (
+                row.try_get(0).map_err(|e| pg("count", e))?,
+                row.try_get(1).map_err(|e| pg("count", e))?,
+            );
+            fold_if_due(&client, &sql, queue, now, rows).await;
+            Ok(ms(n))
         })
         .await
     }

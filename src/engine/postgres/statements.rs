@@ -84,8 +84,16 @@ pub(super) struct Sql {
     pub(super) insert_one: String,
     /// `$1` queue ids, `$2` payloads, in commit order.
     pub(super) insert: String,
-    /// `$1` the queue's id: visible rows, not counting those held by open transactions.
+    /// `$1` the queue's id, `$2` now: visible rows, not counting those held by open
+    /// transactions; and how many rows of `counts` the queue has (see
+    /// [`fold`](Self::fold)). Reads the queue's counts, not its rows (see [`counted`]).
     pub(super) count: String,
+    /// `$1` the queue's id, `$2` now: the queue's rows of `counts` written by server
+    /// processes that are gone, and those of delayed rows whose bucket has passed, added
+    /// into rows of process 0 (the sums stay; the rows to read become few). One store at a
+    /// time per queue (an advisory lock tried, not waited for); rows a transaction holds are
+    /// skipped.
+    pub(super) fold: String,
     /// `$1` the queue's name: its id and retry policy, the row created if need be. Always
     /// one row: `DO UPDATE` (of nothing) returns the row another session created while the
     /// statement ran, which a read in the statement's snapshot would miss.
@@ -130,12 +138,26 @@ impl Sql {
                  ORDER BY n"
             ),
             count: format!(
-                "WITH t AS (SELECT coalesce($2::int8, {DB_NOW}) AS now) \
-                 SELECT count(*) FROM {s}.items i \
-                 WHERE i.queue = $1 AND {is_visible} \
-                 AND (i.id & 4294967295) NOT IN ({held})",
-                is_visible = is_visible(&s, "$1"),
-                held = held_ids(item_key)
+                "WITH {counted} SELECT greatest({visible}, 0)::int8, (SELECT rows FROM k_rows) \
+                 FROM c",
+                counted = counted(&s, item_key),
+                visible = VISIBLE,
+            ),
+            fold: format!(
+                "WITH t AS (SELECT coalesce($2::int8, {DB_NOW}) AS now), \
+                 cur AS (SELECT ((SELECT now FROM t) >> 16) + 1 AS class), \
+                 l AS (SELECT pg_try_advisory_xact_lock({watch_key}, -$1) AS got), \
+                 gone AS (DELETE FROM {s}.counts c WHERE c.ctid IN (\
+                   SELECT x.ctid FROM {s}.counts x WHERE x.queue = $1 AND x.backend <> 0 \
+                   AND (SELECT got FROM l) \
+                   AND (x.backend NOT IN (SELECT pid FROM pg_stat_activity WHERE pid IS NOT NULL) \
+                     OR (x.class > 0 AND x.class < (SELECT class FROM cur))) \
+                   FOR UPDATE SKIP LOCKED) \
+                 RETURNING c.queue, c.class, c.n) \
+                 INSERT INTO {s}.counts AS c (queue, class, backend, n) \
+                 SELECT queue, CASE WHEN class > 0 AND class < (SELECT class FROM cur) THEN 0 \
+                   ELSE class END, 0, sum(n)::int8 FROM gone GROUP BY 1, 2 \
+                 ON CONFLICT (queue, class, backend) DO UPDATE SET n = c.n + EXCLUDED.n"
             ),
             notify: format!(
                 "SELECT pg_notify($1, t.q::text) FROM (SELECT DISTINCT unnest($2::int4[]) AS q) t \
@@ -200,16 +222,6 @@ fn take_statement(s: &str, item_key: i32, n: &str) -> String {
     )
 }
 
-/// Is row `i` visible (due, not leased or its lease expired below the maximum attempts)?
-/// Does not look at whether a transaction holds it. Needs the CTE `t(now)`.
-fn is_visible(s: &str, queue: &str) -> String {
-    format!(
-        "((i.leased_until IS NULL AND i.ready_ms <= (SELECT now FROM t)) \
-          OR (i.leased_until <= (SELECT now FROM t) \
-              AND i.attempts < (SELECT max_attempts FROM {s}.queues WHERE id = {queue})))"
-    )
-}
-
 /// The low 32 bits of the ids of rows held by open transactions (their advisory locks).
 fn held_ids(item_key: i32) -> String {
     format!(
@@ -219,6 +231,71 @@ fn held_ids(item_key: i32) -> String {
          AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
     )
 }
+
+/// `counts` rows above this many for a queue (their sum is read by every `stats()` and
+/// `count()`) are folded after the read ([`Sql::fold`]).
+pub(super) const FOLD_AT: i64 = 64;
+
+/// The CTEs `stats()` and `count()` share (`$1` the queue, `$2` now), ending in `c`, one row
+/// of the queue's figures (see migrate.rs, `to_v4`, for `counts` and its classes):
+/// `unleased` (rows not leased: the sums of classes 0 and up), `delayed` (the sums of the
+/// buckets after the current one, and the rows of the current bucket counted, an index
+/// range of at most 65.536 s of due times), `live` and `expired` (leases, counted on their
+/// index: as many as are in flight), `held` (rows of the queue whose id an open
+/// transaction's advisory lock marks, looked up by key), `dead`. Visible is
+/// `unleased - delayed + expired - held` ([`VISIBLE`]). Nothing here reads a row per
+/// queued item: the cost is that of the leases, the held items and the items falling due
+/// within the current bucket, whatever the backlog. `k_rows`: how many `counts` rows were
+/// summed.
+fn counted(s: &str, item_key: i32) -> String {
+    format!(
+        "t AS (SELECT coalesce($2::int8, {DB_NOW}) AS now), \
+         pol AS (SELECT max_attempts FROM {s}.queues WHERE id = $1), \
+         k AS (SELECT class, sum(n)::int8 AS n, count(*) AS rows FROM {s}.counts \
+           WHERE queue = $1 GROUP BY class), \
+         k_rows AS (SELECT coalesce(sum(rows), 0)::int8 AS rows FROM k), \
+         h AS ({held}), \
+         held AS (SELECT i.id FROM {s}.items i WHERE i.queue = $1 AND i.id IN (\
+           SELECT h.objid + (g.g << 32) FROM h, \
+             generate_series(0::int8, coalesce((SELECT max(id) FROM {s}.items), 0) >> 32) \
+             AS g(g))), \
+         lz AS (SELECT i.id, i.leased_until, i.attempts, i.ready_ms, i.enqueued_ms \
+           FROM {s}.items i WHERE i.queue = $1 AND i.leased_until IS NOT NULL), \
+         c AS (SELECT \
+           (SELECT coalesce(sum(n), 0) FROM k WHERE class >= 0)::int8 AS unleased, \
+           ((SELECT coalesce(sum(n), 0) FROM k WHERE class > ({NOW_T} >> 16) + 1) \
+             + (SELECT count(*) FROM {s}.items i WHERE i.queue = $1 \
+               AND i.leased_until IS NULL AND i.ready_ms > {NOW_T} \
+               AND i.ready_ms < ((({NOW_T} >> 16) + 1) << 16)))::int8 AS delayed, \
+           (SELECT count(*) FROM lz WHERE leased_until > {NOW_T}) AS live, \
+           (SELECT count(*) FROM lz WHERE leased_until <= {NOW_T} \
+             AND attempts < (SELECT max_attempts FROM pol)) AS expired, \
+           (SELECT count(*) FROM held) AS held, \
+           (SELECT coalesce(sum(n), 0) FROM k WHERE class = -2)::int8 AS dead)",
+        held = held_ids(item_key),
+    )
+}
+
+/// After a `stats()` or `count()` that summed `rows` rows of `counts` for `queue`: folds
+/// them ([`Sql::fold`]) when they are more than [`FOLD_AT`]. Housekeeping, best effort: the
+/// caller has its figures, and a role that may only read (an operator's `rq stats`, a
+/// standby) cannot fold; a failure is logged and the next call tries again.
+pub(super) async fn fold_if_due(
+    client: &deadpool_postgres::Object,
+    sql: &Sql,
+    queue: i32,
+    now: Option<i64>,
+    rows: i64,
+) {
+    if rows > FOLD_AT {
+        if let Err(e) = client.execute(&sql.fold, &[&queue, &now]).await {
+            tracing::debug!(error = %e, queue, rows, "the queue's counts were not folded");
+        }
+    }
+}
+
+/// Visible items, from [`counted`]'s `c`.
+const VISIBLE: &str = "(unleased - delayed + expired - held)";
 
 /// What begins a transaction: `BEGIN`, and the server process's id (one row, one column)
 /// in the same message.
@@ -252,7 +329,9 @@ pub(super) struct ProcSql {
     /// `$1` queue, `$2` now, `$3` retention (NULL: none): every expired lease at the
     /// maximum attempts to dead letters, and dead letters past the retention deleted.
     pub(super) bury: String,
-    /// `$1` queue, `$2` now: counts, and the queue's policy.
+    /// `$1` queue, `$2` now: counts, the queue's policy, and how many rows of `counts` the
+    /// queue has (see [`Sql::fold`]). Reads the queue's counts, not its rows (see
+    /// [`counted`]).
     pub(super) stats: String,
     /// `$1` queue, `$2` after, `$3` limit, `$4` now.
     pub(super) browse: String,
@@ -384,26 +463,23 @@ impl ProcSql {
                 bury = bury_cte(""),
             ),
             stats: format!(
-                "WITH {t}, h AS ({held}), \
-                 r AS (SELECT i.*, ((i.id & 4294967295) IN (SELECT * FROM h)) AS held, \
-                   {visible} AS visible FROM {s}.items i WHERE i.queue = $1) \
-                 SELECT \
-                   count(*) FILTER (WHERE visible AND NOT held), \
-                   count(*) FILTER (WHERE leased_until IS NULL AND ready_ms > {NOW_T} \
-                     AND NOT held), \
-                   count(*) FILTER (WHERE leased_until > {NOW_T} AND NOT held), \
-                   count(*) FILTER (WHERE held), \
-                   (SELECT count(*) FROM {s}.dead_letters WHERE queue = $1), \
-                   (SELECT enqueued_ms FROM r WHERE visible AND NOT held \
-                     ORDER BY leased_until IS NULL, ready_ms, id LIMIT 1), \
+                "WITH {counted} \
+                 SELECT greatest({VISIBLE}, 0)::int8, greatest(delayed, 0)::int8, live, held, \
+                   greatest(dead, 0)::int8, \
+                   coalesce(\
+                     (SELECT enqueued_ms FROM lz WHERE leased_until <= {NOW_T} \
+                       AND attempts < (SELECT max_attempts FROM pol) \
+                       AND id NOT IN (SELECT id FROM held) ORDER BY ready_ms, id LIMIT 1), \
+                     (SELECT i.enqueued_ms FROM {s}.items i WHERE i.queue = $1 \
+                       AND i.leased_until IS NULL AND i.ready_ms <= {NOW_T} \
+                       AND i.id NOT IN (SELECT id FROM held) ORDER BY i.ready_ms, i.id LIMIT 1)), \
                    (SELECT max_attempts FROM {s}.queues WHERE id = $1), \
                    (SELECT initial_backoff_ms FROM {s}.queues WHERE id = $1), \
                    (SELECT max_backoff_ms FROM {s}.queues WHERE id = $1), \
-                   (SELECT jitter_per_mille FROM {s}.queues WHERE id = $1) \
-                 FROM r",
-                t = t("$2"),
-                held = held_ids(item_key),
-                visible = is_visible(&s, "$1"),
+                   (SELECT jitter_per_mille FROM {s}.queues WHERE id = $1), \
+                   (SELECT rows FROM k_rows) \
+                 FROM c",
+                counted = counted(&s, item_key),
             ),
             browse: format!(
                 "WITH {t} SELECT i.id, i.payload, i.ready_ms, i.leased_until, i.attempts, \
