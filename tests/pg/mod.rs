@@ -31,6 +31,10 @@
 //! it alone and stopped after it. Those tests need a server this harness starts: with
 //! `RQ_TEST_POSTGRES_URL` set they are reported as ignored, with the reason, and a banner on
 //! stderr says so.
+//!
+//! [`pair::Pair`] (`pair.rs`) starts a primary and a synchronous standby from the same
+//! binaries, for the failover test (`engines::Case::postgres_pair`): it kills, promotes and
+//! rebuilds its nodes, so it too runs only on servers this harness starts.
 #![allow(dead_code, unreachable_pub)]
 
 use std::fmt;
@@ -45,6 +49,7 @@ use std::time::{Duration, Instant};
 
 use libtest_mimic::{Arguments, Failed, Trial};
 
+pub mod pair;
 pub mod proxy;
 
 /// The connection string of an existing server to use instead of starting one.
