@@ -329,6 +329,9 @@ enum Body {
     /// Runs once, against the binary's PostgreSQL server or a cluster of its own: a
     /// PostgreSQL-only test (`tests/pg/mod.rs`).
     Postgres(pg::Needs, pg::TestFn),
+    /// Runs once, on a primary and a synchronous standby started for it alone
+    /// (`tests/pg/pair.rs`), which it may kill, promote and rebuild.
+    PgPair(fn(&mut pg::pair::Pair)),
 }
 
 /// One test of a module of the suite.
@@ -348,8 +351,8 @@ enum Setup {
     Engine(&'static str),
     /// The binary's PostgreSQL server ([`pg::Needs::SharedServer`]).
     PgServer,
-    /// A PostgreSQL cluster of the test's own, which the trial starts
-    /// ([`pg::Needs::OwnCluster`]).
+    /// A PostgreSQL cluster (or pair) of the test's own, which the trial starts
+    /// ([`pg::Needs::OwnCluster`], [`Case::postgres_pair`]).
     PgCluster,
 }
 
@@ -389,6 +392,18 @@ impl Case {
         Case {
             name,
             body: Body::Postgres(needs, test),
+            ignored: Vec::new(),
+        }
+    }
+
+    /// A PostgreSQL-only test run once on a primary and a synchronous standby of its own
+    /// (`tests/pg/pair.rs`), started for it alone and stopped after it; reported ignored,
+    /// with the reason, where they cannot be started, and with `RQ_TEST_POSTGRES_URL` set (as
+    /// [`pg::Needs::OwnCluster`]). Not bounded by [`CASE_LIMIT`].
+    pub fn postgres_pair(name: &'static str, test: fn(&mut pg::pair::Pair)) -> Case {
+        Case {
+            name,
+            body: Body::PgPair(test),
             ignored: Vec::new(),
         }
     }
@@ -477,6 +492,24 @@ impl Case {
                             Ok(Completion::Completed)
                         }
                         Err(skip) => Ok(Completion::ignored_with(skip.reason)),
+                    }
+                }),
+            )],
+            Body::PgPair(test) => vec![(
+                Setup::PgCluster,
+                Trial::ignorable_test(name.clone(), move || {
+                    if pg::external_url().is_some() {
+                        return Ok(Completion::ignored_with(pg::OWN_CLUSTER_SKIP));
+                    }
+                    match pg::pair::Pair::start() {
+                        Ok(mut pair) => {
+                            test(&mut pair);
+                            Ok(Completion::Completed)
+                        }
+                        Err(skip) => {
+                            eprintln!("\n==> {name} SKIPPED: {}\n", skip.reason);
+                            Ok(Completion::ignored_with(skip.reason))
+                        }
                     }
                 }),
             )],

@@ -31,6 +31,10 @@
 //! it alone and stopped after it. Those tests need a server this harness starts: with
 //! `RQ_TEST_POSTGRES_URL` set they are reported as ignored, with the reason, and a banner on
 //! stderr says so.
+//!
+//! [`pair::Pair`] (`pair.rs`) starts a primary and a synchronous standby from the same
+//! binaries, for the failover test (`engines::Case::postgres_pair`): it kills, promotes and
+//! rebuilds its nodes, so it too runs only on servers this harness starts.
 #![allow(dead_code, unreachable_pub)]
 
 use std::fmt;
@@ -45,6 +49,7 @@ use std::time::{Duration, Instant};
 
 use libtest_mimic::{Arguments, Failed, Trial};
 
+pub mod pair;
 pub mod proxy;
 
 /// The connection string of an existing server to use instead of starting one.
@@ -807,6 +812,29 @@ pub async fn connect(url: &str) -> tokio_postgres::Client {
         }
     });
     client
+}
+
+/// The watch locks of `schema`'s listeners on the server at `url` (see `LockKeys` in the
+/// engine: FNV-1a of the schema's name, the top bits cleared, then bit 30 set): one per queue
+/// some store has consumers waiting on. Panics when the query fails.
+pub fn watched_queues(url: &str, schema: &str) -> i64 {
+    let mut hash: u32 = 0x811c_9dc5;
+    for b in schema.bytes() {
+        hash = (hash ^ u32::from(b)).wrapping_mul(0x0100_0193);
+    }
+    let key = i64::from((hash & 0x3fff_ffff) | 0x4000_0000);
+    block_on(async {
+        connect(url)
+            .await
+            .query_one(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' \
+                 AND classid::int8 = $1 AND objsubid = 2 AND granted",
+                &[&key],
+            )
+            .await
+            .unwrap_or_else(|e| panic!("reading the watch locks of {schema:?}: {e:?}"))
+            .get(0)
+    })
 }
 
 /// `RQ_TEST_POSTGRES_URL`, when set to something.

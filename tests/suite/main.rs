@@ -24,6 +24,7 @@ mod messages;
 mod misuse;
 mod postgres;
 mod postgres_edges;
+mod postgres_failover;
 mod postgres_faults;
 mod postgres_ops;
 mod postgres_server;
@@ -48,7 +49,11 @@ fn main() -> ExitCode {
     // This binary started again by one of its tests, for something other than a test run.
     postgres_server::exit_child_if_asked();
     #[cfg(feature = "postgres")]
-    for (var, worker) in [postgres::WORKER, postgres_ops::WORKER] {
+    for (var, worker) in [
+        postgres::WORKER,
+        postgres_failover::WORKER,
+        postgres_ops::WORKER,
+    ] {
         if let Ok(url) = std::env::var(var) {
             worker(&url);
             return ExitCode::SUCCESS;
@@ -66,6 +71,8 @@ fn main() -> ExitCode {
         module!(postgres),
         #[cfg(feature = "postgres")]
         module!(postgres_edges),
+        #[cfg(feature = "postgres")]
+        module!(postgres_failover),
         #[cfg(feature = "postgres")]
         module!(postgres_faults),
         #[cfg(feature = "postgres")]

@@ -203,24 +203,6 @@ mod cases {
         );
     }
 
-    /// The watch locks of `schema`'s listeners (see `LockKeys` in the engine: FNV-1a of the
-    /// schema's name, the top bits cleared, then bit 30 set): one per queue some store has
-    /// consumers waiting on.
-    fn watched_queues(url: &str, schema: &str) -> i64 {
-        let mut hash: u32 = 0x811c_9dc5;
-        for b in schema.bytes() {
-            hash = (hash ^ u32::from(b)).wrapping_mul(0x0100_0193);
-        }
-        let key = i64::from((hash & 0x3fff_ffff) | 0x4000_0000);
-        run_sql(
-            url,
-            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' \
-             AND classid::int8 = $1 AND objsubid = 2 AND granted",
-            &[&key],
-        )
-        .unwrap_or(0)
-    }
-
     /// A waiting dequeue: the consumer registers (its store's listener takes the queue's
     /// advisory lock, which makes committers notify), and a commit by another store wakes it
     /// with the item. A timeout with nothing committed ends the wait with `None`.
@@ -247,7 +229,7 @@ mod cases {
         // Wait (bounded) until the consumer is registered, so the commit below is the one
         // that wakes it.
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-        while watched_queues(server.url(), "waiting") == 0 {
+        while super::pg::watched_queues(server.url(), "waiting") == 0 {
             assert!(
                 std::time::Instant::now() < deadline,
                 "the consumer registers"

@@ -791,29 +791,6 @@ mod cases {
         verify("pg_terminate_backend", server.url(), schema, &logs, &report);
     }
 
-    /// The schema's watch locks held by listeners (see `LockKeys` in the engine: FNV-1a of
-    /// the schema's name, the top bits cleared, then bit 30 set): one per queue some store
-    /// has consumers waiting on.
-    fn watched_queues(url: &str, schema: &str) -> i64 {
-        let mut hash: u32 = 0x811c_9dc5;
-        for b in schema.bytes() {
-            hash = (hash ^ u32::from(b)).wrapping_mul(0x0100_0193);
-        }
-        let key = i64::from((hash & 0x3fff_ffff) | 0x4000_0000);
-        pg::block_on(async {
-            let client = pg::connect(url).await;
-            client
-                .query_one(
-                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' \
-                     AND classid::int8 = $1 AND objsubid = 2 AND granted",
-                    &[&key],
-                )
-                .await
-                .unwrap()
-                .get(0)
-        })
-    }
-
     /// What the consumers of [`waiting_consumers_survive_a_kill_9_of_the_server`] took: per
     /// id, when it was dequeued and what its commit said.
     type Taken = Arc<std::sync::Mutex<Vec<(u32, Instant, Outcome)>>>;
@@ -910,7 +887,7 @@ mod cases {
                 std::thread::spawn(move || waiting_consumer(store, q, progress, taken, c as u64))
             })
             .collect();
-        let listening = || watched_queues(server.url(), schema) > 0;
+        let listening = || super::pg::watched_queues(server.url(), schema) > 0;
 
         // Commits `id` (retried while the store says it did not commit; an id in doubt is
         // given up and a new one used) and returns how long until a consumer took it.
