@@ -102,13 +102,33 @@ impl Node {
     }
 }
 
-/// Two ports of 127.0.0.1 free now (held together, so that they differ).
+/// Two ports of 127.0.0.1 free now, below the kernel's ephemeral range. A port the kernel
+/// hands out (`bind` to port 0) is in that range, where any client connection of the tests
+/// may take it as its local port between the check and the server's start (or while a
+/// killed node's port waits for its rebuilt node): the server then fails to start. Below
+/// the range only a process that asks for the port by number gets it.
 fn free_ports() -> [u16; 2] {
-    let listeners = [(); 2].map(|()| {
-        std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap_or_else(|e| panic!("binding a free port of 127.0.0.1: {e}"))
-    });
-    listeners.map(|l| l.local_addr().expect("a bound port").port())
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    // From a start that differs between test processes, so that two pairs rarely try the
+    // same ports first.
+    let span = low.saturating_sub(1024).max(1);
+    let start = 1024 + u16::try_from(std::process::id() % u32::from(span)).unwrap_or(0);
+    let mut found = Vec::new();
+    let mut held = Vec::new();
+    for offset in 0..span {
+        let port = 1024 + (start - 1024 + offset) % span;
+        if let Ok(listener) = std::net::TcpListener::bind(("127.0.0.1", port)) {
+            found.push(port);
+            held.push(listener);
+            if found.len() == 2 {
+                return [found[0], found[1]];
+            }
+        }
+    }
+    panic!("no two free ports of 127.0.0.1 below {low}")
 }
 
 impl Pair {
