@@ -6,7 +6,7 @@
 //!
 //! ```sh
 //! cargo bench --features postgres --bench pg_soak                        # 1,000,000 items, 10 minutes
-//! cargo bench --features postgres --bench pg_soak -- --backlog 100000 --seconds 60 --window 15 --smoke
+//! cargo bench --features postgres --bench pg_soak -- --backlog 100000 --seconds 60 --window 30 --smoke
 //! ```
 //!
 //! The server is the test harness's (`tests/pg/mod.rs`: its own cluster, with `fsync`,
