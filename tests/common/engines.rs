@@ -351,9 +351,13 @@ enum Setup {
     Engine(&'static str),
     /// The binary's PostgreSQL server ([`pg::Needs::SharedServer`]).
     PgServer,
-    /// A PostgreSQL cluster (or pair) of the test's own, which the trial starts
-    /// ([`pg::Needs::OwnCluster`], [`Case::postgres_pair`]).
+    /// A PostgreSQL cluster of the test's own, which the trial starts
+    /// ([`pg::Needs::OwnCluster`]).
     PgCluster,
+    /// A primary and standby of the test's own ([`Case::postgres_pair`]): run after every
+    /// other trial, one at a time, so that its servers' starts, promotions and rebuilds
+    /// under load do not share the cores with the rest of the suite.
+    PgPair,
 }
 
 impl Case {
@@ -496,7 +500,7 @@ impl Case {
                 }),
             )],
             Body::PgPair(test) => vec![(
-                Setup::PgCluster,
+                Setup::PgPair,
                 Trial::ignorable_test(name.clone(), move || {
                     if pg::external_url().is_some() {
                         return Ok(Completion::ignored_with(pg::OWN_CLUSTER_SKIP));
@@ -627,7 +631,8 @@ pub fn main(modules: Vec<(&'static str, Vec<Case>)>) -> ExitCode {
     if let Some(why) = &pg_skipped {
         eprintln!("\n==> PostgreSQL tests SKIPPED: {why}\n");
     }
-    let own_skipped = runs(Setup::PgCluster) && pg::external_url().is_some();
+    let own_skipped =
+        (runs(Setup::PgCluster) || runs(Setup::PgPair)) && pg::external_url().is_some();
     let own_banner = || {
         eprintln!(
             "==> PostgreSQL tests that kill and restart their server SKIPPED \
@@ -639,7 +644,22 @@ pub fn main(modules: Vec<(&'static str, Vec<Case>)>) -> ExitCode {
         eprintln!();
         own_banner();
     }
-    let conclusion = libtest_mimic::run(&args, trials.into_iter().map(|(_, t)| t).collect());
+    let (pairs, trials): (Vec<_>, Vec<_>) = trials
+        .into_iter()
+        .partition(|(setup, _)| *setup == Setup::PgPair);
+    let mut conclusion = libtest_mimic::run(&args, trials.into_iter().map(|(_, t)| t).collect());
+    if !pairs.is_empty() {
+        let alone = Arguments {
+            test_threads: Some(1),
+            ..args.clone()
+        };
+        let after = libtest_mimic::run(&alone, pairs.into_iter().map(|(_, t)| t).collect());
+        conclusion.num_passed += after.num_passed;
+        conclusion.num_failed += after.num_failed;
+        conclusion.num_ignored += after.num_ignored;
+        conclusion.num_filtered_out += after.num_filtered_out;
+        conclusion.num_measured += after.num_measured;
+    }
     if !args.list {
         #[cfg(not(feature = "postgres"))]
         eprintln!(

@@ -380,6 +380,20 @@ impl Pair {
         );
         fs::remove_dir_all(&old)
             .unwrap_or_else(|e| panic!("removing the old data directory {}: {e}", old.display()));
+        // The killed postmaster's socket and its lock file stay behind (a machine that dies
+        // leaves them too; a rebuilt machine starts without them). The lock file names the
+        // dead postmaster's pid, which by now may be another process's (pids wrap around):
+        // the new server would take the lock for held and refuse to start.
+        let sock = self.nodes[standby].home.join("sock");
+        let port = self.nodes[standby].port;
+        for file in [format!(".s.PGSQL.{port}"), format!(".s.PGSQL.{port}.lock")] {
+            match fs::remove_file(sock.join(&file)) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    panic!("removing the dead server's {file}: {e}")
+                }
+                _ => {}
+            }
+        }
         let node = &mut self.nodes[standby];
         node.generation += 1;
         node.data_dir = node.home.join(format!("data-{}", node.generation));
