@@ -52,6 +52,21 @@ use libtest_mimic::{Arguments, Failed, Trial};
 pub mod pair;
 pub mod proxy;
 
+/// What went wrong with a server command `what` (its status and output), or `None` if it
+/// succeeded.
+fn command_failure(what: &str, output: std::io::Result<Output>) -> Option<String> {
+    match output {
+        Ok(output) if output.status.success() => None,
+        Ok(output) => Some(format!(
+            "{what} failed ({}):\n--- stderr\n{}\n--- stdout\n{}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr).trim_end(),
+            String::from_utf8_lossy(&output.stdout).trim_end()
+        )),
+        Err(e) => Some(format!("{what} could not be run: {e}")),
+    }
+}
+
 /// The connection string of an existing server to use instead of starting one.
 pub const URL_VAR: &str = "RQ_TEST_POSTGRES_URL";
 /// `1`: a missing PostgreSQL is a failure, not a skip.
@@ -590,15 +605,8 @@ impl Cluster {
     /// Panics with the command's output and the server log's tail unless it succeeded. A failed
     /// start may leave a server running (pg_ctl timed out): `stop_on_failure` stops it first.
     fn check(&self, what: &str, output: std::io::Result<Output>, stop_on_failure: bool) {
-        let failure = match output {
-            Ok(output) if output.status.success() => return,
-            Ok(output) => format!(
-                "{what} failed ({}):\n--- stderr\n{}\n--- stdout\n{}",
-                output.status,
-                String::from_utf8_lossy(&output.stderr).trim_end(),
-                String::from_utf8_lossy(&output.stdout).trim_end()
-            ),
-            Err(e) => format!("{what} could not be run: {e}"),
+        let Some(failure) = command_failure(what, output) else {
+            return;
         };
         if stop_on_failure {
             let _ = self
@@ -618,15 +626,8 @@ impl Cluster {
     /// Panics with the command's output and the server log's tail unless it succeeded (for
     /// commands on a running server, not its start).
     fn check_ran(&self, what: &str, output: std::io::Result<Output>) {
-        let failure = match output {
-            Ok(output) if output.status.success() => return,
-            Ok(output) => format!(
-                "{what} failed ({}):\n--- stderr\n{}\n--- stdout\n{}",
-                output.status,
-                String::from_utf8_lossy(&output.stderr).trim_end(),
-                String::from_utf8_lossy(&output.stdout).trim_end()
-            ),
-            Err(e) => format!("{what} could not be run: {e}"),
+        let Some(failure) = command_failure(what, output) else {
+            return;
         };
         panic!(
             "{failure}\n--- server log ({}), last lines\n{}",

@@ -556,15 +556,8 @@ impl Pair {
 
     /// Panics with the command's output and `node`'s log tail unless it succeeded.
     fn check(&self, node: usize, what: &str, output: std::io::Result<Output>) {
-        let failure = match output {
-            Ok(output) if output.status.success() => return,
-            Ok(output) => format!(
-                "{what} failed ({}):\n--- stderr\n{}\n--- stdout\n{}",
-                output.status,
-                String::from_utf8_lossy(&output.stderr).trim_end(),
-                String::from_utf8_lossy(&output.stdout).trim_end()
-            ),
-            Err(e) => format!("{what} could not be run: {e}"),
+        let Some(failure) = super::command_failure(what, output) else {
+            return;
         };
         let node = &self.nodes[node];
         panic!(
