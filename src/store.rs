@@ -389,8 +389,7 @@ impl Store {
     /// [`metrics::FRONT_AGE_SECONDS`](crate::metrics::FRONT_AGE_SECONDS)) from every queue's
     /// [`stats`](crate::ReliableConcurrentQueue::stats). Depths cost nothing on the hot
     /// paths this way: a service calls this as often as its metrics are scraped (every few
-    /// seconds, say). On PostgreSQL it is a few statements per queue, and it does the
-    /// maintenance `stats` does (expired leases at the maximum attempts to the dead letters).
+    /// seconds, say). On PostgreSQL it is one read per queue.
     ///
     /// # Cancel safety
     ///

@@ -208,9 +208,12 @@ impl Postgres {
         let (pool, sql) = (self.pool.clone(), Arc::clone(&self.sql));
         self.run(async move {
             let client = pool.get().await.map_err(|e| pg("stats", e))?;
-            bury(&client, &sql, queue, now, retention).await?;
+            let statement = client
+                .prepare_cached(&sql.proc.stats)
+                .await
+                .map_err(|e| pg("stats", e))?;
             let row = client
-                .query_one(&sql.proc.stats, &[&queue, &now])
+                .query_one(&statement, &[&queue, &now, &retention])
                 .await
                 .map_err(|e| pg("stats", e))?;
             let read =

@@ -118,8 +118,12 @@ pub(super) async fn bury(
     now: Option<i64>,
     retention: Option<i64>,
 ) -> Result<()> {
+    let statement = client
+        .prepare_cached(&sql.proc.bury)
+        .await
+        .map_err(|e| pg("bury", e))?;
     let row = client
-        .query_one(&sql.proc.bury, &[&queue, &now, &retention])
+        .query_one(&statement, &[&queue, &now, &retention])
         .await
         .map_err(|e| pg("bury", e))?;
     let buried: i64 = row.try_get(0).unwrap_or(0);

@@ -624,8 +624,12 @@ impl Postgres {
         let sql = Arc::clone(&self.sql);
         self.run(async move {
             let client = pool.get().await.map_err(|e| pg("count", e))?;
+            let statement = client
+                .prepare_cached(&sql.count)
+                .await
+                .map_err(|e| pg("count", e))?;
             let row = client
-                .query_one(&sql.count, &[&queue, &now])
+                .query_one(&statement, &[&queue, &now])
                 .await
                 .map_err(|e| pg("count", e))?;
             let (n, rows): (i64, i64) = (

@@ -329,9 +329,12 @@ pub(super) struct ProcSql {
     /// `$1` queue, `$2` now, `$3` retention (NULL: none): every expired lease at the
     /// maximum attempts to dead letters, and dead letters past the retention deleted.
     pub(super) bury: String,
-    /// `$1` queue, `$2` now: counts, the queue's policy, and how many rows of `counts` the
-    /// queue has (see [`Sql::fold`]). Reads the queue's counts, not its rows (see
-    /// [`counted`]).
+    /// `$1` queue, `$2` now, `$3` retention (NULL: none): counts, the queue's policy, and
+    /// how many rows of `counts` the queue has (see [`Sql::fold`]). Reads the queue's counts,
+    /// not its rows (see [`counted`]). Writes nothing: what [`ProcSql::bury`] would do now
+    /// is counted as done (an expired lease at the maximum attempts is dead, a dead letter
+    /// past the retention is gone), so an operator's role that may only read gets the same
+    /// figures.
     pub(super) stats: String,
     /// `$1` queue, `$2` after, `$3` limit, `$4` now.
     pub(super) browse: String,
@@ -465,7 +468,11 @@ impl ProcSql {
             stats: format!(
                 "WITH {counted} \
                  SELECT greatest({VISIBLE}, 0)::int8, greatest(delayed, 0)::int8, live, held, \
-                   greatest(dead, 0)::int8, \
+                   greatest(dead \
+                     + (SELECT count(*) FROM lz WHERE leased_until <= {NOW_T} \
+                       AND attempts >= (SELECT max_attempts FROM pol)) \
+                     - (SELECT count(*) FROM {s}.dead_letters WHERE queue = $1 \
+                       AND died_ms < {NOW_T} - $3::int8), 0)::int8, \
                    coalesce(\
                      (SELECT enqueued_ms FROM lz WHERE leased_until <= {NOW_T} \
                        AND attempts < (SELECT max_attempts FROM pol) \
