@@ -2,7 +2,8 @@
 """The layer check: imports point down only, and no two files import each other.
 
 Reads the layer table of ARCHITECTURE.md ("## Layers"), finds which source file imports which
-(in the library, src/**/*.rs, and in the operator CLI, rq/src/**/*.rs, each crate on its own),
+(in the library, src/**/*.rs, the dashboard, web/src/**/*.rs, and the operator CLI,
+rq/src/**/*.rs, each crate on its own),
 and fails (exit 1) with a list when
 
   - a file imports a file of a higher layer (an import points up),
@@ -45,7 +46,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TABLE_DOC = "ARCHITECTURE.md"
 TABLE_HEADING = "## Layers"
 # Each crate: its source folder and its root file (`crate::` paths start there).
-CRATES = [("src", "src/lib.rs"), ("rq/src", "rq/src/main.rs")]
+CRATES = [("src", "src/lib.rs"), ("web/src", "web/src/lib.rs"), ("rq/src", "rq/src/main.rs")]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -50,6 +50,8 @@
 //! ```
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 
 use metrics::{Counter, Histogram, Unit};
 
@@ -186,6 +188,8 @@ pub fn describe() {
 /// reports to is the one installed when it opened.
 #[derive(Clone)]
 pub(crate) struct Handles {
+    /// What this store's handles did, counted once someone asks ([`Activity`]).
+    pub(crate) activity: Arc<Counts>,
     commits_ok: Counter,
     commits_error: Counter,
     enqueued: Counter,
@@ -207,6 +211,7 @@ impl Handles {
     /// global one, else none).
     pub(crate) fn register() -> Handles {
         Handles {
+            activity: Arc::new(Counts::default()),
             commits_ok: metrics::counter!(COMMITS, "outcome" => "ok"),
             commits_error: metrics::counter!(COMMITS, "outcome" => "error"),
             enqueued: metrics::counter!(ENQUEUED),
@@ -229,6 +234,7 @@ impl Handles {
     ) {
         if ok {
             self.commits_ok.increment(1);
+            self.activity.commit(enqueued, dequeued);
             if enqueued > 0 {
                 self.enqueued.increment(count(enqueued));
             }
@@ -254,6 +260,74 @@ impl Handles {
     #[inline]
     pub(crate) fn fsync(&self, started: std::time::Instant) {
         self.fsync_seconds.record(started.elapsed().as_secs_f64());
+    }
+}
+
+/// What a store's handles in this process did since [`Store::activity`] was first called:
+/// the figures behind a dashboard's throughput chart. Counts only what this process
+/// committed (on PostgreSQL, other processes' work is in their own stores' counts); depths,
+/// which every process sees, are in [`stats`](crate::ReliableConcurrentQueue::stats).
+///
+/// Nothing is counted until the first call, so a store no one watches pays one branch per
+/// commit; after it, two relaxed atomic additions at most.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Activity {
+    /// Items enqueued by committed transactions (delayed, keyed and imported ones too).
+    pub enqueued: u64,
+    /// Items taken out for good by committed transactions: dequeued, or leased and
+    /// acknowledged.
+    pub done: u64,
+    /// [`Lease::fail`](crate::Lease::fail) calls that did something: a retry scheduled, or
+    /// the item moved to the dead letters.
+    pub failed: u64,
+    /// Of those, the failures that moved their item to the dead letters.
+    pub failed_dead: u64,
+}
+
+/// The counters behind [`Activity`].
+#[derive(Debug, Default)]
+pub(crate) struct Counts {
+    /// Set by the first [`Store::activity`]: counting is on.
+    watched: AtomicBool,
+    enqueued: AtomicU64,
+    done: AtomicU64,
+    failed: AtomicU64,
+    failed_dead: AtomicU64,
+}
+
+impl Counts {
+    #[inline]
+    fn commit(&self, enqueued: usize, dequeued: usize) {
+        if self.watched.load(Ordering::Relaxed) {
+            if enqueued > 0 {
+                self.enqueued.fetch_add(count(enqueued), Ordering::Relaxed);
+            }
+            if dequeued > 0 {
+                self.done.fetch_add(count(dequeued), Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// A lease's failure; `dead` when it buried the item.
+    pub(crate) fn failed(&self, dead: bool) {
+        if self.watched.load(Ordering::Relaxed) {
+            self.failed.fetch_add(1, Ordering::Relaxed);
+            if dead {
+                self.failed_dead.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// The figures now; turns counting on.
+    pub(crate) fn read(&self) -> Activity {
+        self.watched.store(true, Ordering::Relaxed);
+        Activity {
+            enqueued: self.enqueued.load(Ordering::Relaxed),
+            done: self.done.load(Ordering::Relaxed),
+            failed: self.failed.load(Ordering::Relaxed),
+            failed_dead: self.failed_dead.load(Ordering::Relaxed),
+        }
     }
 }
 

@@ -419,6 +419,33 @@ impl Store {
         Ok(())
     }
 
+    /// What this store's handles committed since the first call of this method: items
+    /// enqueued and done, lease failures (see [`Activity`](crate::metrics::Activity)). A
+    /// dashboard reads it every second and charts the differences. Counting starts at the
+    /// first call (until then a commit pays one branch for it), so the first call returns
+    /// zeros.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let store = reliable_queue::Store::in_memory()?;
+    /// let q = store.blocking_queue::<u8>("jobs")?;
+    /// let before = store.activity();
+    /// let mut tx = store.begin();
+    /// q.enqueue(&mut tx, 1)?;
+    /// q.enqueue(&mut tx, 2)?;
+    /// tx.blocking_commit()?;
+    /// let mut tx = store.begin();
+    /// q.try_dequeue(&mut tx)?;
+    /// tx.blocking_commit()?;
+    /// let after = store.activity();
+    /// assert_eq!((after.enqueued - before.enqueued, after.done - before.done), (2, 1));
+    /// # Ok::<(), reliable_queue::Error>(())
+    /// ```
+    pub fn activity(&self) -> crate::metrics::Activity {
+        self.engine.metrics.activity.read()
+    }
+
     /// [`report_metrics`](Store::report_metrics) for threads.
     ///
     /// # Errors

@@ -13,16 +13,17 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use indicatif::ProgressBar;
-use reliable_queue::{
-    Error, ItemState, QueueStats, RawItem, ReliableConcurrentQueue, Replay, Store,
-};
+use reliable_queue::{Error, RawItem, Replay, Store};
 use serde::Serialize;
 use tokio::signal::unix::{signal, SignalKind};
 
 mod common;
 mod export;
+mod source;
 
-use common::{millis, printable, progress, Res, ITEM_LIMIT};
+use common::{printable, progress, Res, ITEM_LIMIT};
+use reliable_queue_web::QueueRow;
+use source::{Remote, Source};
 
 /// What `main` returns for a store found damaged (`rq verify`); other failures return 1.
 const DAMAGED: u8 = 2;
@@ -63,6 +64,11 @@ struct Cli {
     /// The PostgreSQL schema the store's tables are in.
     #[arg(long, global = true, default_value = "reliable_queue")]
     schema: String,
+    /// A running service's dashboard (http://host:port[/path], where it is mounted): `stats`,
+    /// `browse` and `dead-letters` go through its JSON API, the live view of an embedded
+    /// store. Replay and purge need its admin token in RQ_ADMIN_TOKEN.
+    #[arg(long, global = true, env = "RQ_URL")]
+    url: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -140,6 +146,26 @@ enum Command {
         /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
+    },
+    /// Serve the web dashboard for the store (pages and JSON API) until Ctrl-C.
+    #[command(
+        long_about = "Serve the web dashboard for the store: every queue's figures with live \
+                      charts, items, dead letters, and the JSON API `rq --url` uses.\n\n\
+                      It binds 127.0.0.1:7878 unless --listen says otherwise, and is read-only \
+                      unless RQ_ADMIN_TOKEN (or --admin-token-file) gives the admin token that \
+                      replay and purge need. On sled, rq holds the store while it serves: to \
+                      watch a running service's sled store, mount the dashboard in the service \
+                      (reliable_queue_web::Dashboard) and point `rq --url` at it.",
+        after_help = "Examples:\n  rq --postgres postgresql://app@db/app serve\n  \
+                      RQ_ADMIN_TOKEN=$(cat token) rq --store ./data serve --listen 0.0.0.0:7878"
+    )]
+    Serve {
+        /// The address to listen on.
+        #[arg(long, default_value = "127.0.0.1:7878")]
+        listen: std::net::SocketAddr,
+        /// A file holding the admin token (instead of RQ_ADMIN_TOKEN).
+        #[arg(long)]
+        admin_token_file: Option<PathBuf>,
     },
     /// Write every queue, item and dead letter to a portable file (JSON lines).
     #[command(
@@ -360,7 +386,33 @@ fn parse() -> Result<Cli, clap::Error> {
     Ok(cli)
 }
 
+/// Runs `read` on the store the options name, or on the dashboard `--url` names.
+fn reading(cli: &Cli, read: impl FnOnce(&Source<'_>) -> Res<()>) -> Res<()> {
+    if let Some(url) = &cli.url {
+        if cli.store.is_some() || cli.postgres.is_some() {
+            return Err(
+                "--url names a running service's dashboard: give it without --store or --postgres"
+                    .into(),
+            );
+        }
+        let remote = Remote::new(url, std::env::var("RQ_ADMIN_TOKEN").ok())?;
+        return read(&Source::Url(&remote));
+    }
+    let store = open(cli, false)?;
+    let result = read(&Source::Store(&store));
+    close(store)?;
+    result
+}
+
 fn run(cli: &Cli) -> Res<ExitCode> {
+    if cli.url.is_some()
+        && !matches!(
+            cli.command,
+            Command::Stats { .. } | Command::Browse { .. } | Command::DeadLetters(_)
+        )
+    {
+        return Err("--url works with stats, browse and dead-letters; the other commands need --store or --postgres".into());
+    }
     match &cli.command {
         Command::Stats {
             watch,
@@ -368,21 +420,17 @@ fn run(cli: &Cli) -> Res<ExitCode> {
             count,
             all,
             json,
-        } => {
-            let store = open(cli, false)?;
-            stats(&store, *watch, *interval, *count, *all, *json)?;
-            close(store)?;
-        }
+        } => reading(cli, |source| {
+            stats(source, *watch, *interval, *count, *all, *json)
+        })?,
         Command::Browse { queue, state, page } => {
-            let store = open(cli, false)?;
-            browse(&store, queue, *state, page)?;
-            close(store)?;
+            reading(cli, |source| browse(source, queue, *state, page))?;
         }
-        Command::DeadLetters(command) => {
-            let store = open(cli, false)?;
-            dead_letters(&store, command)?;
-            close(store)?;
-        }
+        Command::DeadLetters(command) => reading(cli, |source| dead_letters(source, command))?,
+        Command::Serve {
+            listen,
+            admin_token_file,
+        } => serve(cli, *listen, admin_token_file.as_deref())?,
         Command::Verify { json } => return verify(cli, *json),
         Command::Export { file, json } => {
             let store = open(cli, false)?;
@@ -435,6 +483,58 @@ fn open(cli: &Cli, create: bool) -> Res<Store> {
     }
 }
 
+/// `rq serve`: the dashboard on `listen` until Ctrl-C or TERM, then the store closed.
+fn serve(cli: &Cli, listen: std::net::SocketAddr, token_file: Option<&Path>) -> Res<()> {
+    let token = match token_file {
+        Some(path) => Some(
+            std::fs::read_to_string(path)
+                .map_err(|e| format!("cannot read the admin token from {}: {e}", path.display()))?
+                .trim()
+                .to_owned(),
+        ),
+        None => std::env::var("RQ_ADMIN_TOKEN").ok(),
+    }
+    .filter(|t| !t.is_empty());
+    let store = open(cli, false)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let writable = token.is_some();
+    let served = runtime.block_on(async {
+        let mut interrupt = signal(SignalKind::interrupt())?;
+        let mut terminate = signal(SignalKind::terminate())?;
+        let router = reliable_queue_web::Dashboard::new(store.clone())
+            .admin_token(token)
+            .router()?;
+        let listener = tokio::net::TcpListener::bind(listen)
+            .await
+            .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
+        eprintln!(
+            "rq: the dashboard is at http://{}/ ({}); Ctrl-C stops it",
+            listener.local_addr()?,
+            if writable {
+                "admin token set: replay and purge allowed"
+            } else {
+                "read-only: set RQ_ADMIN_TOKEN to allow replay and purge"
+            }
+        );
+        let stop = async move {
+            tokio::select! {
+                _ = interrupt.recv() => {}
+                _ = terminate.recv() => {}
+            }
+        };
+        axum::serve(listener, router)
+            .with_graceful_shutdown(stop)
+            .await?;
+        Ok::<(), Box<dyn std::error::Error>>(())
+    });
+    drop(runtime);
+    close(store)?;
+    served
+}
+
 fn opening(dir: &Path, e: Error) -> Box<dyn std::error::Error> {
     match e {
         Error::AlreadyOpen { .. } => format!(
@@ -449,15 +549,6 @@ fn opening(dir: &Path, e: Error) -> Box<dyn std::error::Error> {
 
 fn close(store: Store) -> Res<()> {
     Ok(store.blocking_close()?)
-}
-
-/// A queue's handle, its items as their encoded bytes. Only queues the store has: opening
-/// one by name would make it.
-fn raw_queue(store: &Store, name: &str) -> Res<ReliableConcurrentQueue<RawItem>> {
-    if !store.blocking_list_queues()?.iter().any(|q| q == name) {
-        return Err(format!("no queue {name:?} in this store").into());
-    }
-    Ok(store.blocking_queue::<RawItem>(name)?)
 }
 
 /// `d` for people: "850ms", "12s", "4m05s", "3h20m", "2d04h".
@@ -482,60 +573,7 @@ fn until(time: SystemTime) -> Duration {
     time.duration_since(SystemTime::now()).unwrap_or_default()
 }
 
-#[derive(Serialize, Debug)]
-struct StatsRow {
-    queue: String,
-    ready: u64,
-    delayed: u64,
-    leased: u64,
-    held: u64,
-    dead: u64,
-    /// Age of the item at the front, in ms.
-    oldest_ms: Option<u64>,
-}
-
-/// A row per queue, but the queues of import bookkeeping (`rq.import.*`) unless `all`; and
-/// how many of those were left out.
-///
-/// Those queues are rq's record of how far each import got (one item each, kept so that a
-/// later run resumes or does nothing): not work, and no worker takes from them. An operator
-/// reading `stats` asks what the service's queues hold, so they are left out, in JSON too
-/// (a script summing READY would count them as work); the table says how many it left out,
-/// and `--all` lists them.
-fn stats_rows(store: &Store, all: bool) -> Res<(Vec<StatsRow>, usize)> {
-    let mut rows = Vec::new();
-    let mut hidden = 0;
-    for name in store.blocking_list_queues()? {
-        if !all && name.starts_with(export::MARKER_PREFIX) {
-            hidden += 1;
-            continue;
-        }
-        let q = store.blocking_queue::<RawItem>(&name)?;
-        let QueueStats {
-            visible,
-            delayed,
-            leased,
-            held,
-            dead,
-            front_enqueued_at,
-            ..
-        } = q.blocking_stats()?;
-        rows.push(StatsRow {
-            queue: name,
-            ready: visible,
-            delayed,
-            leased,
-            held,
-            dead,
-            // Only shown: an age past 584 million years may read as that.
-            oldest_ms: front_enqueued_at
-                .map(|t| u64::try_from(age(t).as_millis()).unwrap_or(u64::MAX)),
-        });
-    }
-    Ok((rows, hidden))
-}
-
-fn stats_table(rows: &[StatsRow], hidden: usize) -> String {
+fn stats_table(rows: &[QueueRow], hidden: usize) -> String {
     let names: Vec<String> = rows.iter().map(|r| printable(&r.queue)).collect();
     let width = names
         .iter()
@@ -574,7 +612,7 @@ fn stats_table(rows: &[StatsRow], hidden: usize) -> String {
 }
 
 fn stats(
-    store: &Store,
+    source: &Source<'_>,
     watch: bool,
     interval: Duration,
     count: Option<u64>,
@@ -582,7 +620,7 @@ fn stats(
     json: bool,
 ) -> Res<()> {
     if !watch {
-        let (rows, hidden) = stats_rows(store, all)?;
+        let (rows, hidden) = source.stats_rows(all)?;
         if json {
             println!("{}", serde_json::to_string(&rows)?);
         } else {
@@ -606,7 +644,7 @@ fn stats(
     };
     let mut drawn = 0u64;
     loop {
-        let (rows, hidden) = stats_rows(store, all)?;
+        let (rows, hidden) = source.stats_rows(all)?;
         if json {
             println!("{}", serde_json::to_string(&rows)?);
         } else {
@@ -662,60 +700,14 @@ fn utc(t: SystemTime) -> String {
     )
 }
 
-#[derive(Serialize, Debug)]
-struct ItemRow {
-    id: u64,
-    state: &'static str,
-    attempts: u32,
-    /// When it falls due (delayed) or its lease ends (leased), ms since the epoch.
-    until_ms: Option<u64>,
-    enqueued_ms: Option<u64>,
-    text: Option<String>,
-    hex: String,
-}
-
-fn state_of(state: &ItemState) -> (&'static str, Option<SystemTime>) {
-    match state {
-        ItemState::Ready => ("ready", None),
-        ItemState::Delayed { until } => ("delayed", Some(*until)),
-        ItemState::Leased { until, .. } => ("leased", Some(*until)),
-        _ => ("other", None),
-    }
-}
-
-fn browse(store: &Store, queue: &str, state: Option<StateFilter>, page: &Page) -> Res<()> {
+fn browse(source: &Source<'_>, queue: &str, state: Option<StateFilter>, page: &Page) -> Res<()> {
     let Page { limit, after, json } = *page;
-    let q = raw_queue(store, queue)?;
     let wanted = state.map(|s| match s {
         StateFilter::Ready => "ready",
         StateFilter::Delayed => "delayed",
         StateFilter::Leased => "leased",
     });
-    let mut rows = Vec::new();
-    let mut after = after;
-    while rows.len() < limit {
-        let page = q.blocking_browse(after, 500)?;
-        let Some(last) = page.last() else { break };
-        after = Some(last.id);
-        for item in page {
-            let (name, until) = state_of(&item.state);
-            if wanted.is_some_and(|w| w != name) {
-                continue;
-            }
-            rows.push(ItemRow {
-                id: item.id,
-                state: name,
-                attempts: item.attempts,
-                until_ms: until.map(millis),
-                enqueued_ms: item.enqueued_at.map(millis),
-                text: item.item.text().map(str::to_owned),
-                hex: item.item.hex(),
-            });
-            if rows.len() == limit {
-                break;
-            }
-        }
-    }
+    let rows = source.items(queue, after, limit, wanted)?;
     if json {
         println!("{}", serde_json::to_string(&rows)?);
         return Ok(());
@@ -772,41 +764,11 @@ fn cut(text: String, width: usize) -> String {
     }
 }
 
-#[derive(Serialize, Debug)]
-struct DeadRow {
-    id: u64,
-    reason: String,
-    attempts: u32,
-    enqueued_ms: Option<u64>,
-    last_attempt_ms: Option<u64>,
-    text: Option<String>,
-    hex: String,
-}
-
-fn dead_letters(store: &Store, command: &DeadCommand) -> Res<()> {
+fn dead_letters(source: &Source<'_>, command: &DeadCommand) -> Res<()> {
     match command {
         DeadCommand::List { queue, page } => {
-            let Page {
-                limit,
-                mut after,
-                json,
-            } = *page;
-            let q = raw_queue(store, queue)?;
-            let mut rows = Vec::new();
-            while rows.len() < limit {
-                let page = q.blocking_dead_letters(after, (limit - rows.len()).min(500))?;
-                let Some(last) = page.last() else { break };
-                after = Some(last.id);
-                rows.extend(page.into_iter().map(|d| DeadRow {
-                    id: d.id,
-                    reason: d.reason,
-                    attempts: d.attempts,
-                    enqueued_ms: d.enqueued_at.map(millis),
-                    last_attempt_ms: d.last_attempt.map(millis),
-                    text: d.item.text().map(str::to_owned),
-                    hex: d.item.hex(),
-                }));
-            }
+            let Page { limit, after, json } = *page;
+            let rows = source.dead(queue, after, limit)?;
             if json {
                 println!("{}", serde_json::to_string(&rows)?);
                 return Ok(());
@@ -840,13 +802,12 @@ fn dead_letters(store: &Store, command: &DeadCommand) -> Res<()> {
             reset_attempts,
             yes,
         } => {
-            let q = raw_queue(store, queue)?;
-            let Some(what) = describe(&q, which)? else {
+            let Some(what) = describe(source, queue, which)? else {
                 println!("no dead letters in {queue:?}: nothing to replay");
                 return Ok(());
             };
             confirm(*yes, &format!("Replay {what} of queue {queue:?}"))?;
-            let n = q.blocking_replay(which.replay(), *reset_attempts)?;
+            let n = source.replay(queue, which.replay(), *reset_attempts)?;
             println!(
                 "replayed {} of {queue:?} to the tail of the queue",
                 letters(n)
@@ -854,13 +815,12 @@ fn dead_letters(store: &Store, command: &DeadCommand) -> Res<()> {
             Ok(())
         }
         DeadCommand::Purge { queue, which, yes } => {
-            let q = raw_queue(store, queue)?;
-            let Some(what) = describe(&q, which)? else {
+            let Some(what) = describe(source, queue, which)? else {
                 println!("no dead letters in {queue:?}: nothing to purge");
                 return Ok(());
             };
             confirm(*yes, &format!("Delete {what} of queue {queue:?} for good"))?;
-            let n = q.blocking_purge(which.replay())?;
+            let n = source.purge(queue, which.replay())?;
             println!("purged {} of {queue:?}", letters(n));
             Ok(())
         }
@@ -877,8 +837,8 @@ fn letters(n: usize) -> String {
 
 /// "all 12 dead letters", "the oldest 5 dead letters (of 12)", "3 dead letters by id";
 /// `None` when the queue has no dead letters (nothing to ask about).
-fn describe(q: &ReliableConcurrentQueue<RawItem>, which: &Which) -> Res<Option<String>> {
-    let dead = q.blocking_stats()?.dead;
+fn describe(source: &Source<'_>, queue: &str, which: &Which) -> Res<Option<String>> {
+    let dead = source.dead_count(queue)?;
     if dead == 0 {
         return Ok(None);
     }

@@ -1,7 +1,8 @@
 //! `rq` on embedded (sled) stores the tests build: each command's output checked against
 //! the store's known contents, a store open in another process refused, a damaged store found
 //! by `verify` (which never writes to the store it checks), and an export imported into a
-//! fresh store compared item by item, twice (a second import takes nothing).
+//! fresh store compared item by item, twice (a second import takes nothing), and `--url`
+//! through the dashboard of a store this process keeps open.
 
 mod common;
 
@@ -858,4 +859,60 @@ fn an_import_refuses_a_mark_it_cannot_read() {
         Vec::<String>::new(),
         "nothing was taken"
     );
+}
+
+/// `--url`: stats, browse and dead letters of a live store, through the dashboard a service
+/// (this test process) mounts; replay needs the admin token.
+#[test]
+fn url_reads_and_acts_through_a_running_services_dashboard() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path().join("store")).unwrap();
+    fill(&store);
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let url = runtime.block_on(async {
+        let dashboard = reliable_queue_web::Dashboard::new(store.clone())
+            .admin_token(Some("t0ken".to_owned()))
+            .router()
+            .unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let app = axum::Router::new().nest("/ops", dashboard);
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        format!("http://{addr}/ops")
+    });
+    // The dashboard's first read of the store: a bounded wait for it.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let rows = loop {
+        let rows = json(&["--url", &url, "stats", "--json"]);
+        if rows.as_array().is_some_and(|r| r.len() == 2) || Instant::now() > deadline {
+            break rows;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let jobs = store.blocking_queue::<String>("jobs").unwrap();
+    let stats = jobs.blocking_stats().unwrap();
+    assert_eq!(rows[0]["queue"], "jobs");
+    assert_eq!(
+        (&rows[0]["ready"], &rows[0]["delayed"], &rows[0]["dead"]),
+        (&stats.visible.into(), &stats.delayed.into(), &stats.dead.into())
+    );
+    let delayed = json(&["--url", &url, "browse", "jobs", "--state", "delayed", "--json"]);
+    assert_eq!(delayed[0]["text"], "later");
+    let dead = json(&["--url", &url, "dead-letters", "list", "jobs", "--json"]);
+    assert_eq!(dead.as_array().unwrap().len(), 2);
+    let first = dead[0]["id"].as_u64().unwrap().to_string();
+    let replay = ["--url", url.as_str(), "dead-letters", "replay", "jobs", "--ids", &first, "--yes"];
+    let refused = rq(&replay);
+    assert!(!refused.status.success());
+    assert!(stderr(&refused).contains("RQ_ADMIN_TOKEN"), "{}", stderr(&refused));
+    let wrong = rq_with(&replay, &[("RQ_ADMIN_TOKEN", "nope")]);
+    assert!(stderr(&wrong).contains("401"), "{}", stderr(&wrong));
+    assert_eq!(jobs.blocking_stats().unwrap().dead, 2, "refused: nothing moved");
+    let done = rq_with(&replay, &[("RQ_ADMIN_TOKEN", "t0ken")]);
+    assert!(done.status.success(), "{}", stderr(&done));
+    assert!(stdout(&done).contains("replayed 1 dead letter"), "{}", stdout(&done));
+    assert_eq!(jobs.blocking_stats().unwrap().dead, 1);
+    fails(&["--url", &url, "verify"], Some(1), "--url works with stats, browse and dead-letters");
+    drop(runtime);
+    store.blocking_close().unwrap();
 }

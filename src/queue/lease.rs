@@ -270,12 +270,14 @@ impl<T> Lease<T> {
         match due {
             Some(at) => {
                 crate::metrics::retried(queue);
+                self.engine.metrics.activity.failed(false);
                 Failed::Retry {
                     at: system_time(at),
                 }
             }
             None => {
                 crate::metrics::buried(queue, false, 1);
+                self.engine.metrics.activity.failed(true);
                 tracing::debug!(queue, "a failed item moved to the dead letters");
                 Failed::Dead
             }

@@ -25,6 +25,8 @@ pub fn rq_with(args: &[&str], vars: &[(&str, &str)]) -> Output {
         .args(args)
         .env_remove("RQ_STORE")
         .env_remove("RQ_POSTGRES_URL")
+        .env_remove("RQ_URL")
+        .env_remove("RQ_ADMIN_TOKEN")
         .envs(vars.iter().copied())
         .stdin(Stdio::null())
         .output()
