@@ -894,25 +894,56 @@ fn url_reads_and_acts_through_a_running_services_dashboard() {
     assert_eq!(rows[0]["queue"], "jobs");
     assert_eq!(
         (&rows[0]["ready"], &rows[0]["delayed"], &rows[0]["dead"]),
-        (&stats.visible.into(), &stats.delayed.into(), &stats.dead.into())
+        (
+            &stats.visible.into(),
+            &stats.delayed.into(),
+            &stats.dead.into()
+        )
     );
-    let delayed = json(&["--url", &url, "browse", "jobs", "--state", "delayed", "--json"]);
+    let delayed = json(&[
+        "--url", &url, "browse", "jobs", "--state", "delayed", "--json",
+    ]);
     assert_eq!(delayed[0]["text"], "later");
     let dead = json(&["--url", &url, "dead-letters", "list", "jobs", "--json"]);
     assert_eq!(dead.as_array().unwrap().len(), 2);
     let first = dead[0]["id"].as_u64().unwrap().to_string();
-    let replay = ["--url", url.as_str(), "dead-letters", "replay", "jobs", "--ids", &first, "--yes"];
+    let replay = [
+        "--url",
+        url.as_str(),
+        "dead-letters",
+        "replay",
+        "jobs",
+        "--ids",
+        &first,
+        "--yes",
+    ];
     let refused = rq(&replay);
     assert!(!refused.status.success());
-    assert!(stderr(&refused).contains("RQ_ADMIN_TOKEN"), "{}", stderr(&refused));
+    assert!(
+        stderr(&refused).contains("RQ_ADMIN_TOKEN"),
+        "{}",
+        stderr(&refused)
+    );
     let wrong = rq_with(&replay, &[("RQ_ADMIN_TOKEN", "nope")]);
     assert!(stderr(&wrong).contains("401"), "{}", stderr(&wrong));
-    assert_eq!(jobs.blocking_stats().unwrap().dead, 2, "refused: nothing moved");
+    assert_eq!(
+        jobs.blocking_stats().unwrap().dead,
+        2,
+        "refused: nothing moved"
+    );
     let done = rq_with(&replay, &[("RQ_ADMIN_TOKEN", "t0ken")]);
     assert!(done.status.success(), "{}", stderr(&done));
-    assert!(stdout(&done).contains("replayed 1 dead letter"), "{}", stdout(&done));
+    assert!(
+        stdout(&done).contains("replayed 1 dead letter"),
+        "{}",
+        stdout(&done)
+    );
     assert_eq!(jobs.blocking_stats().unwrap().dead, 1);
-    fails(&["--url", &url, "verify"], Some(1), "--url works with stats, browse and dead-letters");
+    fails(
+        &["--url", &url, "verify"],
+        Some(1),
+        "--url works with stats, browse and dead-letters",
+    );
     drop(runtime);
     store.blocking_close().unwrap();
 }

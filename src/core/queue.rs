@@ -14,7 +14,7 @@
 //! itself (see `waiters.rs`). That is the bound on what a request that is never polled again
 //! (a leaked future) keeps from everyone else.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::sync::Arc;
 use std::task::{Poll, Waker};
 
@@ -185,9 +185,29 @@ impl QueueCore {
             .map_or(0, |e| e.times.enqueued_at)
     }
 
-    /// Copies of the visible entries (for browsing; the queue is locked meanwhile).
-    pub(crate) fn ready_entries(&self) -> Vec<Entry> {
-        self.state.lock().ready.iter().cloned().collect()
+    /// The `limit` visible entries with the lowest ids above `after`, lowest first (`browse`).
+    /// One pass over the queue under its lock, cloning only the entries returned: a browse
+    /// of a large queue costs committers a scan, not a copy of the queue.
+    pub(crate) fn ready_entries_above(&self, after: Option<u64>, limit: usize) -> Vec<Entry> {
+        let state = self.state.lock();
+        // The `limit` lowest ids seen so far, the highest of them on top; with their places.
+        let mut lowest: BinaryHeap<(u64, usize)> = BinaryHeap::with_capacity(limit + 1);
+        for (at, e) in state.ready.iter().enumerate() {
+            if after.is_some_and(|a| e.id <= a) {
+                continue;
+            }
+            if lowest.len() < limit {
+                lowest.push((e.id, at));
+            } else if lowest.peek().is_some_and(|&(top, _)| e.id < top) {
+                lowest.pop();
+                lowest.push((e.id, at));
+            }
+        }
+        lowest
+            .into_sorted_vec()
+            .into_iter()
+            .filter_map(|(_, at)| state.ready.get(at).cloned())
+            .collect()
     }
 
     /// Number of dequeue requests waiting.
@@ -453,6 +473,26 @@ mod tests {
             Poll::Ready(Ok(e)) => Some(e.id),
             _ => None,
         }
+    }
+
+    #[test]
+    fn a_browse_takes_the_lowest_ids_above_the_cursor_whatever_the_order() {
+        let q = core();
+        q.publish([entry(5), entry(6), entry(9), entry(7)]);
+        // Given back at the head, out of id order.
+        q.restore([entry(8), entry(2)].into_iter());
+        let page = |after, limit| {
+            q.ready_entries_above(after, limit)
+                .iter()
+                .map(|e| e.id)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(page(None, 3), [2, 5, 6]);
+        assert_eq!(page(Some(6), 3), [7, 8, 9]);
+        assert_eq!(page(Some(8), 10), [9]);
+        assert_eq!(page(Some(9), 10), Vec::<u64>::new());
+        assert_eq!(page(None, 0), Vec::<u64>::new());
+        assert_eq!(q.count(), 6, "a browse takes nothing");
     }
 
     #[test]

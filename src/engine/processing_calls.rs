@@ -383,10 +383,8 @@ impl Engine {
         }
         let above = |id: u64| after.is_none_or(|a| id > a);
         let mut found: Vec<(Entry, ItemState)> = Vec::new();
-        for e in proc.core.ready_entries() {
-            if above(e.id) {
-                found.push((e, ItemState::Ready));
-            }
+        for e in proc.core.ready_entries_above(after, limit) {
+            found.push((e, ItemState::Ready));
         }
         for e in self.timers.delayed_entries(proc) {
             if above(e.id) {
