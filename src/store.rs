@@ -436,7 +436,7 @@ impl Store {
     /// q.enqueue(&mut tx, 2)?;
     /// tx.blocking_commit()?;
     /// let mut tx = store.begin();
-    /// q.try_dequeue(&mut tx)?;
+    /// q.blocking_try_dequeue(&mut tx)?;
     /// tx.blocking_commit()?;
     /// let after = store.activity();
     /// assert_eq!((after.enqueued - before.enqueued, after.done - before.done), (2, 1));
