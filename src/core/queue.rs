@@ -191,7 +191,8 @@ impl QueueCore {
     pub(crate) fn ready_entries_above(&self, after: Option<u64>, limit: usize) -> Vec<Entry> {
         let state = self.state.lock();
         // The `limit` lowest ids seen so far, the highest of them on top; with their places.
-        let mut lowest: BinaryHeap<(u64, usize)> = BinaryHeap::with_capacity(limit + 1);
+        let mut lowest: BinaryHeap<(u64, usize)> =
+            BinaryHeap::with_capacity(limit.min(state.ready.len()));
         for (at, e) in state.ready.iter().enumerate() {
             if after.is_some_and(|a| e.id <= a) {
                 continue;
@@ -492,6 +493,7 @@ mod tests {
         assert_eq!(page(Some(8), 10), [9]);
         assert_eq!(page(Some(9), 10), Vec::<u64>::new());
         assert_eq!(page(None, 0), Vec::<u64>::new());
+        assert_eq!(page(None, usize::MAX), [2, 5, 6, 7, 8, 9], "no limit");
         assert_eq!(q.count(), 6, "a browse takes nothing");
     }
 
