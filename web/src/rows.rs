@@ -15,6 +15,10 @@ pub const MAX_PAGE: usize = 500;
 /// The most items one request reads to find a page of items of one state, or a text.
 pub const MAX_SCAN: usize = 10_000;
 
+/// Items a filtered scan asks the store for at a time (BENCHMARKS.md §15 has the times of a
+/// scan at 1,000,000 items with reads of 500, 1,000 and 10,000).
+const SCAN_READ: usize = 1_000;
+
 /// The most characters of a payload an item's page shows.
 pub const MAX_SHOWN: usize = 65_536;
 
@@ -158,10 +162,13 @@ pub async fn scan(
     let mut scanned = 0;
     let mut more = true;
     while items.len() < limit && scanned < MAX_SCAN {
+        // Unfiltered: the page itself. Filtered: reads of `SCAN_READ` items (on the embedded
+        // engines each read is a pass over the queue, so fewer is cheaper; on PostgreSQL a
+        // read of thousands of rows is planned as a sort of the whole queue, so not too few).
         let want = if filter.state.is_none() && filter.find.is_none() {
             limit - items.len()
         } else {
-            MAX_PAGE
+            SCAN_READ.min(MAX_SCAN - scanned)
         };
         let page = q.browse(after, want).await?;
         if page.len() < want {
