@@ -1,7 +1,9 @@
 //! `rq`: look into a reliable-queue store and repair it, on sled or PostgreSQL.
 //!
 //! Every command works on a store named by `--store DIR` (an embedded sled store, which must
-//! not be open in another process) or `--postgres URL` (live, beside running workers). Run
+//! not be open in another process) or `--postgres URL` (live, beside running workers);
+//! `stats`, `browse` and `dead-letters` also through a running service's dashboard (`--url`).
+//! `serve` serves the dashboard itself. Run
 //! `rq --help` and `rq <command> --help` for the details and an example of each.
 
 use std::fs::File;
@@ -36,13 +38,15 @@ const LOCK_PATIENCE: Duration = Duration::from_secs(2);
     name = "rq",
     version,
     about = "Look into a reliable-queue store and repair it: stats, browse, dead letters, \
-             verify, export and import.",
+             verify, export, import, and a web dashboard (serve).",
     long_about = "Look into a reliable-queue store and repair it: stats, browse, dead letters, \
-                  verify, export and import.\n\n\
+                  verify, export, import, and a web dashboard (serve).\n\n\
                   The store is an embedded sled directory (--store DIR; it must not be open in \
                   another process: stop the service first, or copy the directory and point rq \
                   at the copy) or a PostgreSQL database (--postgres URL, optionally --schema; \
-                  rq works beside running workers).\n\n\
+                  rq works beside running workers). A running service that mounts the \
+                  dashboard (reliable_queue_web) is reached with --url: stats, browse and \
+                  dead-letters then go through its JSON API, the live view of a sled store.\n\n\
                   Payloads are shown as text when they are UTF-8 strings or bytes, otherwise as \
                   hex: the encoding does not say what type an item is. A service can show its \
                   own types with reliable_queue::Decoders.",
@@ -52,7 +56,9 @@ const LOCK_PATIENCE: Duration = Duration::from_secs(2);
                   rq --store ./data dead-letters replay jobs --all --yes\n  \
                   rq --store ./data verify\n  \
                   rq --store ./data export backup.jsonl && \
-                  rq --postgres postgresql://app@db/app import backup.jsonl"
+                  rq --postgres postgresql://app@db/app import backup.jsonl\n  \
+                  rq --postgres postgresql://app@db/app serve\n  \
+                  rq --url http://127.0.0.1:8080/ops/queues stats"
 )]
 struct Cli {
     /// An embedded (sled) store's directory.

@@ -381,6 +381,7 @@ fn help_explains_every_command_with_an_example() {
         "verify",
         "export",
         "import",
+        "serve",
     ] {
         assert!(top.contains(command), "{top}");
         let help = ok(&[command, "--help"]);
@@ -945,5 +946,93 @@ fn url_reads_and_acts_through_a_running_services_dashboard() {
         "--url works with stats, browse and dead-letters",
     );
     drop(runtime);
+    store.blocking_close().unwrap();
+}
+
+/// `rq serve`: the dashboard of a sled store, read-only without a token, on the address it
+/// prints; Ctrl-C stops it and closes the store.
+#[test]
+fn serve_shows_the_store_and_stops_at_ctrl_c() {
+    let (_dir, path) = filled();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_rq"))
+        .args(["--store", s(&path), "serve", "--listen", "127.0.0.1:0"])
+        .env_remove("RQ_ADMIN_TOKEN")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // rq prints where it listens once it does.
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let said = lines.next().expect("a line").unwrap();
+    assert!(said.contains("read-only"), "{said}");
+    let addr = said
+        .split("http://")
+        .nth(1)
+        .and_then(|rest| rest.split('/').next())
+        .expect("an address")
+        .to_owned();
+    let get = |path: &str| {
+        let mut stream = std::net::TcpStream::connect(&addr).unwrap();
+        std::io::Write::write_all(
+            &mut stream,
+            format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .unwrap();
+        let mut answer = String::new();
+        std::io::Read::read_to_string(&mut stream, &mut answer).unwrap();
+        answer
+    };
+    // The dashboard's first read of the store: a bounded wait for it.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !get("/api/stats").contains("\"numbers\"") {
+        assert!(
+            Instant::now() < deadline,
+            "the dashboard never showed the store"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(get("/").contains("data-queue=\"jobs\""));
+    let refused = {
+        let mut stream = std::net::TcpStream::connect(&addr).unwrap();
+        std::io::Write::write_all(
+            &mut stream,
+            format!(
+                "POST /api/queues/jobs/dead-letters/purge HTTP/1.1\r\nHost: {addr}\r\n\
+                 Content-Type: application/json\r\nContent-Length: 12\r\n\
+                 Connection: close\r\n\r\n{{\"all\":true}}"
+            )
+            .as_bytes(),
+        )
+        .unwrap();
+        let mut answer = String::new();
+        std::io::Read::read_to_string(&mut stream, &mut answer).unwrap();
+        answer
+    };
+    assert!(refused.starts_with("HTTP/1.1 403"), "{refused}");
+    let sent = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    let give_up = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > give_up {
+            child.kill().unwrap();
+            panic!("rq serve did not stop at SIGINT");
+        }
+        std::thread::yield_now();
+    };
+    assert_eq!(status.code(), Some(0), "stopped by the signal, not killed");
+    let store = Store::open(&path).unwrap();
+    let jobs = store.blocking_queue::<String>("jobs").unwrap();
+    assert_eq!(
+        jobs.blocking_stats().unwrap().dead,
+        2,
+        "the refused purge changed nothing"
+    );
     store.blocking_close().unwrap();
 }
