@@ -24,6 +24,7 @@ mod export;
 mod source;
 
 use common::{printable, progress, Res, ITEM_LIMIT};
+use reliable_queue_web::rows::{cut, human};
 use reliable_queue_web::QueueRow;
 use source::{Remote, Source};
 
@@ -557,18 +558,6 @@ fn close(store: Store) -> Res<()> {
     Ok(store.blocking_close()?)
 }
 
-/// `d` for people: "850ms", "12s", "4m05s", "3h20m", "2d04h".
-fn human(d: Duration) -> String {
-    let s = d.as_secs();
-    match s {
-        0 => format!("{}ms", d.as_millis()),
-        1..=59 => format!("{s}s"),
-        60..=3599 => format!("{}m{:02}s", s / 60, s % 60),
-        3600..=86_399 => format!("{}h{:02}m", s / 3600, s % 3600 / 60),
-        _ => format!("{}d{:02}h", s / 86_400, s % 86_400 / 3600),
-    }
-}
-
 /// How long ago `time` was (zero for a time ahead of this machine's clock).
 fn age(time: SystemTime) -> Duration {
     SystemTime::now().duration_since(time).unwrap_or_default()
@@ -754,20 +743,6 @@ fn shown(text: Option<&str>, hex: &str) -> String {
         None => format!("0x{hex}"),
     };
     cut(full, 80)
-}
-
-/// `text` in at most `width` characters (at least 4), `...` marking a cut.
-fn cut(text: String, width: usize) -> String {
-    debug_assert!(
-        width >= 4,
-        "a cut keeps at least one character before the `...`"
-    );
-    if text.chars().count() > width {
-        let kept: String = text.chars().take(width.saturating_sub(3)).collect();
-        format!("{kept}...")
-    } else {
-        text
-    }
 }
 
 fn dead_letters(source: &Source<'_>, command: &DeadCommand) -> Res<()> {

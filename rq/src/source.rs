@@ -5,7 +5,7 @@
 use std::time::{Duration, SystemTime};
 
 use reliable_queue::{Decoders, RawItem, ReliableConcurrentQueue, Replay, Store};
-use reliable_queue_web::rows::{DeadRow, ItemRow, MAX_PAGE};
+use reliable_queue_web::rows::{segment, DeadRow, ItemRow, MAX_PAGE};
 use reliable_queue_web::QueueRow;
 use serde::de::DeserializeOwned;
 
@@ -76,18 +76,6 @@ impl Remote {
             .set("Authorization", &format!("Bearer {token}"));
         self.answer(request.send_json(body))
     }
-}
-
-/// A queue name as one segment of a URL's path.
-fn segment(name: &str) -> String {
-    name.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
-                char::from(b).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
 }
 
 /// Where the commands read.

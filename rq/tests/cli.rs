@@ -486,6 +486,31 @@ fn verify_reports_missing_records_and_checks_the_rest() {
     ));
 }
 
+/// Sends SIGINT (Ctrl-C) to `child` (`what`) and checks it exits with 0 within 30 s.
+fn interrupt(child: &mut std::process::Child, what: &str) {
+    let sent = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    let give_up = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > give_up {
+            child.kill().unwrap();
+            panic!("{what} did not stop at SIGINT");
+        }
+        std::thread::yield_now();
+    };
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "{what}: stopped by the signal, not killed"
+    );
+}
+
 #[test]
 fn stats_watch_stops_at_ctrl_c_and_closes_the_store() {
     let (_dir, path) = filled();
@@ -510,24 +535,8 @@ fn stats_watch_stops_at_ctrl_c_and_closes_the_store() {
         .map(|l| l.unwrap())
         .any(|l| l.starts_with("numbers"));
     assert!(drawn, "no table drawn");
-    let sent = Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(sent.success());
     // Bounded: an hour's interval that the signal did not end would fail here.
-    let give_up = Instant::now() + Duration::from_secs(30);
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if Instant::now() > give_up {
-            child.kill().unwrap();
-            panic!("rq stats --watch did not stop at SIGINT");
-        }
-        std::thread::yield_now();
-    };
-    assert_eq!(status.code(), Some(0), "stopped by the signal, not killed");
+    interrupt(&mut child, "rq stats --watch");
     // Closed: the store opens again at once, as it was.
     let store = Store::open(&path).unwrap();
     assert_eq!(store.blocking_list_queues().unwrap().len(), 2);
@@ -881,15 +890,8 @@ fn url_reads_and_acts_through_a_running_services_dashboard() {
         tokio::spawn(async move { axum::serve(listener, app).await });
         format!("http://{addr}/ops")
     });
-    // The dashboard's first read of the store: a bounded wait for it.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let rows = loop {
-        let rows = json(&["--url", &url, "stats", "--json"]);
-        if rows.as_array().is_some_and(|r| r.len() == 2) || Instant::now() > deadline {
-            break rows;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    // `api/stats` answers once the dashboard has read the store.
+    let rows = json(&["--url", &url, "stats", "--json"]);
     let jobs = store.blocking_queue::<String>("jobs").unwrap();
     let stats = jobs.blocking_stats().unwrap();
     assert_eq!(rows[0]["queue"], "jobs");
@@ -983,15 +985,8 @@ fn serve_shows_the_store_and_stops_at_ctrl_c() {
         std::io::Read::read_to_string(&mut stream, &mut answer).unwrap();
         answer
     };
-    // The dashboard's first read of the store: a bounded wait for it.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !get("/api/stats").contains("\"numbers\"") {
-        assert!(
-            Instant::now() < deadline,
-            "the dashboard never showed the store"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    // `api/stats` answers once the dashboard has read the store.
+    assert!(get("/api/stats").contains("\"numbers\""));
     assert!(get("/").contains("data-queue=\"jobs\""));
     let refused = {
         let mut stream = std::net::TcpStream::connect(&addr).unwrap();
@@ -1010,23 +1005,7 @@ fn serve_shows_the_store_and_stops_at_ctrl_c() {
         answer
     };
     assert!(refused.starts_with("HTTP/1.1 403"), "{refused}");
-    let sent = Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(sent.success());
-    let give_up = Instant::now() + Duration::from_secs(30);
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if Instant::now() > give_up {
-            child.kill().unwrap();
-            panic!("rq serve did not stop at SIGINT");
-        }
-        std::thread::yield_now();
-    };
-    assert_eq!(status.code(), Some(0), "stopped by the signal, not killed");
+    interrupt(&mut child, "rq serve");
     let store = Store::open(&path).unwrap();
     let jobs = store.blocking_queue::<String>("jobs").unwrap();
     assert_eq!(

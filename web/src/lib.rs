@@ -322,6 +322,22 @@ impl Failure {
     }
 }
 
+/// A page, or the page that says what went wrong.
+fn page(ctx: &Ctx, result: Result<maud::Markup, Failure>) -> Response {
+    match result {
+        Ok(page) => Html(page.into_string()).into_response(),
+        Err(f) => f.page(ctx),
+    }
+}
+
+/// A JSON answer, or `{"error": ...}`.
+fn json<T: serde::Serialize>(result: Result<T, Failure>) -> Response {
+    match result {
+        Ok(value) => Json(value).into_response(),
+        Err(f) => f.json(),
+    }
+}
+
 /// The query's pairs (later ones win; `ids` gathered).
 fn query_pairs(raw: Option<&str>) -> (HashMap<String, String>, Vec<String>) {
     let mut pairs = HashMap::new();
@@ -399,7 +415,7 @@ fn filter_of(pairs: &HashMap<String, String>) -> Result<Filter, Failure> {
 
 async fn overview(State(s): St, base: Base, headers: HeaderMap) -> Response {
     let ctx = s.ctx(&base, &headers);
-    let published = s.feed.latest.borrow().clone();
+    let published = s.feed.current().await;
     Html(pages::overview(&ctx, &published.snapshot).into_string()).into_response()
 }
 
@@ -427,10 +443,7 @@ async fn queue_page(
         };
         Ok::<_, Failure>(pages::queue(&ctx, Some(&row), &name, &query, &page))
     };
-    match run.await {
-        Ok(page) => Html(page.into_string()).into_response(),
-        Err(f) => f.page(&ctx),
-    }
+    page(&ctx, run.await)
 }
 
 async fn item_by_query(
@@ -446,7 +459,7 @@ async fn item_by_query(
         Ok(Some(id)) => Redirect::to(&format!(
             "{}/queues/{}/items/{id}",
             ctx.base,
-            pages::enc(&name)
+            rows::segment(&name)
         ))
         .into_response(),
         Ok(None) => Failure::new(StatusCode::BAD_REQUEST, "give an item id").page(&ctx),
@@ -477,10 +490,7 @@ async fn item_page(
             )),
         }
     };
-    match run.await {
-        Ok(page) => Html(page.into_string()).into_response(),
-        Err(f) => f.page(&ctx),
-    }
+    page(&ctx, run.await)
 }
 
 async fn dead_rows(
@@ -525,10 +535,7 @@ async fn dead_page(
             done.as_deref(),
         ))
     };
-    match run.await {
-        Ok(page) => Html(page.into_string()).into_response(),
-        Err(f) => f.page(&ctx),
-    }
+    page(&ctx, run.await)
 }
 
 async fn dead_one(
@@ -554,10 +561,7 @@ async fn dead_one(
             )),
         }
     };
-    match run.await {
-        Ok(page) => Html(page.into_string()).into_response(),
-        Err(f) => f.page(&ctx),
-    }
+    page(&ctx, run.await)
 }
 
 async fn confirm_page(
@@ -590,10 +594,7 @@ async fn confirm_page(
         s.queue(&name).await?;
         Ok(pages::confirm(&ctx, &name, action, &ids))
     };
-    match run.await {
-        Ok(page) => Html(page.into_string()).into_response(),
-        Err(f) => f.page(&ctx),
-    }
+    page(&ctx, run.await)
 }
 
 #[derive(Debug, Deserialize)]
@@ -648,14 +649,12 @@ async fn dead_action(
         Ok(Redirect::to(&format!(
             "{}/queues/{}/dead?done={}",
             ctx.base,
-            pages::enc(&name),
-            pages::enc(&done)
+            rows::segment(&name),
+            rows::segment(&done)
         )))
     };
-    match run.await {
-        Ok(redirect) => redirect.into_response(),
-        Err(f) => f.page(&ctx),
-    }
+    run.await
+        .map_or_else(|f| f.page(&ctx), IntoResponse::into_response)
 }
 
 async fn login_page(State(s): St, base: Base, headers: HeaderMap) -> Response {
@@ -733,7 +732,8 @@ async fn logout(
 }
 
 async fn events(State(s): St) -> Sse<impl tokio_stream::Stream<Item = Result<Event, Infallible>>> {
-    let stream = WatchStream::new(s.feed.latest.clone())
+    let stream = WatchStream::new(s.feed.updates())
+        .filter(|published| published.read)
         .map(|published| Ok(Event::default().event("snapshot").data(&*published.json)));
     Sse::new(stream).keep_alive(KeepAlive::default())
 }
@@ -760,8 +760,7 @@ async fn not_found(State(s): St, base: Base, headers: HeaderMap) -> Response {
 }
 
 async fn api_stats(State(s): St) -> Response {
-    let published = s.feed.latest.borrow().clone();
-    Json(published.snapshot.queues.clone()).into_response()
+    Json(s.feed.current().await.snapshot.queues.clone()).into_response()
 }
 
 async fn api_history(State(s): St) -> Response {
@@ -780,10 +779,7 @@ async fn api_items(State(s): St, Path(name): Path<String>, RawQuery(raw): RawQue
             .await
             .map_err(Failure::store)
     };
-    match run.await {
-        Ok(page) => Json(page).into_response(),
-        Err(f) => f.json(),
-    }
+    json(run.await)
 }
 
 async fn api_item(State(s): St, Path((name, id)): Path<(String, String)>) -> Response {
@@ -797,10 +793,7 @@ async fn api_item(State(s): St, Path((name, id)): Path<(String, String)>) -> Res
             .map_err(Failure::store)?
             .ok_or_else(|| Failure::new(StatusCode::NOT_FOUND, format!("no item {id}")))
     };
-    match run.await {
-        Ok(item) => Json(item).into_response(),
-        Err(f) => f.json(),
-    }
+    json(run.await)
 }
 
 async fn api_dead(State(s): St, Path(name): Path<String>, RawQuery(raw): RawQuery) -> Response {
@@ -810,10 +803,7 @@ async fn api_dead(State(s): St, Path(name): Path<String>, RawQuery(raw): RawQuer
         let limit = usize::try_from(number(&pairs, "limit")?.unwrap_or(100)).unwrap_or(MAX_PAGE);
         dead_rows(&s, &name, after, limit).await
     };
-    match run.await {
-        Ok((rows, _)) => Json(rows).into_response(),
-        Err(f) => f.json(),
-    }
+    json(run.await.map(|(rows, _)| rows))
 }
 
 #[derive(Debug, Deserialize)]
@@ -882,8 +872,5 @@ async fn api_dead_action(
             _ => Err(Failure::new(StatusCode::NOT_FOUND, "no such action")),
         }
     };
-    match run.await {
-        Ok(answer) => Json(answer).into_response(),
-        Err(f) => f.json(),
-    }
+    json(run.await)
 }

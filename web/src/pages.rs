@@ -5,22 +5,9 @@
 use std::time::{Duration, SystemTime};
 
 use maud::{html, Markup, DOCTYPE};
-use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 
-use crate::rows::{DeadRow, ItemPage, ItemRow, MAX_SCAN};
+use crate::rows::{human, segment, DeadRow, ItemPage, ItemRow, MAX_SCAN};
 use crate::snapshot::{QueueRow, Snapshot};
-
-/// What a path segment or query value must escape: everything but `-._~` and alphanumerics.
-const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC
-    .remove(b'-')
-    .remove(b'.')
-    .remove(b'_')
-    .remove(b'~');
-
-/// `text` for a URL's path segment or query value.
-pub(crate) fn enc(text: &str) -> String {
-    utf8_percent_encode(text, SEGMENT).to_string()
-}
 
 /// What every page needs to know of the request.
 #[derive(Debug, Clone)]
@@ -49,19 +36,7 @@ impl Ctx {
     }
 
     fn queue_url(&self, queue: &str) -> String {
-        format!("{}/queues/{}", self.base, enc(queue))
-    }
-}
-
-/// `d` for people: "850ms", "12s", "4m05s", "3h20m", "2d04h".
-pub(crate) fn human(d: Duration) -> String {
-    let s = d.as_secs();
-    match s {
-        0 => format!("{}ms", d.as_millis()),
-        1..=59 => format!("{s}s"),
-        60..=3599 => format!("{}m{:02}s", s / 60, s % 60),
-        3600..=86_399 => format!("{}h{:02}m", s / 3600, s % 3600 / 60),
-        _ => format!("{}d{:02}h", s / 86_400, s % 86_400 / 3600),
+        format!("{}/queues/{}", self.base, segment(queue))
     }
 }
 
@@ -235,10 +210,10 @@ pub(crate) fn queue(
     let next = page.next_after.map(|after| {
         let mut link = format!("{url}?after={after}");
         if !state.is_empty() {
-            link.push_str(&format!("&state={}", enc(&state)));
+            link.push_str(&format!("&state={}", segment(&state)));
         }
         if !find.is_empty() {
-            link.push_str(&format!("&find={}", enc(&find)));
+            link.push_str(&format!("&find={}", segment(&find)));
         }
         link
     });

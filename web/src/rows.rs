@@ -2,7 +2,9 @@
 //! through the store's `browse` and `dead_letters`, with payloads shown as the service's
 //! [`Decoders`] show them. `rq --url` reads the same rows.
 
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 
 use reliable_queue::{
     BrowsedItem, DeadLetter, Decoders, ItemState, RawItem, ReliableConcurrentQueue,
@@ -21,6 +23,30 @@ const SCAN_READ: usize = 1_000;
 
 /// The most characters of a payload an item's page shows.
 pub const MAX_SHOWN: usize = 65_536;
+
+/// `d` for people: "850ms", "12s", "4m05s", "3h20m", "2d04h".
+pub fn human(d: Duration) -> String {
+    let s = d.as_secs();
+    match s {
+        0 => format!("{}ms", d.as_millis()),
+        1..=59 => format!("{s}s"),
+        60..=3599 => format!("{}m{:02}s", s / 60, s % 60),
+        3600..=86_399 => format!("{}h{:02}m", s / 3600, s % 3600 / 60),
+        _ => format!("{}d{:02}h", s / 86_400, s % 86_400 / 3600),
+    }
+}
+
+/// What a path segment or query value must escape: everything but `-._~` and alphanumerics.
+const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
+/// `text` for a URL's path segment or query value.
+pub fn segment(text: &str) -> String {
+    utf8_percent_encode(text, SEGMENT).to_string()
+}
 
 /// Milliseconds since the epoch (0 before it).
 pub fn millis(t: SystemTime) -> u64 {

@@ -5,13 +5,15 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use parking_lot::Mutex;
 use reliable_queue::metrics::Activity;
 use reliable_queue::{QueueStats, RawItem, Store};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
+
+use crate::rows::millis;
 
 /// One queue's figures in a snapshot.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -92,24 +94,36 @@ pub(crate) struct Published {
     pub(crate) snapshot: Snapshot,
     /// `snapshot` as JSON, made once for every event stream.
     pub(crate) json: Arc<str>,
+    /// Whether the store was read for it (false only before the task's first read).
+    pub(crate) read: bool,
 }
 
 /// The state the task keeps and the handlers read.
 #[derive(Debug)]
 pub(crate) struct Feed {
-    pub(crate) latest: watch::Receiver<Arc<Published>>,
+    latest: watch::Receiver<Arc<Published>>,
     /// The last `HISTORY` points, oldest first.
     pub(crate) history: Mutex<VecDeque<Point>>,
 }
 
+impl Feed {
+    /// The latest snapshot, once the task has read the store once (a request that comes
+    /// before the first read waits for it, rather than showing an empty store).
+    pub(crate) async fn current(&self) -> Arc<Published> {
+        let mut latest = self.latest.clone();
+        let waited = latest.wait_for(|p| p.read).await.map(|p| Arc::clone(&p));
+        // Err: the task is gone (the runtime is stopping): what it last published.
+        waited.unwrap_or_else(|_| Arc::clone(&self.latest.borrow()))
+    }
+
+    /// Every snapshot from now on, the latest first, for an event stream.
+    pub(crate) fn updates(&self) -> watch::Receiver<Arc<Published>> {
+        self.latest.clone()
+    }
+}
+
 /// Points kept: 15 minutes at one a second.
 pub(crate) const HISTORY: usize = 900;
-
-/// Milliseconds since the epoch.
-pub(crate) fn epoch_ms(t: SystemTime) -> u64 {
-    t.duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
 
 /// One read of the store: every queue's stats.
 pub(crate) async fn read_store(store: &Store) -> reliable_queue::Result<Vec<QueueRow>> {
@@ -132,12 +146,13 @@ pub(crate) fn start(
 ) -> Arc<Feed> {
     let first = Arc::new(Published {
         snapshot: Snapshot {
-            at_ms: epoch_ms(SystemTime::now()),
+            at_ms: millis(SystemTime::now()),
             queues: Vec::new(),
             point: None,
             error: Some("the first read of the store has not finished".to_owned()),
         },
         json: Arc::from("{}"),
+        read: false,
     });
     let (tx, rx) = watch::channel(first);
     let feed = Arc::new(Feed {
@@ -170,7 +185,7 @@ pub(crate) fn start(
                             .max(0.001);
                         let rate = |a: u64, b: u64| a.saturating_sub(b) as f64 / secs;
                         Point {
-                            t_ms: epoch_ms(now),
+                            t_ms: millis(now),
                             enqueued: rate(activity.enqueued, was.enqueued),
                             done: rate(activity.done, was.done),
                             failed: rate(activity.failed, was.failed),
@@ -197,7 +212,7 @@ pub(crate) fn start(
                 history.push_back(point);
             }
             let snapshot = Snapshot {
-                at_ms: epoch_ms(now),
+                at_ms: millis(now),
                 queues: queues.clone(),
                 point,
                 error,
@@ -207,6 +222,7 @@ pub(crate) fn start(
             let _ = tx.send(Arc::new(Published {
                 snapshot,
                 json: Arc::from(json),
+                read: true,
             }));
         }
     });

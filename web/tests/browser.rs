@@ -16,11 +16,11 @@
 #[path = "../../tests/pg/mod.rs"]
 mod pg;
 
-use std::net::TcpStream;
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode, Stdio};
 use std::sync::{Arc, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use fantoccini::{Client, ClientBuilder, Locator};
 use libtest_mimic::{Arguments, Failed, Trial};
@@ -79,25 +79,30 @@ fn start_browser() -> Result<Browser, String> {
         "/usr/bin/google-chrome",
     ])
     .ok_or("no Chromium: install Debian's chromium (apt-get install chromium chromium-driver)")?;
-    let port = {
-        let probe = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
-        probe.local_addr().map_err(|e| e.to_string())?.port()
-    };
     let mut driver = Command::new(&driver_path)
-        .arg(format!("--port={port}"))
-        .stdout(Stdio::null())
+        .arg("--port=0")
+        .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
         .map_err(|e| format!("cannot start {}: {e}", driver_path.display()))?;
-    // chromedriver listens once it is ready: wait for its port, a bounded time.
-    let deadline = Instant::now() + PATIENCE;
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        if Instant::now() > deadline {
+    // chromedriver says on which port it listens once it does ("... started successfully on
+    // port N."); the rest of what it prints is drained, so it never blocks on a full pipe.
+    let mut lines = BufReader::new(driver.stdout.take().ok_or("no stdout")?).lines();
+    let port: u16 = lines
+        .by_ref()
+        .map_while(Result::ok)
+        .find(|l| l.contains("started successfully"))
+        .and_then(|l| {
+            l.trim_end_matches('.')
+                .rsplit(' ')
+                .next()
+                .and_then(|p| p.parse().ok())
+        })
+        .ok_or_else(|| {
             let _ = driver.kill();
-            return Err("chromedriver did not listen within 20 s".to_owned());
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+            "chromedriver exited before it listened".to_owned()
+        })?;
+    std::thread::spawn(move || lines.for_each(drop));
     let profile = tempfile::tempdir().map_err(|e| e.to_string())?;
     let mut caps = serde_json::Map::new();
     caps.insert(
