@@ -1,10 +1,12 @@
 //! Store settings as plain data: [`Durability`], the validated [`Config`] and its limits, and
-//! (feature `postgres`) `PgConfig`, where a PostgreSQL store lives.
+//! where a store on a server lives: (feature `postgres`) `PgConfig`, (feature `redis`)
+//! `RedisConfig`. [`Config::validate`] chooses between them by the scheme of the URL given to
+//! [`Builder::url`](crate::Builder::url).
 //!
 //! Nothing here opens anything: the [`Builder`](crate::Builder) fills a [`Config`], checks it
 //! with [`Config::validate`] and hands it to an engine.
 
-#[cfg(feature = "postgres")]
+#[cfg(any(feature = "postgres", feature = "redis"))]
 use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -64,6 +66,17 @@ pub(crate) struct Config {
     /// The PostgreSQL store to connect to, instead of a local one.
     #[cfg(feature = "postgres")]
     pub(crate) postgres: Option<PgConfig>,
+    /// The Redis store to connect to, instead of a local one.
+    #[cfg(feature = "redis")]
+    pub(crate) redis: Option<RedisConfig>,
+    /// The URL given to [`Builder::url`](crate::Builder::url): resolved into one of the above
+    /// by `validate`, by its scheme.
+    pub(crate) url: Option<String>,
+    /// [`Builder::namespace`](crate::Builder::namespace): the store's PostgreSQL schema or
+    /// Redis key tag.
+    pub(crate) namespace: Option<String>,
+    /// [`Builder::require_fsync`](crate::Builder::require_fsync).
+    pub(crate) require_fsync: bool,
 }
 
 /// Default limit on one encoded item: 4 MiB.
@@ -95,11 +108,55 @@ impl Default for Config {
             transaction_timeout: None,
             #[cfg(feature = "postgres")]
             postgres: None,
+            #[cfg(feature = "redis")]
+            redis: None,
+            url: None,
+            namespace: None,
+            require_fsync: false,
+        }
+    }
+}
+
+/// The engine a URL's scheme names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Scheme {
+    /// `postgres://`, `postgresql://`, or a key-value string (`host=... dbname=...`).
+    Postgres,
+    /// `redis://`, `rediss://` (TLS), `redis+unix://` (a Unix socket).
+    Redis,
+}
+
+impl Scheme {
+    /// The engine `url` names, or `None` for a scheme no engine serves.
+    pub(crate) fn of(url: &str) -> Option<Scheme> {
+        let Some((scheme, _)) = url.split_once("://") else {
+            // libpq's key-value form has no scheme.
+            return url.contains('=').then_some(Scheme::Postgres);
+        };
+        match scheme.to_ascii_lowercase().as_str() {
+            "postgres" | "postgresql" => Some(Scheme::Postgres),
+            "redis" | "rediss" | "redis+unix" | "unix" => Some(Scheme::Redis),
+            _ => None,
         }
     }
 }
 
 impl Config {
+    /// Do the settings name a store on a server (validated: `url` resolved)?
+    pub(crate) fn is_remote(&self) -> bool {
+        #[allow(unused_mut)]
+        let mut remote = false;
+        #[cfg(feature = "postgres")]
+        {
+            remote |= self.postgres.is_some();
+        }
+        #[cfg(feature = "redis")]
+        {
+            remote |= self.redis.is_some();
+        }
+        remote
+    }
+
     /// Checks every setting against its documented range.
     pub(crate) fn validate(self) -> Result<Config> {
         let bad = |setting: &'static str, expected: &'static str| {
@@ -138,8 +195,29 @@ impl Config {
                 "between 1 ms and 2^31 - 1 ms (24.8 days)",
             );
         }
+        if let Some(url) = c.url.take() {
+            c.resolve_url(url)?;
+        }
+        #[cfg(feature = "redis")]
+        if let Some(redis) = &mut c.redis {
+            if let Some(ns) = &c.namespace {
+                ns.clone_into(&mut redis.namespace);
+            }
+            redis.require_fsync = c.require_fsync;
+            redis.hold_timeout = c
+                .transaction_timeout
+                .map_or(DEFAULT_HOLD_TIMEOUT, Duration::from_millis);
+            redis.validate()?;
+            if c.path.is_some() {
+                return bad("url", "either a path or a server's URL, not both");
+            }
+        }
         #[cfg(feature = "postgres")]
         if let Some(pg) = &mut c.postgres {
+            if let Some(ns) = &c.namespace {
+                ns.clone_into(&mut pg.schema);
+            }
+            pg.require_fsync = c.require_fsync;
             pg.validate()?;
             // The server-side guard of the deadline (P10): a transaction idle longer than
             // the deadline is past it, so the server ends it even when this process cannot
@@ -153,6 +231,110 @@ impl Config {
             }
         }
         Ok(c)
+    }
+
+    /// Makes the engine settings of the URL given to [`Builder::url`](crate::Builder::url).
+    fn resolve_url(&mut self, url: String) -> Result<()> {
+        let unbuilt = |expected| {
+            Err(Error::InvalidConfig {
+                setting: "url",
+                expected,
+            })
+        };
+        match Scheme::of(&url) {
+            None => unbuilt(
+                "a URL whose scheme names an engine: redis://, rediss://, redis+unix://, \
+                 postgres:// or postgresql:// (or a libpq key-value string)",
+            ),
+            #[cfg(feature = "postgres")]
+            Some(Scheme::Postgres) => {
+                let pg = self.postgres.get_or_insert_with(|| PgConfig::new(""));
+                pg.url = url;
+                Ok(())
+            }
+            #[cfg(not(feature = "postgres"))]
+            Some(Scheme::Postgres) => {
+                unbuilt("a PostgreSQL URL needs the crate's `postgres` feature, not built in")
+            }
+            #[cfg(feature = "redis")]
+            Some(Scheme::Redis) => {
+                self.redis = Some(RedisConfig::new(url));
+                Ok(())
+            }
+            #[cfg(not(feature = "redis"))]
+            Some(Scheme::Redis) => {
+                unbuilt("a Redis URL needs the crate's `redis` feature, not built in")
+            }
+        }
+    }
+}
+
+/// How long the Redis engine lets a transaction hold the items it dequeued when the
+/// transaction has no deadline of its own: past it the server gives them back (a client that
+/// died cannot). `Builder::transaction_timeout` sets another.
+#[cfg(feature = "redis")]
+pub(crate) const DEFAULT_HOLD_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The default key tag of a Redis store.
+#[cfg(feature = "redis")]
+pub(crate) const DEFAULT_REDIS_NAMESPACE: &str = "reliable_queue";
+
+/// Where a Redis store lives.
+#[cfg(feature = "redis")]
+#[derive(Clone)]
+pub(crate) struct RedisConfig {
+    /// `redis://`, `rediss://` or `redis+unix://`.
+    pub(crate) url: String,
+    /// The store's keys are `rq:{<namespace>}:...`: one hash slot for a whole store.
+    pub(crate) namespace: String,
+    /// Refuse a server that does not fsync every write (else a warning is logged).
+    pub(crate) require_fsync: bool,
+    /// How long a transaction without a deadline may hold its items (see
+    /// [`DEFAULT_HOLD_TIMEOUT`]).
+    pub(crate) hold_timeout: Duration,
+    /// How long a waiting consumer waits for a wake-up before it looks anyway.
+    pub(crate) poll_interval: Duration,
+}
+
+#[cfg(feature = "redis")]
+impl fmt::Debug for RedisConfig {
+    /// Leaves the URL out: it may carry a password.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisConfig")
+            .field("namespace", &self.namespace)
+            .field("require_fsync", &self.require_fsync)
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(feature = "redis")]
+impl RedisConfig {
+    pub(crate) fn new(url: String) -> RedisConfig {
+        RedisConfig {
+            url,
+            namespace: DEFAULT_REDIS_NAMESPACE.to_owned(),
+            require_fsync: false,
+            hold_timeout: DEFAULT_HOLD_TIMEOUT,
+            poll_interval: Duration::from_secs(1),
+        }
+    }
+
+    /// The namespace goes into every key: printable ASCII without braces, so that the hash
+    /// tag is the whole of it.
+    pub(crate) fn validate(&self) -> Result<()> {
+        let ok = !self.namespace.is_empty()
+            && self.namespace.len() <= 128
+            && self
+                .namespace
+                .bytes()
+                .all(|b| b.is_ascii_graphic() && b != b'{' && b != b'}');
+        if !ok {
+            return Err(Error::InvalidConfig {
+                setting: "namespace",
+                expected: "1 to 128 printable ASCII characters, no space, '{' or '}'",
+            });
+        }
+        Ok(())
     }
 }
 
@@ -193,6 +375,8 @@ pub(crate) struct PgConfig {
     pub(crate) poll_interval: Duration,
     /// Connect may create the schema or migrate it (else it only checks its version).
     pub(crate) migrate: bool,
+    /// Refuse a server that does not fsync every commit (else a warning is logged).
+    pub(crate) require_fsync: bool,
 }
 
 #[cfg(feature = "postgres")]
@@ -220,6 +404,7 @@ impl PgConfig {
             runtime: None,
             poll_interval: DEFAULT_POLL_INTERVAL,
             migrate: true,
+            require_fsync: false,
         }
     }
 

@@ -247,6 +247,19 @@ pub enum Error {
         source: Source,
     },
 
+    /// The Redis server could not be reached, refused a command, lost the connection, or
+    /// answered with data this store did not write (a key of the store tampered with: a
+    /// wrong type, a missing or malformed record) (the `redis` engine). Nothing of the
+    /// transaction applied; its dequeued items go back to their queues (at the latest when
+    /// the transaction's hold on them ends, if the server was out of reach). Retry once the
+    /// server is back: the store reconnects by itself.
+    Redis {
+        /// What the store was doing: `"connect"`, `"dequeue"`, `"commit"`, ...
+        operation: &'static str,
+        /// The client's error (a `redis::RedisError`), or what was wrong with the data.
+        source: Source,
+    },
+
     /// The connection to PostgreSQL was lost while the commit was in flight (its `COMMIT`, or
     /// the one statement of a commit that only enqueues): the transaction may have committed
     /// or not, and this process cannot tell. Its dequeued items are either
@@ -461,6 +474,10 @@ impl fmt::Display for Error {
                 write!(f, "PostgreSQL failed during {operation}: ")?;
                 describe_chain(&**source, f)
             }
+            Error::Redis { operation, source } => {
+                write!(f, "Redis failed during {operation}: ")?;
+                describe_chain(&**source, f)
+            }
             Error::CommitOutcomeUnknown { source } => {
                 write!(
                     f,
@@ -560,6 +577,7 @@ impl std::error::Error for Error {
             | Error::Deserialize { source, .. }
             | Error::Storage { source, .. }
             | Error::Postgres { source, .. }
+            | Error::Redis { source, .. }
             | Error::CommitOutcomeUnknown { source }
             | Error::PreviousFailure { source } => Some(&**source),
             _ => None,

@@ -119,14 +119,14 @@ impl Store {
         })
     }
 
-    #[cfg(feature = "postgres")]
     pub(crate) fn from_engine(engine: Arc<Engine>) -> Store {
         Store { engine }
     }
 
-    /// Connects to the store kept in the PostgreSQL database at `url`, in the default schema
-    /// (`reliable_queue`): [`Builder::postgres`] with [`Builder::connect`]. Feature
-    /// `postgres`.
+    /// Connects to the store on the server `url` names, in the default namespace: the URL's
+    /// scheme chooses the engine (`redis://`, `rediss://`, `redis+unix://` with feature
+    /// `redis`; `postgres://`, `postgresql://` or a libpq key-value string with feature
+    /// `postgres`). [`Builder::url`] with [`Builder::connect`].
     ///
     /// # Cancel safety
     ///
@@ -134,7 +134,8 @@ impl Store {
     ///
     /// # Errors
     ///
-    /// As [`Builder::connect`].
+    /// As [`Builder::connect`]; [`Error::InvalidConfig`](crate::Error::InvalidConfig)
+    /// (`url`) for a scheme no engine of this build serves.
     ///
     /// # Examples
     ///
@@ -148,9 +149,8 @@ impl Store {
     /// tx.commit().await?;
     /// # Ok(()) }
     /// ```
-    #[cfg(feature = "postgres")]
     pub async fn connect(url: &str) -> Result<Store> {
-        Builder::new().postgres(url).connect().await
+        Builder::new().url(url).connect().await
     }
 
     /// [`connect`](Store::connect) for threads.
@@ -158,9 +158,8 @@ impl Store {
     /// # Errors
     ///
     /// As [`Builder::connect`].
-    #[cfg(feature = "postgres")]
     pub fn blocking_connect(url: &str) -> Result<Store> {
-        Builder::new().postgres(url).open()
+        Builder::new().url(url).open()
     }
 
     /// Opens the queue `name`, creating it if it does not exist yet. On disk, creating a
@@ -630,10 +629,10 @@ impl Builder {
         Store::open_with(self.config.validate()?)
     }
 
-    /// Validates the settings and connects to the PostgreSQL store set by
-    /// [`postgres`](Builder::postgres): checks that the server answers and creates the
-    /// store's tables, or checks their version. Without a PostgreSQL URL it opens the store
-    /// as [`open`](Builder::open) does.
+    /// Validates the settings and connects to the store on the server set by
+    /// [`url`](Builder::url) (or [`postgres`](Builder::postgres)): checks that the server
+    /// answers and, on PostgreSQL, creates the store's tables or checks their version.
+    /// Without a server's URL it opens the store as [`open`](Builder::open) does.
     ///
     /// # Cancel safety
     ///
@@ -643,10 +642,11 @@ impl Builder {
     ///
     /// [`Error::InvalidConfig`](crate::Error::InvalidConfig) for a malformed URL or schema
     /// name, or a setting the engine does not take;
-    /// [`Error::Postgres`](crate::Error::Postgres) when the server cannot be reached or
-    /// refuses; [`Error::SchemaVersion`](crate::Error::SchemaVersion) when the schema was
-    /// made by another version of this crate.
-    #[cfg(feature = "postgres")]
+    /// [`Error::Postgres`](crate::Error::Postgres) or [`Error::Redis`](crate::Error::Redis)
+    /// when the server cannot be reached or refuses (or, with
+    /// [`require_fsync`](Builder::require_fsync), does not fsync every commit);
+    /// [`Error::SchemaVersion`](crate::Error::SchemaVersion) when the schema was made by
+    /// another version of this crate.
     pub async fn connect(self) -> Result<Store> {
         Ok(Store::from_engine(
             crate::engine::Engine::connect(self.config.validate()?).await?,

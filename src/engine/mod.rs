@@ -9,6 +9,8 @@
 //! - [`sled`]: the embedded engine: a log in sled, written by one committer thread.
 //! - [`postgres`]: items as rows in PostgreSQL; ARCHITECTURE.md says how each call maps
 //!   onto it.
+//! - [`redis`]: items as records under a key prefix on a Redis server, each change one Lua
+//!   script.
 //!
 //! Both embedded engines keep their queues' items in the in-memory core
 //! ([`crate::core`]): dequeues, waiting and aborts are core operations and cost no I/O; only
@@ -19,6 +21,8 @@
 //! `flush`, `close`, creating a queue) is ready at its first poll.
 
 pub(crate) mod catalog;
+#[cfg(any(feature = "postgres", feature = "redis"))]
+pub(crate) mod line;
 #[cfg(all(test, reliable_queue_loom))]
 mod loom_leases;
 pub(crate) mod memory;
@@ -29,6 +33,10 @@ pub(crate) mod postgres;
 mod postgres_calls;
 pub(crate) mod proc;
 mod processing_calls;
+#[cfg(feature = "redis")]
+pub(crate) mod redis;
+#[cfg(feature = "redis")]
+mod redis_calls;
 pub(crate) mod sled;
 pub(crate) mod take;
 pub(crate) mod timers;
@@ -105,13 +113,14 @@ enum Flavor {
     Sled(sled::Sled),
     #[cfg(feature = "postgres")]
     Postgres(postgres::Postgres),
+    #[cfg(feature = "redis")]
+    Redis(redis::Redis),
 }
 
 impl Engine {
     /// Opens the engine the settings name: on disk in `config.path` (sled), else in memory.
     pub(crate) fn open(config: Config) -> Result<Arc<Engine>> {
-        #[cfg(feature = "postgres")]
-        if config.postgres.is_some() {
+        if config.is_remote() {
             return block_on(Engine::connect(config));
         }
         let timers = Timers::new(config.clock.clone());
@@ -140,15 +149,23 @@ impl Engine {
         Engine::assemble(config, flavor, timers, procs)
     }
 
-    /// Connects to the PostgreSQL store `config.postgres` names; opens the embedded store
-    /// the settings name otherwise, as [`open`](Self::open) does.
-    #[cfg(feature = "postgres")]
+    /// Connects to the store on the server the settings name (PostgreSQL, Redis); opens the
+    /// embedded store they name otherwise, as [`open`](Self::open) does.
     pub(crate) async fn connect(config: Config) -> Result<Arc<Engine>> {
-        let Some(pg) = &config.postgres else {
+        #[allow(unused_variables)] // without a server engine built in
+        let clock = config.clock.clone();
+        let flavor = 'remote: {
+            #[cfg(feature = "postgres")]
+            if let Some(pg) = &config.postgres {
+                break 'remote Flavor::Postgres(postgres::Postgres::connect(pg, clock).await?);
+            }
+            #[cfg(feature = "redis")]
+            if let Some(rd) = &config.redis {
+                break 'remote Flavor::Redis(redis::Redis::connect(rd, clock).await?);
+            }
             // An embedded store: opening it waits for no server.
             return Engine::open(config);
         };
-        let flavor = Flavor::Postgres(postgres::Postgres::connect(pg, config.clock.clone()).await?);
         let timers = Timers::new(config.clock.clone());
         Engine::assemble(config, flavor, timers, HashMap::new())
     }
@@ -200,7 +217,6 @@ impl Engine {
         }
         let deadline = self.now().saturating_add(timeout);
         work.expiry = Some(self.timers.expire_transaction(deadline, &work.dequeued));
-        #[cfg(feature = "postgres")]
         self.arm_deadline(work);
         Ok(())
     }
@@ -208,13 +224,27 @@ impl Engine {
     /// On PostgreSQL, once `work` has a deadline and an open database transaction: arms the
     /// deadline to end the transaction's session when it passes (its rows are then visible
     /// again at once, P10). Called after every call that may begin the transaction.
-    #[cfg(feature = "postgres")]
+    ///
+    /// On Redis, once `work` has a deadline and holds items: arms the deadline to give them
+    /// back when it passes.
     fn arm_deadline(&self, work: &Work) {
-        let (Some(expiry), Flavor::Postgres(pg)) = (&work.expiry, &self.flavor) else {
+        let Some(expiry) = &work.expiry else {
             return;
         };
-        if let Some(pid) = work.pg.pid() {
-            expiry.arm(pg.terminator(pid));
+        match &self.flavor {
+            #[cfg(feature = "postgres")]
+            Flavor::Postgres(pg) => {
+                if let Some(pid) = work.pg.pid() {
+                    expiry.arm(pg.terminator(pid));
+                }
+            }
+            #[cfg(feature = "redis")]
+            Flavor::Redis(rd) => {
+                if let Some(token) = work.rd.token() {
+                    expiry.arm(rd.expirer(token));
+                }
+            }
+            _ => {}
         }
     }
 
@@ -240,7 +270,15 @@ impl Engine {
             Flavor::Sled(s) => s.catalog(),
             #[cfg(feature = "postgres")]
             Flavor::Postgres(p) => p.catalog(),
+            #[cfg(feature = "redis")]
+            Flavor::Redis(r) => r.catalog(),
         }
+    }
+
+    /// Is the store on a server (PostgreSQL, Redis): every operation a call to it?
+    #[inline]
+    pub(crate) fn is_remote(&self) -> bool {
+        !matches!(self.flavor, Flavor::Memory(_) | Flavor::Sled(_))
     }
 
     /// Does the engine write its commits somewhere (sled, PostgreSQL), so that their
@@ -251,18 +289,21 @@ impl Engine {
     }
 
     /// The engine's name, as errors give it.
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    #[cfg_attr(not(any(feature = "postgres", feature = "redis")), allow(dead_code))]
     pub(crate) fn name(&self) -> &'static str {
         match &self.flavor {
             Flavor::Memory(_) => "memory",
             Flavor::Sled(_) => "sled",
             #[cfg(feature = "postgres")]
             Flavor::Postgres(_) => "postgres",
+            #[cfg(feature = "redis")]
+            Flavor::Redis(_) => "redis",
         }
     }
 
-    /// The refusal of an operation this engine does not serve (SQL on the embedded engines).
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    /// The refusal of an operation this engine does not serve (SQL on the engines other
+    /// than PostgreSQL).
+    #[cfg_attr(not(any(feature = "postgres", feature = "redis")), allow(dead_code))]
     pub(crate) fn unsupported(&self, operation: &'static str) -> Error {
         Error::Unsupported {
             operation,
@@ -296,6 +337,8 @@ impl Engine {
             Flavor::Sled(s) => s.queue(name).await,
             #[cfg(feature = "postgres")]
             Flavor::Postgres(p) => return p.queue(name).await.map(|q| self.postgres_queue_ref(q)),
+            #[cfg(feature = "redis")]
+            Flavor::Redis(r) => Box::pin(r.queue(name)).await,
         }
         .map(|core| self.queue_ref(core))
     }
@@ -325,6 +368,8 @@ impl Engine {
         match &self.flavor {
             #[cfg(feature = "postgres")]
             Flavor::Postgres(pg) => pg.list_queues().await,
+            #[cfg(feature = "redis")]
+            Flavor::Redis(rd) => Box::pin(rd.list_queues()).await,
             _ => Ok(self.queue_names()),
         }
     }
@@ -347,6 +392,8 @@ impl Engine {
             Flavor::Sled(s) => s.unfence(name).await,
             #[cfg(feature = "postgres")]
             Flavor::Postgres(_) => Ok(()),
+            #[cfg(feature = "redis")]
+            Flavor::Redis(_) => Ok(()),
         }
     }
 
@@ -355,6 +402,8 @@ impl Engine {
         match &self.flavor {
             #[cfg(feature = "postgres")]
             Flavor::Postgres(pg) => pg.waiters(&queue.core),
+            #[cfg(feature = "redis")]
+            Flavor::Redis(rd) => rd.waiters(&queue.core),
             _ => queue.core.waiters(),
         }
     }
@@ -408,6 +457,11 @@ impl Engine {
                 .await
                 .map(drop);
         }
+        #[cfg(feature = "redis")]
+        if let Flavor::Redis(rd) = &self.flavor {
+            let work = std::mem::take(work);
+            return Box::pin(self.commit_on_redis(rd, work)).await;
+        }
         // Everything but the wait happens before the first await, so the future keeps only
         // the reply's receiver across it, not the work.
         match self.start_commit(work) {
@@ -425,8 +479,7 @@ impl Engine {
     /// [`commit`](Self::commit) for threads (a transaction's blocking form, the timers'):
     /// on the embedded engines without a future where nothing needs waiting for.
     pub(crate) fn blocking_commit(&self, work: &mut Work) -> Result<()> {
-        #[cfg(feature = "postgres")]
-        if let Flavor::Postgres(_) = &self.flavor {
+        if self.is_remote() {
             return block_on(self.commit(work));
         }
         match self.start_commit(work) {
@@ -462,9 +515,9 @@ impl Engine {
                 Committing::Done(Ok(()))
             }
             Flavor::Sled(s) => Committing::Waiting(s.submit(std::mem::take(work))),
-            // `commit` takes PostgreSQL's way before this.
-            #[cfg(feature = "postgres")]
-            Flavor::Postgres(_) => {
+            // `commit` takes the server engines' ways before this.
+            #[cfg(any(feature = "postgres", feature = "redis"))]
+            _ => {
                 abort(std::mem::take(work));
                 Committing::Done(Err(self.unsupported("an embedded commit")))
             }
@@ -478,6 +531,8 @@ impl Engine {
         match &self.flavor {
             #[cfg(feature = "postgres")]
             Flavor::Postgres(pg) => Box::pin(pg.count(&queue.core)).await,
+            #[cfg(feature = "redis")]
+            Flavor::Redis(rd) => Box::pin(rd.count(&queue.core)).await,
             _ => Ok(queue.core.count()),
         }
     }
@@ -498,6 +553,18 @@ impl Engine {
             let held = std::mem::take(&mut work.pg);
             abort(work);
             return Box::pin(pg.rollback(held)).await;
+        }
+        #[cfg(feature = "redis")]
+        if let Flavor::Redis(rd) = &self.flavor {
+            let mut work = work;
+            let expired = self.settle_deadline(&mut work).is_err();
+            let held = std::mem::take(&mut work.rd);
+            abort(work);
+            // Past its deadline its items were given back already (or are at its hold's end).
+            return match expired {
+                true => Ok(()),
+                false => Box::pin(rd.give_back(held)).await,
+            };
         }
         self.discard(work);
         Ok(())
@@ -558,9 +625,10 @@ impl Engine {
         match &self.flavor {
             Flavor::Memory(_) => Ok(()),
             Flavor::Sled(s) => s.flush().await,
-            // Every commit is durable when it returns.
-            #[cfg(feature = "postgres")]
-            Flavor::Postgres(_) => Ok(()),
+            // Every commit is durable when it returns (on Redis as durable as the server's
+            // append-only file makes it).
+            #[cfg(any(feature = "postgres", feature = "redis"))]
+            _ => Ok(()),
         }
     }
 
@@ -580,6 +648,11 @@ impl Engine {
             #[cfg(feature = "postgres")]
             Flavor::Postgres(p) => {
                 Box::pin(p.close()).await;
+                Ok(())
+            }
+            #[cfg(feature = "redis")]
+            Flavor::Redis(r) => {
+                r.close().await;
                 Ok(())
             }
         }

@@ -4,8 +4,9 @@
 
 use std::sync::Arc;
 
+use super::line::Turn;
 use super::moves::{Move, MoveKind};
-use super::postgres::{int8, Extra, Fresh, Granted, Imported, Postgres, Seats, Turn};
+use super::postgres::{int8, Extra, Fresh, Granted, Imported, Postgres};
 use super::{abort, drop_expired, Engine, QueueRef, Work};
 use crate::core::QueueCore;
 use crate::error::{Error, Result};
@@ -213,143 +214,6 @@ impl Engine {
                 return Ok(None);
             }
         }
-    }
-
-    /// Puts a consumer in the line of each of `queues` (one queue, or a queue set), with
-    /// one ticket: its place in every line. Where it is the first, the listener is asked
-    /// to watch the queue (see [`InLine::watched`]).
-    #[cfg(feature = "postgres")]
-    pub(crate) fn join_lines<'e>(
-        &'e self,
-        pg: &'e Postgres,
-        queues: Vec<&'e QueueRef>,
-    ) -> Result<InLine<'e>> {
-        let (ticket, wake) = pg.line().ticket();
-        let mut seats = Seats::new(pg.line(), ticket);
-        let mut ids = Vec::with_capacity(queues.len());
-        let mut acks = Vec::new();
-        for queue in queues {
-            let id = pg.db_id(&queue.core)?;
-            seats.note(id);
-            acks.extend(pg.line().join(id, ticket, &wake));
-            ids.push((queue, id));
-        }
-        Ok(InLine {
-            engine: self,
-            pg,
-            queues: ids,
-            seats,
-            wake,
-            acks,
-        })
-    }
-
-    /// How long a waiting consumer on PostgreSQL that found nothing waits for a
-    /// notification before it looks again: until the next delayed item or lease of the
-    /// queue falls due, at most the fallback poll, never past `deadline` (`None`: the
-    /// deadline has passed).
-    #[cfg(feature = "postgres")]
-    async fn next_look(
-        &self,
-        pg: &Postgres,
-        queue: &QueueRef,
-        deadline: Option<std::time::Instant>,
-    ) -> Result<Option<std::time::Duration>> {
-        let mut wait = pg.poll_interval();
-        if !self.config.clock.is_manual() {
-            if let Some(due) = pg.next_due(&queue.core).await? {
-                wait = wait.min(std::time::Duration::from_millis(due.max(1)));
-            }
-        }
-        Ok(match deadline {
-            None => Some(wait),
-            Some(deadline) => match deadline.checked_duration_since(std::time::Instant::now()) {
-                Some(left) if !left.is_zero() => Some(left.min(wait)),
-                _ => None,
-            },
-        })
-    }
-}
-
-/// A consumer waiting on PostgreSQL: its place in the line of each of its queues (one
-/// queue, or a queue set), left when it is dropped or takes an item.
-pub(crate) struct InLine<'e> {
-    engine: &'e Engine,
-    pg: &'e Postgres,
-    queues: Vec<(&'e QueueRef, i32)>,
-    seats: Seats,
-    wake: Arc<tokio::sync::Notify>,
-    /// The listener's answers still to come for the queues whose line this consumer
-    /// started.
-    acks: Vec<tokio::sync::oneshot::Receiver<()>>,
-}
-
-impl InLine<'_> {
-    /// The consumer's places, for its transaction to note: a wait whose future is leaked
-    /// leaves the lines when its transaction ends or is used again.
-    pub(crate) fn seats(&self) -> &Seats {
-        &self.seats
-    }
-
-    /// May the consumer look in its `i`th queue now (no waiter woken before it is still to
-    /// look)? A consumer whose turn was taken (it did not look in time) joins again at its
-    /// place first.
-    pub(crate) fn may_look(&self, i: usize) -> bool {
-        let (id, ticket) = (self.queues[i].1, self.seats.ticket());
-        for _ in 0..2 {
-            match self.pg.line().turn(id, ticket) {
-                Turn::Look | Turn::Taken { .. } => return true,
-                Turn::Wait => {
-                    // Waiting behind one that holds the line up: counted as waiting.
-                    self.pg.line().waits(id, ticket);
-                    return false;
-                }
-                Turn::Gone => {
-                    // The listener's lock is taken again if this made the line non-empty;
-                    // until then the fallback poll stands in for a missed notification.
-                    drop(self.pg.line().join(id, ticket, &self.wake));
-                }
-            }
-        }
-        true
-    }
-
-    /// Waits for the listener to watch the queues whose line this consumer started (at
-    /// most the fallback poll): true if it had to, and the consumer looks again then, as a
-    /// commit of another store between its look and the listener's lock notified nobody.
-    pub(crate) async fn watched(&mut self) -> bool {
-        if self.acks.is_empty() {
-            return false;
-        }
-        for ack in std::mem::take(&mut self.acks) {
-            self.pg.watched(ack, self.pg.poll_interval()).await;
-        }
-        true
-    }
-
-    /// The consumer took an item from its `i`th queue: it leaves every line, and the next
-    /// waiter of that queue looks too (the commit may have brought more).
-    pub(crate) fn took(mut self, i: usize) {
-        let id = self.queues[i].1;
-        self.seats.leave_all(Some(id));
-    }
-
-    /// Sleeps until a commit to one of the queues wakes the consumer, the first of them has
-    /// an item falling due, the fallback poll, or `deadline`. False once the deadline has
-    /// passed.
-    pub(crate) async fn sleep(&self, deadline: Option<std::time::Instant>) -> Result<bool> {
-        self.engine.check_open()?;
-        let mut wait = None;
-        for (queue, _) in &self.queues {
-            match self.engine.next_look(self.pg, queue, deadline).await? {
-                None => return Ok(false),
-                Some(w) => wait = Some(wait.map_or(w, |v: std::time::Duration| v.min(w))),
-            }
-        }
-        self.pg
-            .wait_for(&self.wake, wait.unwrap_or(self.pg.poll_interval()))
-            .await;
-        Ok(true)
     }
 }
 

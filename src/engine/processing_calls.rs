@@ -38,6 +38,8 @@ impl Engine {
         deadline: Option<Instant>,
         mut decode: impl FnMut(usize, &Entry) -> Result<X>,
     ) -> Result<Option<(usize, Vec<LeaseOf<X>>)>> {
+        #[cfg(feature = "redis")]
+        self.redis_refuses("lease")?;
         self.check_open()?;
         #[cfg(feature = "postgres")]
         if let Flavor::Postgres(pg) = &self.flavor {
@@ -127,6 +129,11 @@ impl Engine {
         ttl: u64,
         mut decode: impl FnMut(&Entry) -> Result<X>,
     ) -> Result<Vec<LeaseOf<X>>> {
+        #[cfg(feature = "redis")]
+        if let Err(e) = self.redis_refuses("commit_and_lease") {
+            self.discard(work);
+            return Err(e);
+        }
         #[cfg(feature = "postgres")]
         if let Flavor::Postgres(pg) = &self.flavor {
             let granted =
@@ -215,6 +222,9 @@ impl Engine {
             Flavor::Memory(_) | Flavor::Sled(_) => false,
             #[cfg(feature = "postgres")]
             Flavor::Postgres(_) => true,
+            // Refused at commit: Redis serves no leases yet.
+            #[cfg(feature = "redis")]
+            Flavor::Redis(_) => true,
         };
         if !checked_at_commit && proc.lease_state(token, self.now()).is_none() {
             return Err(self.lease_expired(proc, token));
@@ -251,6 +261,8 @@ impl Engine {
         token: u64,
         reason: &str,
     ) -> Result<Option<u64>> {
+        #[cfg(feature = "redis")]
+        self.redis_refuses("fail")?;
         #[cfg(feature = "postgres")]
         if let Flavor::Postgres(pg) = &self.flavor {
             self.check_open()?;
@@ -273,6 +285,8 @@ impl Engine {
         token: u64,
         delay: Duration,
     ) -> Result<()> {
+        #[cfg(feature = "redis")]
+        self.redis_refuses("release")?;
         let delay = match check_delay(delay) {
             Ok(delay) => delay,
             Err(e) => {
@@ -296,6 +310,8 @@ impl Engine {
 
     /// Moves the deadline of lease `token` to `ttl` ms from now; returns the new deadline.
     pub(crate) async fn extend(&self, proc: &Arc<Proc>, token: u64, ttl: u64) -> Result<u64> {
+        #[cfg(feature = "redis")]
+        self.redis_refuses("extend")?;
         #[cfg(feature = "postgres")]
         if let Flavor::Postgres(pg) = &self.flavor {
             self.check_open()?;
@@ -358,6 +374,18 @@ impl Engine {
             proc.set_policy(policy);
             return Ok(stats);
         }
+        #[cfg(feature = "redis")]
+        if let Flavor::Redis(rd) = &self.flavor {
+            let (visible, held, head_at) = Box::pin(rd.stats(&proc.core)).await?;
+            return Ok(QueueStats {
+                visible,
+                delayed: 0,
+                leased: 0,
+                held,
+                dead: 0,
+                front_enqueued_at: known_time(head_at),
+            });
+        }
         Ok(QueueStats {
             visible: proc.core.count(),
             delayed: proc.delayed(),
@@ -380,6 +408,16 @@ impl Engine {
         #[cfg(feature = "postgres")]
         if let Flavor::Postgres(pg) = &self.flavor {
             return Box::pin(pg.browse(&proc.core, after, limit)).await;
+        }
+        #[cfg(feature = "redis")]
+        if let Flavor::Redis(rd) = &self.flavor {
+            // A held item is visible to the others again once its transaction aborts: it is
+            // shown as ready, as PostgreSQL shows a row an open transaction deleted.
+            let found = Box::pin(rd.browse(&proc.core, after, limit)).await?;
+            return Ok(found
+                .into_iter()
+                .map(|(e, _)| (e, ItemState::Ready))
+                .collect());
         }
         let above = |id: u64| after.is_none_or(|a| id > a);
         let mut found: Vec<(Entry, ItemState)> = Vec::new();
@@ -413,6 +451,8 @@ impl Engine {
         after: Option<u64>,
         limit: usize,
     ) -> Result<Vec<DeadSlot>> {
+        #[cfg(feature = "redis")]
+        self.redis_refuses("dead_letters")?;
         self.check_open()?;
         #[cfg(feature = "postgres")]
         if let Flavor::Postgres(pg) = &self.flavor {
@@ -432,6 +472,8 @@ impl Engine {
         reset: bool,
         purge: bool,
     ) -> Result<usize> {
+        #[cfg(feature = "redis")]
+        self.redis_refuses("replay or purge of dead letters")?;
         self.check_open()?;
         #[cfg(feature = "postgres")]
         if let Flavor::Postgres(pg) = &self.flavor {
@@ -783,16 +825,28 @@ impl Engine {
 
     /// Sets the retry policy of `proc`'s queue, durably.
     pub(crate) async fn set_policy(&self, proc: &Arc<Proc>, policy: RetryPolicy) -> Result<()> {
+        #[cfg(feature = "redis")]
+        self.redis_refuses("set_policy")?;
         self.check_open()?;
         match &self.flavor {
             Flavor::Memory(_) => {}
             Flavor::Sled(sled) => sled.set_policy(proc.core.id(), policy).await?,
             #[cfg(feature = "postgres")]
             Flavor::Postgres(pg) => Box::pin(pg.set_policy(&proc.core, policy)).await?,
+            #[cfg(feature = "redis")]
+            Flavor::Redis(_) => unreachable_on_redis()?,
         }
         proc.set_policy(policy);
         Ok(())
     }
+}
+
+/// `set_policy` is refused on Redis before its match.
+#[cfg(feature = "redis")]
+fn unreachable_on_redis() -> Result<()> {
+    Err(Error::Bug {
+        invariant: "the processing layer is refused on Redis before it reaches the engine",
+    })
 }
 
 impl BuryExpired for Engine {

@@ -10,17 +10,19 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
-#[cfg(feature = "postgres")]
+#[cfg(any(feature = "postgres", feature = "redis"))]
 use std::future::Future;
-#[cfg(feature = "postgres")]
+#[cfg(any(feature = "postgres", feature = "redis"))]
 use std::pin::Pin;
 
 #[cfg(feature = "postgres")]
-use super::postgres::{Postgres, Turn};
+use super::line::Turn;
+#[cfg(feature = "postgres")]
+use super::postgres::Postgres;
 
-#[cfg(feature = "postgres")]
+#[cfg(any(feature = "postgres", feature = "redis"))]
 use super::block_on;
-#[cfg(feature = "postgres")]
+#[cfg(any(feature = "postgres", feature = "redis"))]
 use super::Flavor;
 use super::{hold, poll_budget, Engine, Entry, QueueRef, Work};
 use crate::core::Request;
@@ -45,6 +47,10 @@ impl Engine {
             // Boxed: the embedded engines' take must not carry the statement's future.
             return Box::pin(self.take_from_postgres(pg, queue, work, n, each)).await;
         }
+        #[cfg(feature = "redis")]
+        if let Flavor::Redis(rd) = &self.flavor {
+            return Box::pin(self.take_from_redis(rd, queue, work, n, each)).await;
+        }
         self.take_now(queue, work, n, each)
     }
 
@@ -56,8 +62,8 @@ impl Engine {
         n: usize,
         each: impl FnMut(&Entry) -> Result<()>,
     ) -> Result<usize> {
-        #[cfg(feature = "postgres")]
-        if let Flavor::Postgres(_) = &self.flavor {
+        #[cfg(any(feature = "postgres", feature = "redis"))]
+        if self.is_remote() {
             return block_on(self.take(queue, work, n, each));
         }
         self.take_now(queue, work, n, each)
@@ -100,6 +106,11 @@ impl Engine {
             #[cfg(feature = "postgres")]
             Flavor::Postgres(pg) => State::Remote {
                 looking: Box::pin(self.wait_on_postgres(pg, queues, work, deadline)),
+                got: None,
+            },
+            #[cfg(feature = "redis")]
+            Flavor::Redis(rd) => State::Remote {
+                looking: Box::pin(self.wait_on_redis(rd, queues, work, deadline)),
                 got: None,
             },
             _ => State::Core {
@@ -148,17 +159,17 @@ enum State<'a, 'q> {
         waits: Vec<CoreWait<'q>>,
         work: &'a mut Work,
     },
-    /// PostgreSQL: the looking and sleeping, and the item it found.
-    #[cfg(feature = "postgres")]
+    /// PostgreSQL, Redis: the looking and sleeping, and the item it found.
+    #[cfg(any(feature = "postgres", feature = "redis"))]
     Remote {
         looking: Pin<Box<dyn Future<Output = Result<Option<Found<'q>>>> + Send + 'a>>,
         got: Option<Entry>,
     },
 }
 
-/// What PostgreSQL's waiting take found: the queue's index and queue, and the entry.
-#[cfg(feature = "postgres")]
-type Found<'a> = (usize, &'a QueueRef, Entry);
+/// What a server engine's waiting take found: the queue's index and queue, and the entry.
+#[cfg(any(feature = "postgres", feature = "redis"))]
+pub(crate) type Found<'a> = (usize, &'a QueueRef, Entry);
 
 /// What a wait took: the index of its queue in the caller's list, the queue, and the entry
 /// (held by the transaction's work now).
@@ -210,7 +221,7 @@ impl<'q> Wait<'_, 'q> {
         let polled = match &mut self.state {
             State::Core { waits, work } => poll_core(engine, waits, work, self.deadline, cx)
                 .map_ok(|got| got.map(|(index, queue, at)| (index, queue, &work.dequeued[at].1))),
-            #[cfg(feature = "postgres")]
+            #[cfg(any(feature = "postgres", feature = "redis"))]
             State::Remote { looking, got } => match looking.as_mut().poll(cx) {
                 Poll::Ready(Ok(Some((index, queue, entry)))) => {
                     Poll::Ready(Ok(Some((index, queue, &*got.insert(entry)))))

@@ -111,7 +111,7 @@ impl TxExpiry {
     /// Gives the deadline something more to do when it passes, once: `hook` runs then (at
     /// once, in this thread, if it has passed already). False if it was armed before, or the
     /// transaction has settled.
-    #[cfg(feature = "postgres")]
+    #[cfg(any(feature = "postgres", feature = "redis"))]
     pub(crate) fn arm(&self, hook: Box<dyn FnOnce() + Send>) -> bool {
         let mut state = self.state.lock();
         if state.armed || state.settled {

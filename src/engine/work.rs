@@ -9,6 +9,8 @@ use smallvec::SmallVec;
 use super::moves::{Move, MoveKind};
 #[cfg(feature = "postgres")]
 use super::postgres;
+#[cfg(feature = "redis")]
+use super::redis;
 use super::timers::TxExpiry;
 use crate::core::{restore_all, Entry, QueueCore, Ticket};
 use crate::error::{Error, Result};
@@ -62,8 +64,11 @@ pub(crate) struct Work {
     /// On PostgreSQL: the places in line of this transaction's waiting dequeue while it
     /// waits. Its future leaves them when it ends or is dropped; one that is leaked leaves
     /// them when this is dropped (the transaction ends or is used again).
-    #[cfg(feature = "postgres")]
-    pub(crate) seats: Option<Box<postgres::Seats>>,
+    #[cfg(any(feature = "postgres", feature = "redis"))]
+    pub(crate) seats: Option<Box<super::line::Seats>>,
+    /// On Redis: the transaction's token and the items it holds on the server.
+    #[cfg(feature = "redis")]
+    pub(crate) rd: redis::RedisSlot,
     /// The transaction's deadline, if it has one (P10).
     pub(crate) expiry: Option<Arc<TxExpiry>>,
 }
@@ -104,6 +109,10 @@ impl Work {
         #[cfg(feature = "postgres")]
         if !self.pg.is_idle() {
             return self.dequeued.len() + self.pg.held();
+        }
+        #[cfg(feature = "redis")]
+        if self.rd.held() > 0 {
+            return self.dequeued.len() + self.rd.held();
         }
         self.dequeued.len()
     }
@@ -170,7 +179,7 @@ impl Work {
     /// use of the transaction other than a waiting dequeue's own polls. Withdrawing a request
     /// that was dropped properly does nothing.
     pub(crate) fn withdraw_leaked(&mut self) {
-        #[cfg(feature = "postgres")]
+        #[cfg(any(feature = "postgres", feature = "redis"))]
         if self.seats.is_some() {
             self.seats = None;
         }

@@ -274,6 +274,80 @@ impl Builder {
         self
     }
 
+    /// Keeps the store on the server `url` names instead of in this process; the URL's scheme
+    /// chooses the engine:
+    ///
+    /// - `redis://host:port/db`, `rediss://` (TLS) or `redis+unix:///path/to/socket`: the
+    ///   Redis engine (feature `redis`);
+    /// - `postgres://` or `postgresql://` (or a libpq key-value string such as
+    ///   `host=/run/postgresql dbname=app`): the PostgreSQL engine (feature `postgres`), as
+    ///   [`postgres`](Builder::postgres).
+    ///
+    /// Every process that connects to the same server and [`namespace`](Builder::namespace)
+    /// shares the same queues. Open it with [`connect`](Builder::connect) (or
+    /// [`open`](Builder::open), which blocks). Any other scheme, or an engine this build
+    /// leaves out, is [`Error::InvalidConfig`](crate::Error::InvalidConfig) (`url`) there.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let refused = reliable_queue::Store::builder().url("ftp://host/queues").open();
+    /// assert!(matches!(
+    ///     refused,
+    ///     Err(reliable_queue::Error::InvalidConfig { setting: "url", .. })
+    /// ));
+    /// ```
+    pub fn url(mut self, url: &str) -> Self {
+        self.config.url = Some(url.to_owned());
+        self
+    }
+
+    /// The store's name on its server, so that one server keeps several stores: the
+    /// PostgreSQL schema of its tables (as [`postgres_schema`](Builder::postgres_schema)),
+    /// or the hash tag of its Redis keys (`rq:{<namespace>}:...`, one slot of a Redis Cluster:
+    /// printable ASCII without space or braces, at most 128 bytes). `reliable_queue` by
+    /// default. Ignored by the embedded engines.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), reliable_queue::Error> {
+    /// let store = reliable_queue::Store::builder()
+    ///     .url("redis://cache.internal:6379/0")
+    ///     .namespace("billing")
+    ///     .connect()
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn namespace(mut self, namespace: &str) -> Self {
+        self.config.namespace = Some(namespace.to_owned());
+        self
+    }
+
+    /// Refuses to connect to a server that does not write every commit to disk before it
+    /// answers: Redis without `appendonly yes` and `appendfsync always`; PostgreSQL with
+    /// `fsync` or `synchronous_commit` off. Such a server loses acknowledged commits when it
+    /// crashes. Off by default: the store connects and logs a warning. Ignored by the embedded
+    /// engines, whose [`durability`](Builder::durability) says when a commit is on disk.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), reliable_queue::Error> {
+    /// let store = reliable_queue::Store::builder()
+    ///     .url("redis://localhost:6379")
+    ///     .require_fsync(true)
+    ///     .connect()
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn require_fsync(mut self, require: bool) -> Self {
+        self.config.require_fsync = require;
+        self
+    }
+
     /// Keeps the store in the PostgreSQL database at `url` (a libpq URL such as
     /// `postgresql://user@host/db`, or a key-value string such as `host=/run/postgresql
     /// dbname=app`) instead of in this process: every process that connects to the same

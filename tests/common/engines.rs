@@ -57,6 +57,8 @@ pub const ENGINES: &[Engine] = &[
     Engine::new("sled", nothing_to_start, sled_place),
     #[cfg(feature = "postgres")]
     Engine::new("postgres", postgres::start, postgres::place),
+    #[cfg(feature = "redis")]
+    Engine::new("redis", redis::start, redis::place),
 ];
 
 /// How long a dropped transaction or lease may take to give back (see
@@ -159,6 +161,65 @@ mod postgres {
     }
 }
 
+#[cfg(feature = "redis")]
+mod redis {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::OnceLock;
+
+    use super::super::redis::{RedisServer, Reply};
+    use super::Place;
+
+    /// The binary's server, shared by every store of the suite (each in a namespace of its
+    /// own).
+    static SERVER: OnceLock<RedisServer> = OnceLock::new();
+
+    /// The binary's Redis server: this harness's, or `RQ_TEST_REDIS_URL`'s. Kept in a static
+    /// (the watchdog stops a server this harness started when the process ends).
+    pub(super) fn start() -> Result<Box<dyn std::any::Any>, String> {
+        if SERVER.get().is_none() {
+            let _ = SERVER.set(RedisServer::start()?);
+        }
+        Ok(Box::new(()))
+    }
+
+    pub(super) fn server() -> &'static RedisServer {
+        SERVER.get().expect("the Redis server was started")
+    }
+
+    /// A namespace of its own: `<binary>_<n>`; on a server of the caller's, the keys an
+    /// earlier run left there are deleted first.
+    pub(super) fn place() -> Place {
+        static NAMESPACES: AtomicU64 = AtomicU64::new(0);
+        let server = server();
+        let namespace = format!(
+            "{}_{}",
+            env!("CARGO_CRATE_NAME"),
+            NAMESPACES.fetch_add(1, Ordering::Relaxed)
+        );
+        if !server.started_here() {
+            let pattern = format!("rq:{{{namespace}}}:*");
+            if let Reply::Array(keys) = server.command(&[b"KEYS", pattern.as_bytes()]) {
+                for key in keys {
+                    if let Reply::Bulk(Some(key)) = key {
+                        server.command(&[b"DEL", &key]);
+                    }
+                }
+            }
+        }
+        let url = server.url().to_owned();
+        Place {
+            builder: Box::new(move || {
+                reliable_queue::Store::builder()
+                    .url(&url)
+                    .namespace(&namespace)
+            }),
+            durable: true,
+            path: None,
+            _dir: None,
+        }
+    }
+}
+
 /// Why each engine that cannot run in this binary cannot (no server).
 static UNAVAILABLE: Mutex<BTreeMap<&'static str, String>> = Mutex::new(BTreeMap::new());
 
@@ -234,9 +295,17 @@ impl Engine {
     /// waited for, bounded by [`DROP_LIMIT`].
     pub fn after_drop(&self, what: &str, mut done: impl FnMut() -> bool) {
         match self.name {
-            "postgres" => wait_until(what, DROP_LIMIT, done),
+            "postgres" | "redis" => wait_until(what, DROP_LIMIT, done),
             _ => assert!(done(), "{}: {what}, at once", self.name),
         }
+    }
+
+    /// Whether the engine keeps its queues on a server (PostgreSQL, Redis): a drop gives
+    /// back from a task, a waiting consumer is woken by a notification and looks with a
+    /// round trip, `queue_names` lists only the queues opened through the handle (DESIGN.md,
+    /// "Engines"; ARCHITECTURE.md, "Where the server engines differ").
+    pub fn on_server(&self) -> bool {
+        matches!(self.name, "postgres" | "redis")
     }
 
     /// Whether this is the engine named `name`.

@@ -8,6 +8,8 @@ pub mod engines;
 #[path = "../pg/mod.rs"]
 pub mod pg;
 mod raw_sled;
+#[path = "../redis/mod.rs"]
+pub mod redis;
 pub mod scenarios;
 #[allow(unused_imports)]
 pub use raw_sled::open_raw_sled;

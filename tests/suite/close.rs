@@ -66,7 +66,7 @@ fn commit_items(store: &Store, q: &ReliableConcurrentQueue<u32>, items: &[u32]) 
 /// return when their connections end", ARCHITECTURE.md), a moment later.
 fn held_items_back(engine: &Engine, q: &ReliableConcurrentQueue<u32>, n: u64) {
     match engine.name {
-        "postgres" => common::engines::wait_until(
+        "postgres" | "redis" => common::engines::wait_until(
             "the items held at the close to be back",
             common::engines::DROP_LIMIT,
             || q.blocking_count().unwrap() == n,
@@ -345,7 +345,7 @@ fn reopen_right_after_close_finds_every_acknowledged_commit(
     let again = at.builder().expect("a durable store").open();
     match engine.name {
         // Many processes share a schema (DESIGN.md, "Engines"): a second store opens.
-        "postgres" => drop(again.expect("a second store on the schema")),
+        "postgres" | "redis" => drop(again.expect("a second store on the schema")),
         _ => assert!(
             matches!(again, Err(Error::AlreadyOpen { .. })),
             "the reopened store still holds the directory"
@@ -809,7 +809,7 @@ fn empty_and_over_long_queue_names_are_invalid(engine: &'static Engine) {
             match engine.name {
                 // `queue_names` on PostgreSQL: the queues opened through this handle, none
                 // yet (its documentation); the database lists them.
-                "postgres" => {
+                "postgres" | "redis" => {
                     assert!(store.queue_names().is_empty());
                     assert_eq!(store.blocking_list_queues().unwrap(), [longest.as_str()]);
                 }

@@ -73,7 +73,7 @@ fn next(at: &EngineStore, current: Store) -> Store {
 /// only those opened through this handle (its documentation), so the database is asked.
 fn all_queues(engine: &Engine, store: &Store) -> Vec<String> {
     match engine.name {
-        "postgres" => store.blocking_list_queues().unwrap(),
+        "postgres" | "redis" => store.blocking_list_queues().unwrap(),
         _ => store.queue_names(),
     }
 }

@@ -49,7 +49,7 @@ async fn waiter_is_woken_by_commit(engine: &'static Engine) {
     {
         let mut dequeue = pin!(f.q.dequeue(&mut tx));
         match (engine.name, poll_once(dequeue.as_mut())) {
-            ("postgres", Poll::Pending) => assert_eq!(dequeue.await.expect("dequeue"), 8),
+            ("postgres" | "redis", Poll::Pending) => assert_eq!(dequeue.await.expect("dequeue"), 8),
             (_, first) => assert!(matches!(first, Poll::Ready(Ok(8))), "{first:?}"),
         }
     }
@@ -216,7 +216,7 @@ async fn consumers_timing_out_lose_nothing(engine: &'static Engine) {
             break;
         }
         assert!(
-            engine.is("postgres") && Instant::now() < deadline,
+            engine.on_server() && Instant::now() < deadline,
             "{}: {held} items still held after every transaction ended",
             engine.name
         );
@@ -254,7 +254,7 @@ async fn dropping_a_served_future_puts_the_item_back(engine: &'static Engine) {
             // ARCHITECTURE.md, "Waiting dequeue": a commit hands the waiter its turn, and it
             // has not been polled again: the item is still visible, the waiter in line but
             // not counted as waiting (it has the turn, as a request handed an item has).
-            "postgres" => assert_eq!(state, (1, 0)),
+            "postgres" | "redis" => assert_eq!(state, (1, 0)),
             // Handed to the registered request: neither visible nor waiting.
             _ => assert_eq!(state, (0, 0)),
         }
@@ -439,7 +439,7 @@ fn a_dequeue_dropped_mid_wait_leaves_its_transaction_as_documented(engine: &'sta
         // Dropped while its look was in flight, the transaction is aborted; dropped once the
         // look had come back with nothing (the look runs in a task of the store, so either
         // can happen here), it is left as it was.
-        "postgres" => match tx.blocking_commit() {
+        "postgres" | "redis" => match tx.blocking_commit() {
             Err(Error::TransactionAborted { .. }) => {
                 f.commit(&[6]);
                 assert_eq!(waiter.join().expect("the waiter"), 6);

@@ -64,7 +64,6 @@ use self::failure::pg;
 use self::leases::maintain;
 pub(crate) use self::leases::{FailOutcome, Granted};
 use self::listener::listen;
-pub(crate) use self::listener::{Seats, Turn, Waiters};
 use self::migrate::migrate;
 use self::pool::{client_config, Pool};
 pub(crate) use self::statements::int8;
@@ -75,6 +74,7 @@ use super::Entry;
 use crate::clock::Clock;
 use crate::config::PgConfig;
 use crate::core::{QueueCore, QueueId};
+use crate::engine::line::{BoxFuture, Host, Waiters};
 use crate::error::{Error, Result};
 use crate::processing::RetryPolicy;
 use crate::sync::process::Mutex;
@@ -264,11 +264,6 @@ impl Postgres {
         &self.waiters
     }
 
-    /// How long a waiting consumer waits for a notification before it looks anyway.
-    pub(crate) fn poll_interval(&self) -> Duration {
-        self.poll_interval
-    }
-
     /// This store's consumers waiting on `core`'s queue now.
     pub(crate) fn waiters(&self, core: &QueueCore) -> usize {
         let Ok(queue) = self.db_id(core) else {
@@ -317,17 +312,6 @@ impl Postgres {
             // manual clock) only waits.
             let _ = crate::engine::block_on(ended);
         })
-    }
-
-    /// Waits for `wake` (a commit to one of a waiter's queues), or `timeout`.
-    pub(crate) async fn wait_for(&self, wake: &tokio::sync::Notify, timeout: Duration) {
-        listener::wait_for(&self.rt, wake, timeout).await;
-    }
-
-    /// Waits for `ack` (the listener's lock), at most `timeout`: a listener that is
-    /// reconnecting must not hold the consumer up longer than its fallback poll would.
-    pub(crate) async fn watched(&self, ack: oneshot::Receiver<()>, timeout: Duration) {
-        listener::watched(&self.rt, ack, timeout).await;
     }
 
     /// Runs `task` on the store's runtime. A task whose caller's future is dropped runs on
@@ -721,5 +705,27 @@ impl Postgres {
 impl Drop for Postgres {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+impl Host for Postgres {
+    fn line(&self) -> &Arc<Waiters> {
+        &self.waiters
+    }
+
+    fn key(&self, core: &QueueCore) -> Result<i32> {
+        self.db_id(core)
+    }
+
+    fn poll_interval(&self) -> Duration {
+        self.poll_interval
+    }
+
+    fn runtime(&self) -> &Handle {
+        &self.rt
+    }
+
+    fn next_due<'a>(&'a self, core: &'a QueueCore) -> BoxFuture<'a, Result<Option<u64>>> {
+        Box::pin(self.next_due(core))
     }
 }

@@ -1,0 +1,1008 @@
+//! The Redis engine (feature `redis`): a store is a key prefix on one Redis server,
+//! `rq:{<namespace>}:`, whose hash tag puts all of its keys in one slot.
+//!
+//! Items are records in a hash per queue, and their ids in a list per queue (the visible
+//! ones, head first). A transaction's dequeue is a script that moves head ids into the
+//! queue's held set at once, with the transaction's token and the time its hold ends; its
+//! enqueues are buffered by the handle; its commit is one script that checks the transaction
+//! still holds everything it took, deletes those items and appends the enqueues, atomically,
+//! or applies nothing. An abort or a dropped transaction runs a script that gives its items
+//! back at the head of their queues. Redis has no session whose end undoes a client's work,
+//! so every hold ends: at the transaction's deadline, or [`DEFAULT_HOLD_TIMEOUT`] after its
+//! first dequeue when it has none; then any client's next look at the queue (and this
+//! store's pass every second) puts the items back. A commit that comes later fails with
+//! `Error::TransactionExpired` and applies nothing.
+//!
+//! Waiting consumers are woken by the commits: each script that makes items visible
+//! publishes the queue's number on the store's channel, and one subscribed connection per
+//! store wakes this store's consumers waiting on that queue, who look again. A consumer
+//! that heard nothing looks again after the poll interval anyway (a message published while
+//! the subscription was reconnecting is lost).
+//!
+//! The client is redis-rs: one multiplexed connection that reconnects by itself
+//! (`ConnectionManager`), on a current-thread tokio runtime of the store's own, on a thread of
+//! its own (`reliable-queue-redis`): every call is a task spawned there, so the async forms
+//! work under any executor and the blocking forms wait on the task.
+//!
+//! The scripts and the keys are in `scripts.rs`; ARCHITECTURE.md ("The Redis engine") has
+//! the mapping of each call.
+//!
+//! [`DEFAULT_HOLD_TIMEOUT`]: crate::config::DEFAULT_HOLD_TIMEOUT
+
+mod scripts;
+
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use redis::aio::ConnectionManager;
+use redis::{AsyncCommands, Script, Value};
+use tokio::runtime::Handle;
+use tokio::sync::oneshot;
+
+use super::catalog::Catalog;
+use super::line::{BoxFuture, Host, Waiters};
+use super::Entry;
+use crate::clock::Clock;
+use crate::config::RedisConfig;
+use crate::core::{QueueCore, QueueId};
+use crate::error::{Error, Result};
+use crate::sync::process::Mutex;
+
+/// The version of the key layout this build reads and writes (`<p>version`).
+const LAYOUT_VERSION: i64 = 1;
+
+/// How long a call waits for the server's answer before it fails: a server that stopped
+/// answering must not hold a consumer, a commit or a close forever.
+const RESPONSE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long connecting may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The transaction state a Redis store keeps in a transaction's `Work`: its token once its
+/// first dequeue took one, when its hold ends (server ms), and how many items it holds.
+///
+/// Dropped with a token (the transaction was dropped, or its commit failed), it gives the
+/// transaction's items back in the background, as a dropped PostgreSQL transaction rolls
+/// back.
+#[derive(Default)]
+pub(crate) struct RedisSlot {
+    /// 0: none yet.
+    token: u64,
+    ends: u64,
+    held: usize,
+    returner: Option<Arc<Returner>>,
+}
+
+impl fmt::Debug for RedisSlot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisSlot")
+            .field("token", &self.token)
+            .field("held", &self.held)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for RedisSlot {
+    fn drop(&mut self) {
+        let token = self.disarm();
+        if let (Some(returner), true) = (&self.returner, token != 0) {
+            returner.later(token);
+        }
+    }
+}
+
+/// What gives a transaction's items back, shared by the store and its transactions' slots;
+/// with the tokens of the store's transactions that may hold items (given back at close).
+struct Returner {
+    rt: Handle,
+    conn: ConnectionManager,
+    scripts: Arc<Scripts>,
+    key: Arc<str>,
+    prefix: Arc<str>,
+    open: Mutex<HashSet<u64>>,
+    waiters: Arc<Waiters>,
+    instance: Arc<str>,
+}
+
+impl Returner {
+    /// Gives back what transaction `token` still holds (run in a task of the store's
+    /// runtime).
+    /// This store's waiters on the queues whose items came back are woken (the other stores'
+    /// through the wake channel).
+    async fn give_back(&self, token: u64) -> redis::RedisResult<()> {
+        self.open.lock().remove(&token);
+        let mut conn = self.conn.clone();
+        let queues: Vec<i32> = self
+            .scripts
+            .give_back
+            .key(&*self.key)
+            .arg(&*self.prefix)
+            .arg(token_arg(token))
+            .arg(&*self.instance)
+            .invoke_async(&mut conn)
+            .await?;
+        for q in queues {
+            self.waiters.wake_one(q, false);
+        }
+        Ok(())
+    }
+
+    /// [`give_back`](Self::give_back) in the background. Should the server be out of
+    /// reach, the hold's end gives the items back.
+    fn later(self: &Arc<Self>, token: u64) {
+        let this = Arc::clone(self);
+        self.rt.spawn(async move {
+            if let Err(e) = this.give_back(token).await {
+                tracing::warn!(error = %e, "could not give a transaction's items back; they come back when its hold ends");
+            }
+        });
+    }
+}
+
+/// A new transaction token: 64 random bits (never 0), from the standard library's
+/// randomly keyed hasher and a process-wide counter.
+fn new_token() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.finish().max(1)
+}
+
+/// A token as the scripts take it.
+fn token_arg(token: u64) -> Vec<u8> {
+    if token == 0 {
+        Vec::new()
+    } else {
+        format!("{token:016x}").into_bytes()
+    }
+}
+
+impl RedisSlot {
+    /// Items the transaction holds on the server.
+    pub(crate) fn held(&self) -> usize {
+        self.held
+    }
+
+    /// The transaction's token, once a dequeue gave it one.
+    pub(crate) fn token(&self) -> Option<u64> {
+        (self.token != 0).then_some(self.token)
+    }
+
+    /// Takes the token out: the slot's drop gives nothing back then.
+    fn disarm(&mut self) -> u64 {
+        std::mem::take(&mut self.token)
+    }
+}
+
+/// One connected Redis store.
+pub(crate) struct Redis {
+    rt: Handle,
+    /// Ends the runtime's thread (at close).
+    stop: Mutex<Option<oneshot::Sender<()>>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+    /// The subscription and the reclaim pass: ended at close.
+    background: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    conn: ConnectionManager,
+    /// `rq:{<namespace>}:`, and the catalog key every script names.
+    prefix: Arc<str>,
+    catalog_key: Arc<str>,
+    scripts: Arc<Scripts>,
+    /// The queues this process has opened: their local cores (for the handles) and their
+    /// numbers on the server.
+    catalog: Catalog,
+    numbers: Mutex<HashMap<QueueId, i32>>,
+    /// This store's waiting consumers, in a line per queue (by number): woken by this
+    /// store's commits and, for the others', by the subscription.
+    waiters: Arc<Waiters>,
+    /// This store's name in its commits' wake-ups, so that the subscription skips its own.
+    instance: Arc<str>,
+    returner: Arc<Returner>,
+    /// How long a transaction's first dequeue holds its items when it has no deadline.
+    hold_ms: u64,
+    poll_interval: Duration,
+    /// The numbers of the queues opened, for the reclaim pass.
+    opened: Arc<Mutex<Vec<i32>>>,
+    clock: Clock,
+}
+
+impl fmt::Debug for Redis {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Redis")
+            .field("prefix", &self.prefix)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The scripts, each loaded once per server (and again after `NOSCRIPT`).
+struct Scripts {
+    queue: Script,
+    take: Script,
+    give_back: Script,
+    commit: Script,
+    count: Script,
+    stats: Script,
+    reclaim: Script,
+    browse: Script,
+}
+
+impl Scripts {
+    fn new() -> Scripts {
+        let s = |own| Script::new(&scripts::source(own));
+        Scripts {
+            queue: s(scripts::QUEUE),
+            take: s(scripts::TAKE),
+            give_back: s(scripts::GIVE_BACK),
+            commit: s(scripts::COMMIT),
+            count: s(scripts::COUNT),
+            stats: s(scripts::STATS),
+            reclaim: s(scripts::RECLAIM),
+            browse: s(scripts::BROWSE),
+        }
+    }
+}
+
+/// A [`Redis::script`] caller that needs nothing of the answer in the call's task.
+fn ignore(_: &redis::RedisResult<Value>) {}
+
+/// A client failure as the crate's error.
+fn fail(operation: &'static str, e: redis::RedisError) -> Error {
+    Error::Redis {
+        operation,
+        source: Arc::new(e),
+    }
+}
+
+/// Data on the server that this store did not write (a key tampered with).
+fn damaged(operation: &'static str, what: String) -> Error {
+    Error::Redis {
+        operation,
+        source: Arc::new(std::io::Error::new(std::io::ErrorKind::InvalidData, what)),
+    }
+}
+
+/// A record: a version byte, the enqueue time (ms, big-endian u64), the attempts (u32), then
+/// the enveloped item.
+const RECORD_HEADER: usize = 1 + 8 + 4;
+const RECORD_VERSION: u8 = 1;
+
+fn record(entry_bytes: &[u8], enqueued_at: u64, attempts: u32) -> Vec<u8> {
+    let mut r = Vec::with_capacity(RECORD_HEADER + entry_bytes.len());
+    r.push(RECORD_VERSION);
+    r.extend_from_slice(&enqueued_at.to_be_bytes());
+    r.extend_from_slice(&attempts.to_be_bytes());
+    r.extend_from_slice(entry_bytes);
+    r
+}
+
+/// The entry a record of item `id` holds, or why it is not one.
+fn entry_of(id: u64, rec: &[u8]) -> std::result::Result<Entry, String> {
+    if rec.len() < RECORD_HEADER || rec[0] != RECORD_VERSION {
+        return Err(format!(
+            "item {id}'s record is not one this store wrote ({} bytes)",
+            rec.len()
+        ));
+    }
+    let at = u64::from_be_bytes(rec[1..9].try_into().unwrap_or_default());
+    let attempts = u32::from_be_bytes(rec[9..13].try_into().unwrap_or_default());
+    let mut entry = Entry::new(id, rec[RECORD_HEADER..].into(), at);
+    entry.attempts = attempts;
+    Ok(entry)
+}
+
+fn int(v: &Value) -> Option<u64> {
+    match v {
+        Value::Int(i) => u64::try_from(*i).ok(),
+        Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse().ok(),
+        Value::SimpleString(s) => s.parse().ok(),
+        _ => None,
+    }
+}
+
+fn text(v: &Value) -> Option<&str> {
+    match v {
+        Value::BulkString(b) => std::str::from_utf8(b).ok(),
+        Value::SimpleString(s) => Some(s),
+        _ => None,
+    }
+}
+
+fn bytes(v: &Value) -> Option<&[u8]> {
+    match v {
+        Value::BulkString(b) => Some(b),
+        _ => None,
+    }
+}
+
+impl Redis {
+    /// Starts the store's runtime, connects, checks the key layout's version and the server's
+    /// durability settings, and starts the subscription and the reclaim pass.
+    pub(crate) async fn connect(config: &RedisConfig, clock: Clock) -> Result<Redis> {
+        config.validate()?;
+        let client = redis::Client::open(config.url.as_str()).map_err(|e| fail("connect", e))?;
+        let (stop, stopped) = oneshot::channel::<()>();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(Error::storage)?;
+        let rt = runtime.handle().clone();
+        let thread = std::thread::Builder::new()
+            .name("reliable-queue-redis".into())
+            .spawn(move || {
+                let _ = runtime.block_on(stopped);
+            })
+            .map_err(Error::storage)?;
+        let prefix: Arc<str> = format!("rq:{{{}}}:", config.namespace).into();
+        let catalog_key: Arc<str> = format!("{prefix}queues").into();
+        let connecting = {
+            let client = client.clone();
+            rt.spawn(async move {
+                let settings = redis::aio::ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(CONNECT_TIMEOUT))
+                    .set_response_timeout(Some(RESPONSE_TIMEOUT))
+                    .set_number_of_retries(2);
+                let mut conn = tokio::time::timeout(
+                    CONNECT_TIMEOUT * 2,
+                    client.get_connection_manager_with_config(settings),
+                )
+                .await
+                .map_err(|_| damaged("connect", "the server did not answer in 10 s".to_owned()))?
+                .map_err(|e| fail("connect", e))?;
+                let _: () = redis::cmd("PING")
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(|e| fail("connect", e))?;
+                Ok::<_, Error>(conn)
+            })
+        };
+        let conn = match connecting.await {
+            Ok(Ok(conn)) => conn,
+            Ok(Err(e)) => {
+                drop(stop);
+                let _ = thread.join();
+                return Err(e);
+            }
+            Err(e) => {
+                drop(stop);
+                let _ = thread.join();
+                return Err(Error::storage(e));
+            }
+        };
+        // The line's commands are for a listener that watches queues; the subscription
+        // watches them all.
+        let (waiters, _commands) = Waiters::new();
+        let scripts = Arc::new(Scripts::new());
+        let instance: Arc<str> = format!("{:016x}", new_token()).into();
+        let store = Redis {
+            rt: rt.clone(),
+            stop: Mutex::new(Some(stop)),
+            thread: Mutex::new(Some(thread)),
+            background: Mutex::new(Vec::new()),
+            conn: conn.clone(),
+            prefix: Arc::clone(&prefix),
+            catalog_key: Arc::clone(&catalog_key),
+            scripts: Arc::clone(&scripts),
+            catalog: Catalog::default(),
+            numbers: Mutex::new(HashMap::new()),
+            waiters: Arc::clone(&waiters),
+            instance: Arc::clone(&instance),
+            returner: Arc::new(Returner {
+                rt: rt.clone(),
+                conn: conn.clone(),
+                scripts: Arc::clone(&scripts),
+                key: Arc::clone(&catalog_key),
+                prefix: Arc::clone(&prefix),
+                open: Mutex::new(HashSet::new()),
+                waiters: Arc::clone(&waiters),
+                instance: Arc::clone(&instance),
+            }),
+            hold_ms: u64::try_from(config.hold_timeout.as_millis()).unwrap_or(u64::MAX),
+            poll_interval: config.poll_interval,
+            opened: Arc::new(Mutex::new(Vec::new())),
+            clock,
+        };
+        let checked = store.check_server(config.require_fsync).await;
+        if let Err(e) = checked {
+            store.stop();
+            return Err(e);
+        }
+        let subscribe = store.rt.spawn(subscribe(
+            client,
+            format!("{}wake", store.prefix),
+            Arc::clone(&store.waiters),
+            Arc::clone(&store.instance),
+        ));
+        let reclaim = store.rt.spawn(reclaim_pass(
+            store.conn.clone(),
+            Arc::clone(&store.scripts),
+            Arc::clone(&store.catalog_key),
+            Arc::clone(&store.prefix),
+            Arc::clone(&store.opened),
+            store.poll_interval,
+        ));
+        store.background.lock().extend([subscribe, reclaim]);
+        Ok(store)
+    }
+
+    /// Checks the key layout's version (writing it for a new store) and whether the server
+    /// writes every command to its append-only file before it answers.
+    async fn check_server(&self, require_fsync: bool) -> Result<()> {
+        let mut conn = self.conn.clone();
+        let version_key = format!("{}version", self.prefix);
+        let namespace = self.prefix.to_string();
+        let (found, fsync) = self
+            .run(async move {
+                let _: bool = conn
+                    .set_nx(&version_key, LAYOUT_VERSION)
+                    .await
+                    .map_err(|e| fail("connect", e))?;
+                let found: Option<String> = conn
+                    .get(&version_key)
+                    .await
+                    .map_err(|e| fail("connect", e))?;
+                let aof: redis::RedisResult<HashMap<String, String>> = redis::cmd("CONFIG")
+                    .arg("GET")
+                    .arg("append*")
+                    .query_async(&mut conn)
+                    .await;
+                let fsync = aof.map(|c| {
+                    c.get("appendonly").map(String::as_str) == Some("yes")
+                        && c.get("appendfsync").map(String::as_str) == Some("always")
+                });
+                Ok((found, fsync))
+            })
+            .await?;
+        let found = found
+            .as_deref()
+            .and_then(|v| v.parse::<i64>().ok())
+            .unwrap_or(-1);
+        if found != LAYOUT_VERSION {
+            return Err(Error::SchemaVersion {
+                schema: namespace,
+                found,
+                supported: LAYOUT_VERSION,
+            });
+        }
+        match fsync {
+            Ok(true) => Ok(()),
+            Ok(false) if require_fsync => Err(damaged(
+                "connect",
+                "the server does not fsync every write (appendonly yes and appendfsync \
+                 always): an acknowledged commit can be lost when it crashes"
+                    .to_owned(),
+            )),
+            Ok(false) => {
+                tracing::warn!(
+                    "the Redis server does not fsync every write (appendonly yes, appendfsync \
+                     always): acknowledged commits can be lost when it crashes"
+                );
+                Ok(())
+            }
+            Err(e) if require_fsync => Err(fail("connect", e)),
+            Err(e) => {
+                tracing::warn!(error = %e, "could not read the Redis server's durability settings");
+                Ok(())
+            }
+        }
+    }
+
+    /// Runs `task` on the store's runtime. A task whose caller's future is dropped runs on
+    /// to its end.
+    async fn run<T: Send + 'static>(
+        &self,
+        task: impl std::future::Future<Output = Result<T>> + Send + 'static,
+    ) -> Result<T> {
+        self.rt.spawn(task).await.map_err(|e| {
+            if e.is_cancelled() {
+                Error::Closed
+            } else {
+                Error::storage(e)
+            }
+        })?
+    }
+
+    /// Runs script `which` with `args` after the prefix; `then` sees the answer in the
+    /// call's task.
+    async fn script(
+        &self,
+        operation: &'static str,
+        which: fn(&Scripts) -> &Script,
+        args: Vec<Vec<u8>>,
+        then: impl FnOnce(&redis::RedisResult<Value>) + Send + 'static,
+    ) -> Result<Value> {
+        let mut conn = self.conn.clone();
+        let scripts = Arc::clone(&self.scripts);
+        let key = Arc::clone(&self.catalog_key);
+        let prefix = Arc::clone(&self.prefix);
+        self.run(async move {
+            let script = which(&scripts);
+            let mut call = script.key(&*key);
+            call.arg(&*prefix);
+            for a in &args {
+                call.arg(a.as_slice());
+            }
+            let got = call.invoke_async(&mut conn).await;
+            then(&got);
+            got.map_err(|e| fail(operation, e))
+        })
+        .await
+    }
+
+    pub(crate) fn catalog(&self) -> &Catalog {
+        &self.catalog
+    }
+
+    /// Opens queue `name`, adding it on the server if need be.
+    pub(crate) async fn queue(&self, name: &str) -> Result<Arc<QueueCore>> {
+        crate::engine::catalog::check_name(name)?;
+        if let Some(id) = self.catalog.id_of(name) {
+            if self.numbers.lock().contains_key(&id) {
+                return self.catalog.open_queue(name, |_| Ok(())).map(|(c, _)| c);
+            }
+        }
+        let got = self
+            .script(
+                "queue",
+                |s| &s.queue,
+                vec![name.as_bytes().to_vec()],
+                ignore,
+            )
+            .await?;
+        let number = int(&got)
+            .and_then(|n| i32::try_from(n).ok())
+            .ok_or_else(|| {
+                damaged(
+                    "queue",
+                    format!("queue {name:?} has no number (up to 2^31 - 1) on the server"),
+                )
+            })?;
+        let (core, _) = self.catalog.open_queue(name, |_| Ok(()))?;
+        self.numbers.lock().insert(core.id(), number);
+        let mut opened = self.opened.lock();
+        if !opened.contains(&number) {
+            opened.push(number);
+        }
+        Ok(core)
+    }
+
+    /// The server's number of `core`'s queue.
+    pub(crate) fn number(&self, core: &QueueCore) -> Result<i32> {
+        self.numbers
+            .lock()
+            .get(&core.id())
+            .copied()
+            .ok_or(Error::Bug {
+                invariant: "a queue handle's queue has its number on the server",
+            })
+    }
+
+    /// Names of every queue of the store on the server, sorted.
+    pub(crate) async fn list_queues(&self) -> Result<Vec<String>> {
+        let mut conn = self.conn.clone();
+        let key = Arc::clone(&self.catalog_key);
+        let mut names: Vec<String> = self
+            .run(async move { conn.hkeys(&*key).await.map_err(|e| fail("list", e)) })
+            .await?;
+        names.sort();
+        Ok(names)
+    }
+
+    /// Takes up to `n` items at the head of `core`'s queue into the transaction of `slot`,
+    /// in queue order. A record that is not one this store wrote is set aside on the server
+    /// and reported; what was taken before it stays held.
+    ///
+    /// A waiting consumer's look passes its `waiter` ticket: the look's end is noted in the
+    /// line by the look's task, so that a waiter whose future is leaked with its look in
+    /// flight holds nobody up.
+    pub(crate) async fn take(
+        &self,
+        core: &QueueCore,
+        slot: &mut RedisSlot,
+        n: usize,
+        waiter: Option<u64>,
+    ) -> Result<Vec<Entry>> {
+        let q = self.number(core)?;
+        if slot.token == 0 {
+            slot.token = new_token();
+            slot.returner = Some(Arc::clone(&self.returner));
+            self.returner.open.lock().insert(slot.token);
+        }
+        let args = vec![
+            q.to_string().into_bytes(),
+            n.to_string().into_bytes(),
+            token_arg(slot.token),
+            self.hold_ms.to_string().into_bytes(),
+            slot.ends.to_string().into_bytes(),
+        ];
+        let waiters = Arc::clone(&self.waiters);
+        let got = self
+            .script(
+                "dequeue",
+                |s| &s.take,
+                args,
+                move |got| {
+                    if let Some(ticket) = waiter {
+                        let took = matches!(got, Ok(Value::Array(parts)) if parts.len() > 2);
+                        waiters.looked(q, ticket, took);
+                    }
+                },
+            )
+            .await?;
+        let Value::Array(parts) = got else {
+            return Err(damaged(
+                "dequeue",
+                "the take script answered no list".into(),
+            ));
+        };
+        let bad = || damaged("dequeue", "the take script's answer is malformed".into());
+        let (ends, status) = match parts.as_slice() {
+            [e, s, ..] => (int(e).ok_or_else(bad)?, text(s)),
+            _ => return Err(bad()),
+        };
+        slot.ends = ends;
+        if status == Some("expired") {
+            return Err(Error::TransactionExpired);
+        }
+        let mut taken = Vec::with_capacity((parts.len() - 2) / 2);
+        let mut malformed = None;
+        for pair in parts[2..].chunks(2) {
+            let [id, rec] = pair else { return Err(bad()) };
+            let (id, rec) = (int(id).ok_or_else(bad)?, bytes(rec).ok_or_else(bad)?);
+            slot.held += 1;
+            match entry_of(id, rec) {
+                Ok(entry) => taken.push(entry),
+                // Held by the transaction: it goes back with the transaction's other items.
+                Err(what) => malformed = malformed.or(Some(what)),
+            }
+        }
+        if let Some(what) = malformed {
+            return Err(damaged(
+                "dequeue",
+                format!("queue {:?}: {what}", core.name()),
+            ));
+        }
+        if let Some(missing) = status.and_then(|s| s.strip_prefix("missing:")) {
+            return Err(damaged(
+                "dequeue",
+                format!(
+                    "queue {:?}: item {missing} had no record; its id was set aside in the \
+                     queue's damaged list",
+                    core.name()
+                ),
+            ));
+        }
+        Ok(taken)
+    }
+
+    /// Commits the transaction of `slot` with `enqueues`: atomically, or nothing.
+    pub(crate) async fn commit(
+        &self,
+        slot: RedisSlot,
+        enqueues: Vec<(Arc<QueueCore>, Box<[u8]>)>,
+    ) -> Result<()> {
+        let now = self.clock.now();
+        let mut args = Vec::with_capacity(3 + 2 * enqueues.len());
+        args.push(token_arg(slot.token));
+        args.push(self.instance.as_bytes().to_vec());
+        args.push(enqueues.len().to_string().into_bytes());
+        let mut queues = Vec::with_capacity(enqueues.len());
+        for (core, bytes) in &enqueues {
+            let q = match self.number(core) {
+                Ok(q) => q,
+                Err(e) => {
+                    drop(slot);
+                    return Err(e);
+                }
+            };
+            queues.push(q);
+            args.push(q.to_string().into_bytes());
+            args.push(record(bytes, now, 0));
+        }
+        let got = match self.script("commit", |s| &s.commit, args, ignore).await {
+            Ok(got) => got,
+            // The script may have run, and the answer been lost: its items are given back
+            // if it did not (fenced by the token, this does nothing if it did).
+            Err(Error::Redis { source, .. }) if lost_in_flight(&source) => {
+                drop(slot);
+                return Err(Error::CommitOutcomeUnknown { source });
+            }
+            Err(e) => {
+                drop(slot);
+                return Err(e);
+            }
+        };
+        let mut slot = slot;
+        let token = slot.disarm();
+        self.returner.open.lock().remove(&token);
+        let status = match &got {
+            Value::Array(parts) => parts.first().and_then(text),
+            _ => None,
+        };
+        match status {
+            Some("ok") => {
+                // This store's waiters at once, one per item; the other stores' through the
+                // wake channel.
+                self.waiters.notify(queues);
+                Ok(())
+            }
+            Some("expired") => Err(Error::TransactionExpired),
+            _ => Err(damaged(
+                "commit",
+                "the commit script's answer is malformed".into(),
+            )),
+        }
+    }
+
+    /// Gives back what the transaction of `slot` holds, and waits for it.
+    pub(crate) async fn give_back(&self, mut slot: RedisSlot) -> Result<()> {
+        let token = slot.disarm();
+        if token == 0 {
+            return Ok(());
+        }
+        let returner = Arc::clone(&self.returner);
+        self.run(async move {
+            returner
+                .give_back(token)
+                .await
+                .map_err(|e| fail("abort", e))
+        })
+        .await
+    }
+
+    /// What the timer of a transaction's deadline does on Redis: gives its items back now,
+    /// waiting for it (the server would at the hold's end).
+    pub(crate) fn expirer(&self, token: u64) -> Box<dyn FnOnce() + Send> {
+        let returner = Arc::clone(&self.returner);
+        Box::new(move || {
+            let rt = returner.rt.clone();
+            let given = rt.spawn(async move {
+                let _ = returner.give_back(token).await;
+            });
+            let _ = crate::engine::block_on(given);
+        })
+    }
+
+    /// Items visible in `core`'s queue now.
+    pub(crate) async fn count(&self, core: &QueueCore) -> Result<u64> {
+        let q = self.number(core)?;
+        let got = self
+            .script(
+                "count",
+                |s| &s.count,
+                vec![q.to_string().into_bytes()],
+                ignore,
+            )
+            .await?;
+        int(&got).ok_or_else(|| damaged("count", "the count script's answer is malformed".into()))
+    }
+
+    /// `core`'s queue's visible and held items and its head's enqueue time (0: none).
+    pub(crate) async fn stats(&self, core: &QueueCore) -> Result<(u64, u64, u64)> {
+        let q = self.number(core)?;
+        let got = self
+            .script(
+                "stats",
+                |s| &s.stats,
+                vec![q.to_string().into_bytes()],
+                ignore,
+            )
+            .await?;
+        let bad = || damaged("stats", "the stats script's answer is malformed".into());
+        let Value::Array(parts) = got else {
+            return Err(bad());
+        };
+        let [visible, held, head] = parts.as_slice() else {
+            return Err(bad());
+        };
+        let head_at = bytes(head)
+            .and_then(|rec| entry_of(0, rec).ok())
+            .map_or(0, |e| e.times.enqueued_at);
+        Ok((
+            int(visible).ok_or_else(bad)?,
+            int(held).ok_or_else(bad)?,
+            head_at,
+        ))
+    }
+
+    /// Up to `limit` items of `core`'s queue with an id above `after`, in id order, each
+    /// with whether a transaction holds it.
+    pub(crate) async fn browse(
+        &self,
+        core: &QueueCore,
+        after: Option<u64>,
+        limit: usize,
+    ) -> Result<Vec<(Entry, bool)>> {
+        let q = self.number(core)?;
+        let args = vec![
+            q.to_string().into_bytes(),
+            after.unwrap_or(0).to_string().into_bytes(),
+            limit.min(1 << 30).to_string().into_bytes(),
+        ];
+        let got = self.script("browse", |s| &s.browse, args, ignore).await?;
+        let bad = || damaged("browse", "the browse script's answer is malformed".into());
+        let Value::Array(parts) = got else {
+            return Err(bad());
+        };
+        let mut found = Vec::with_capacity(parts.len() / 3);
+        for triple in parts.chunks(3) {
+            let [id, rec, held] = triple else {
+                return Err(bad());
+            };
+            let id = int(id).ok_or_else(bad)?;
+            let entry =
+                entry_of(id, bytes(rec).ok_or_else(bad)?).map_err(|w| damaged("browse", w))?;
+            found.push((entry, int(held) == Some(1)));
+        }
+        Ok(found)
+    }
+
+    /// This store's consumers waiting on `core`'s queue now.
+    pub(crate) fn waiters(&self, core: &QueueCore) -> usize {
+        self.number(core).map_or(0, |q| self.waiters.count(q))
+    }
+
+    /// This store's waiting consumers, in a line per queue.
+    pub(crate) fn line(&self) -> &Arc<Waiters> {
+        &self.waiters
+    }
+
+    /// Closes the store: what its open transactions hold is given back, the subscription and
+    /// the reclaim pass end, the connection closes and the runtime's thread ends.
+    pub(crate) async fn close(&self) {
+        self.waiters.wake_all();
+        let open: Vec<u64> = self.returner.open.lock().drain().collect();
+        if !open.is_empty() {
+            let returner = Arc::clone(&self.returner);
+            let given = self.rt.spawn(async move {
+                for token in open {
+                    if let Err(e) = returner.give_back(token).await {
+                        tracing::warn!(error = %e, "could not give an open transaction's items back at close; they come back when its hold ends");
+                    }
+                }
+            });
+            let on_runtime_thread = self
+                .thread
+                .lock()
+                .as_ref()
+                .is_some_and(|t| t.thread().id() == std::thread::current().id());
+            if !on_runtime_thread {
+                let _ = given.await;
+            }
+        }
+        self.stop();
+    }
+
+    fn stop(&self) {
+        for task in self.background.lock().drain(..) {
+            task.abort();
+        }
+        self.waiters.wake_all();
+        drop(self.stop.lock().take());
+        let thread = self.thread.lock().take();
+        if let Some(thread) = thread {
+            if thread.thread().id() != std::thread::current().id() && thread.join().is_err() {
+                tracing::error!("the Redis runtime thread panicked");
+            }
+        }
+    }
+}
+
+/// Whether a failed call may have been applied: the connection was lost, or the answer did
+/// not come in time, after the command was sent.
+fn lost_in_flight(source: &(dyn std::error::Error + Send + Sync + 'static)) -> bool {
+    source
+        .downcast_ref::<redis::RedisError>()
+        .is_some_and(|e| e.is_connection_dropped() || e.is_timeout() || e.is_io_error())
+}
+
+/// The store's subscription to its wake channel: wakes this store's consumers waiting on each
+/// queue a message names. Reconnects after a failure, waking every consumer then (a message
+/// may have been lost meanwhile).
+async fn subscribe(
+    client: redis::Client,
+    channel: String,
+    waiters: Arc<Waiters>,
+    instance: Arc<str>,
+) {
+    use futures_util::StreamExt;
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        let pubsub = async {
+            let mut pubsub = client.get_async_pubsub().await?;
+            pubsub.subscribe(&channel).await?;
+            Ok::<_, redis::RedisError>(pubsub)
+        };
+        match pubsub.await {
+            Ok(pubsub) => {
+                backoff = Duration::from_millis(50);
+                // Subscribed: whatever was published while it was not may be missed.
+                waiters.wake_all();
+                let mut messages = pubsub.into_on_message();
+                while let Some(msg) = messages.next().await {
+                    // `<queue>` (items given back), or `<queue>:<store>` (a commit).
+                    let Ok(payload) = msg.get_payload::<String>() else {
+                        continue;
+                    };
+                    let (queue, from) = match payload.split_once(':') {
+                        Some((q, from)) => (q, Some(from)),
+                        None => (payload.as_str(), None),
+                    };
+                    // This store woke its own waiters at its commit.
+                    if from == Some(&*instance) {
+                        continue;
+                    }
+                    if let Ok(q) = queue.parse::<i32>() {
+                        waiters.wake_one(q, false);
+                    }
+                }
+                tracing::debug!("the Redis subscription ended; reconnecting");
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "could not subscribe to the Redis wake channel");
+            }
+        }
+        waiters.wake_all();
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(2));
+    }
+}
+
+/// Every `interval`: takes back the items whose hold ended in the queues this store opened
+/// (of clients that died, or of transactions whose hold ended), so that they come back
+/// without waiting for a dequeue on their queue.
+async fn reclaim_pass(
+    mut conn: ConnectionManager,
+    scripts: Arc<Scripts>,
+    key: Arc<str>,
+    prefix: Arc<str>,
+    opened: Arc<Mutex<Vec<i32>>>,
+    interval: Duration,
+) {
+    loop {
+        tokio::time::sleep(interval).await;
+        let queues = opened.lock().clone();
+        if queues.is_empty() {
+            continue;
+        }
+        let mut call = scripts.reclaim.key(&*key);
+        call.arg(&*prefix);
+        for q in queues {
+            call.arg(q);
+        }
+        let reclaimed: redis::RedisResult<Value> = call.invoke_async(&mut conn).await;
+        if let Err(e) = reclaimed {
+            tracing::debug!(error = %e, "the Redis reclaim pass failed; trying again");
+        }
+    }
+}
+
+impl Host for Redis {
+    fn line(&self) -> &Arc<Waiters> {
+        &self.waiters
+    }
+
+    fn key(&self, core: &QueueCore) -> Result<i32> {
+        self.number(core)
+    }
+
+    fn poll_interval(&self) -> Duration {
+        self.poll_interval
+    }
+
+    fn runtime(&self) -> &Handle {
+        &self.rt
+    }
+
+    fn next_due<'a>(&'a self, _core: &'a QueueCore) -> BoxFuture<'a, Result<Option<u64>>> {
+        Box::pin(std::future::ready(Ok(None)))
+    }
+}
