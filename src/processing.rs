@@ -139,9 +139,9 @@ impl RetryPolicy {
         base.saturating_sub(spread).saturating_add(offset)
     }
 
-    /// The policy as the PostgreSQL engine stores it: maximum attempts, initial and maximum
+    /// The policy as the server engines store it: maximum attempts, initial and maximum
     /// backoff in ms, jitter per mille (clamped first, so each fits its column).
-    #[cfg(feature = "postgres")]
+    #[cfg(any(feature = "postgres", feature = "redis"))]
     pub(crate) fn to_columns(self) -> (i32, i64, i64, i32) {
         let policy = self.clamped();
         (
@@ -153,7 +153,7 @@ impl RetryPolicy {
     }
 
     /// [`to_columns`](Self::to_columns) read back; values out of range are clamped.
-    #[cfg(feature = "postgres")]
+    #[cfg(any(feature = "postgres", feature = "redis"))]
     pub(crate) fn from_columns(max_attempts: i32, initial: i64, max: i64, jitter: i32) -> Self {
         RetryPolicy {
             max_attempts: u32::try_from(max_attempts).unwrap_or(1),

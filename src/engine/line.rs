@@ -191,6 +191,7 @@ impl Line {
 /// What the listener is asked to do: bring its advisory lock on a queue in line with the
 /// number of consumers waiting on it (and answer once it holds it).
 #[derive(Debug)]
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))] // Redis's subscription watches all
 pub(crate) enum Command {
     Watch(i32, oneshot::Sender<()>),
     Unwatch(i32),
@@ -441,6 +442,7 @@ impl Waiters {
         }
     }
 
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn waiting(&self, queue: i32) -> bool {
         self.lines
             .lock()
@@ -449,6 +451,7 @@ impl Waiters {
             .is_some_and(|l| !l.places.is_empty())
     }
 
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn waited_queues(&self) -> Vec<i32> {
         self.lines
             .lock()
@@ -527,7 +530,16 @@ async fn watched(rt: &Handle, ack: oneshot::Receiver<()>, timeout: Duration) {
     timer.abort();
 }
 
-/// What a waiting consumer needs of its store's server engine (PostgreSQL, Redis).
+/// A lease as a server granted it: its item (with the attempt counted), token and deadline.
+#[derive(Debug)]
+pub(crate) struct Granted {
+    pub(crate) entry: crate::core::Entry,
+    pub(crate) token: u64,
+    pub(crate) deadline: u64,
+}
+
+/// What the seam needs of a server engine (PostgreSQL, Redis) beside its own calls: the
+/// line of waiting consumers, and leases.
 pub(crate) trait Host: Send + Sync {
     /// The store's line of waiting consumers.
     fn line(&self) -> &Arc<Waiters>;
@@ -539,12 +551,78 @@ pub(crate) trait Host: Send + Sync {
     fn runtime(&self) -> &Handle;
     /// Milliseconds until the queue's next delayed item or lease falls due, if any.
     fn next_due<'a>(&'a self, core: &'a QueueCore) -> BoxFuture<'a, Result<Option<u64>>>;
+    /// Leases up to `n` visible items of the queue for `ttl` ms, in queue order; a waiting
+    /// consumer's look passes its ticket (see [`Waiters::looked`]).
+    fn lease<'a>(
+        &'a self,
+        core: &'a QueueCore,
+        n: usize,
+        ttl: u64,
+        waiter: Option<u64>,
+    ) -> BoxFuture<'a, Result<Vec<Granted>>>;
+    /// Gives back leases that were handed to nobody (their items did not decode), their
+    /// attempts not counted, and wakes a waiter.
+    fn unlease<'a>(&'a self, core: &'a QueueCore, tokens: Vec<u64>) -> BoxFuture<'a, Result<()>>;
 }
 
 /// A future of a [`Host`] call.
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 impl Engine {
+    /// A server engine's lease of up to `n` items of the first of `queues` (in their order)
+    /// that has any, for `ttl` ms; with `wait`, waits for the first (woken like a waiting
+    /// take) until `deadline`, if any. `None` only without `wait` or past the deadline.
+    pub(crate) async fn lease_on_server<'q>(
+        &self,
+        host: &dyn Host,
+        queues: &[(usize, &'q QueueRef)],
+        n: usize,
+        ttl: u64,
+        wait: bool,
+        deadline: Option<std::time::Instant>,
+    ) -> Result<Option<(usize, &'q QueueRef, Vec<Granted>)>> {
+        if !wait {
+            self.check_open()?;
+            for &(index, queue) in queues {
+                let id = host.key(&queue.core)?;
+                let turn = host.line().try_turn(id);
+                if turn == Turn::Wait {
+                    continue;
+                }
+                let granted = host.lease(&queue.core, n, ttl, None).await?;
+                if !granted.is_empty() {
+                    if turn == (Turn::Taken { sure: false }) {
+                        host.line().pass_on(id);
+                    }
+                    return Ok(Some((index, queue, granted)));
+                }
+            }
+            return Ok(None);
+        }
+        let mut line = self.join_lines(host, queues.iter().map(|(_, q)| *q).collect())?;
+        loop {
+            self.check_open()?;
+            for (i, &(index, queue)) in queues.iter().enumerate() {
+                if !line.may_look(i) {
+                    continue;
+                }
+                let granted = host
+                    .lease(&queue.core, n, ttl, Some(line.seats().ticket()))
+                    .await?;
+                if !granted.is_empty() {
+                    line.took(i);
+                    return Ok(Some((index, queue, granted)));
+                }
+            }
+            if line.watched().await {
+                continue;
+            }
+            if !line.sleep(deadline).await? {
+                return Ok(None);
+            }
+        }
+    }
+
     /// Puts a consumer in the line of each of `queues` (one queue, or a queue set), with
     /// one ticket: its place in every line. Where it is the first, the listener is asked
     /// to watch the queue (see [`InLine::watched`]).

@@ -275,6 +275,19 @@ impl Engine {
         }
     }
 
+    /// The server engine's part of the seam (PostgreSQL, Redis): `None` on the embedded
+    /// engines.
+    #[cfg(any(feature = "postgres", feature = "redis"))]
+    pub(crate) fn host(&self) -> Option<&dyn line::Host> {
+        match &self.flavor {
+            #[cfg(feature = "postgres")]
+            Flavor::Postgres(pg) => Some(pg),
+            #[cfg(feature = "redis")]
+            Flavor::Redis(rd) => Some(rd),
+            _ => None,
+        }
+    }
+
     /// Is the store on a server (PostgreSQL, Redis): every operation a call to it?
     #[inline]
     pub(crate) fn is_remote(&self) -> bool {
@@ -336,19 +349,20 @@ impl Engine {
             Flavor::Memory(m) => m.queue(name),
             Flavor::Sled(s) => s.queue(name).await,
             #[cfg(feature = "postgres")]
-            Flavor::Postgres(p) => return p.queue(name).await.map(|q| self.postgres_queue_ref(q)),
+            Flavor::Postgres(p) => return p.queue(name).await.map(|q| self.server_queue_ref(q)),
             #[cfg(feature = "redis")]
-            Flavor::Redis(r) => Box::pin(r.queue(name)).await,
+            Flavor::Redis(r) => {
+                return Box::pin(r.queue(name))
+                    .await
+                    .map(|q| self.server_queue_ref(q))
+            }
         }
         .map(|core| self.queue_ref(core))
     }
 
-    /// A PostgreSQL queue's handle, with its retry policy as the database has it.
-    #[cfg(feature = "postgres")]
-    fn postgres_queue_ref(
-        &self,
-        (core, policy): (Arc<QueueCore>, Option<RetryPolicy>),
-    ) -> QueueRef {
+    /// A server engine's queue handle, with its retry policy as the server has it.
+    #[cfg(any(feature = "postgres", feature = "redis"))]
+    fn server_queue_ref(&self, (core, policy): (Arc<QueueCore>, Option<RetryPolicy>)) -> QueueRef {
         let queue = self.queue_ref(core);
         if let Some(policy) = policy {
             queue.proc.set_policy(policy);
@@ -460,7 +474,9 @@ impl Engine {
         #[cfg(feature = "redis")]
         if let Flavor::Redis(rd) = &self.flavor {
             let work = std::mem::take(work);
-            return Box::pin(self.commit_on_redis(rd, work)).await;
+            return Box::pin(self.commit_on_redis(rd, work, None))
+                .await
+                .map(drop);
         }
         // Everything but the wait happens before the first await, so the future keeps only
         // the reply's receiver across it, not the work.
@@ -557,6 +573,7 @@ impl Engine {
         #[cfg(feature = "redis")]
         if let Flavor::Redis(rd) = &self.flavor {
             let mut work = work;
+            self.give_back_acked(&work.moves);
             let expired = self.settle_deadline(&mut work).is_err();
             let held = std::mem::take(&mut work.rd);
             abort(work);
@@ -575,8 +592,7 @@ impl Engine {
     /// the connection has rolled back, in the background).
     #[inline]
     pub(crate) fn discard(&self, mut work: Work) {
-        #[cfg(feature = "postgres")]
-        if let (Flavor::Postgres(_), false) = (&self.flavor, work.moves.is_empty()) {
+        if !work.moves.is_empty() {
             self.give_back_acked(&work.moves);
         }
         match self.settle_deadline(&mut work) {

@@ -4,7 +4,6 @@
 
 use std::sync::Arc;
 
-use super::line::Turn;
 use super::moves::{Move, MoveKind};
 use super::postgres::{int8, Extra, Fresh, Granted, Imported, Postgres};
 use super::{abort, drop_expired, Engine, QueueRef, Work};
@@ -28,7 +27,7 @@ impl Engine {
             return Err(e);
         }
         if let Err(e) = self.settle_deadline(&mut work) {
-            give_back_acked(pg, &work.moves);
+            self.give_back_acked(&work.moves);
             drop_expired(work);
             return Err(e);
         }
@@ -160,80 +159,6 @@ impl Engine {
             }
         }
         Ok(())
-    }
-
-    /// PostgreSQL's lease of up to `n` items of the first of `queues` (in their order) that
-    /// has any, for `ttl` ms; with `wait`, waits for the first (woken like a waiting take)
-    /// until `deadline`, if any. `None` only without `wait` or past the deadline.
-    pub(crate) async fn lease_on_postgres<'q>(
-        &self,
-        pg: &Postgres,
-        queues: &[(usize, &'q QueueRef)],
-        n: usize,
-        ttl: u64,
-        wait: bool,
-        deadline: Option<std::time::Instant>,
-    ) -> Result<Option<(usize, &'q QueueRef, Vec<Granted>)>> {
-        if !wait {
-            self.check_open()?;
-            for &(index, queue) in queues {
-                let id = pg.db_id(&queue.core)?;
-                let turn = pg.line().try_turn(id);
-                if turn == Turn::Wait {
-                    continue;
-                }
-                let granted = pg.lease(&queue.core, n, ttl, None).await?;
-                if !granted.is_empty() {
-                    if turn == (Turn::Taken { sure: false }) {
-                        pg.line().pass_on(id);
-                    }
-                    return Ok(Some((index, queue, granted)));
-                }
-            }
-            return Ok(None);
-        }
-        let mut line = self.join_lines(pg, queues.iter().map(|(_, q)| *q).collect())?;
-        loop {
-            self.check_open()?;
-            for (i, &(index, queue)) in queues.iter().enumerate() {
-                if !line.may_look(i) {
-                    continue;
-                }
-                let granted = pg
-                    .lease(&queue.core, n, ttl, Some(line.seats().ticket()))
-                    .await?;
-                if !granted.is_empty() {
-                    line.took(i);
-                    return Ok(Some((index, queue, granted)));
-                }
-            }
-            if line.watched().await {
-                continue;
-            }
-            if !line.sleep(deadline).await? {
-                return Ok(None);
-            }
-        }
-    }
-}
-
-impl Engine {
-    /// Gives back at once, as dropped leases, the leases that `moves` of a transaction that
-    /// does not commit acknowledged (P5, P10, S4: what undoing an ack does on the embedded
-    /// engines). Nothing on the embedded engines, whose undo does it.
-    pub(crate) fn give_back_acked(&self, moves: &[Move]) {
-        if let super::Flavor::Postgres(pg) = &self.flavor {
-            give_back_acked(pg, moves);
-        }
-    }
-}
-
-/// [`Engine::give_back_acked`] on PostgreSQL.
-fn give_back_acked(pg: &Postgres, moves: &[Move]) {
-    for mv in moves {
-        if let MoveKind::Ack { token, .. } = mv.kind {
-            pg.drop_lease(token);
-        }
     }
 }
 

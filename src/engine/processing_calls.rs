@@ -38,17 +38,15 @@ impl Engine {
         deadline: Option<Instant>,
         mut decode: impl FnMut(usize, &Entry) -> Result<X>,
     ) -> Result<Option<(usize, Vec<LeaseOf<X>>)>> {
-        #[cfg(feature = "redis")]
-        self.redis_refuses("lease")?;
         self.check_open()?;
-        #[cfg(feature = "postgres")]
-        if let Flavor::Postgres(pg) = &self.flavor {
-            let leased = Box::pin(self.lease_on_postgres(pg, queues, n, ttl, wait, deadline));
+        #[cfg(any(feature = "postgres", feature = "redis"))]
+        if let Some(host) = self.host() {
+            let leased = Box::pin(self.lease_on_server(host, queues, n, ttl, wait, deadline));
             let Some((index, queue, granted)) = leased.await? else {
                 return Ok(None);
             };
             let decoded = self
-                .decoded_on_postgres(pg, queue, granted, false, |e| decode(index, e))
+                .decoded_on_server(host, queue, granted, false, |e| decode(index, e))
                 .await?;
             return Ok(Some((index, decoded)));
         }
@@ -130,16 +128,18 @@ impl Engine {
         mut decode: impl FnMut(&Entry) -> Result<X>,
     ) -> Result<Vec<LeaseOf<X>>> {
         #[cfg(feature = "redis")]
-        if let Err(e) = self.redis_refuses("commit_and_lease") {
-            self.discard(work);
-            return Err(e);
+        if let Flavor::Redis(rd) = &self.flavor {
+            let granted = Box::pin(self.commit_on_redis(rd, work, Some((queue, n, ttl)))).await?;
+            return self
+                .decoded_on_server(rd, queue, granted, true, decode)
+                .await;
         }
         #[cfg(feature = "postgres")]
         if let Flavor::Postgres(pg) = &self.flavor {
             let granted =
                 Box::pin(self.commit_on_postgres(pg, work, Some((queue, n, ttl)))).await?;
             return self
-                .decoded_on_postgres(pg, queue, granted, true, decode)
+                .decoded_on_server(pg, queue, granted, true, decode)
                 .await;
         }
         let from = work.dequeued.len();
@@ -168,15 +168,15 @@ impl Engine {
         Ok(granted.into_iter().zip(items).collect())
     }
 
-    /// Decodes the items of leases PostgreSQL granted. On a failure the lease that failed and
-    /// those after it are given back; with `partial` the ones before are returned, else they
-    /// are given back too and the error is returned.
-    #[cfg(feature = "postgres")]
-    async fn decoded_on_postgres<X>(
+    /// Decodes the items of leases a server engine granted. On a failure the lease that
+    /// failed and those after it are given back; with `partial` the ones before are
+    /// returned, else they are given back too and the error is returned.
+    #[cfg(any(feature = "postgres", feature = "redis"))]
+    async fn decoded_on_server<X>(
         &self,
-        pg: &super::postgres::Postgres,
+        pg: &dyn super::line::Host,
         queue: &QueueRef,
-        granted: Vec<super::postgres::Granted>,
+        granted: Vec<super::line::Granted>,
         partial: bool,
         mut decode: impl FnMut(&Entry) -> Result<X>,
     ) -> Result<Vec<LeaseOf<X>>> {
@@ -222,7 +222,6 @@ impl Engine {
             Flavor::Memory(_) | Flavor::Sled(_) => false,
             #[cfg(feature = "postgres")]
             Flavor::Postgres(_) => true,
-            // Refused at commit: Redis serves no leases yet.
             #[cfg(feature = "redis")]
             Flavor::Redis(_) => true,
         };
@@ -262,7 +261,14 @@ impl Engine {
         reason: &str,
     ) -> Result<Option<u64>> {
         #[cfg(feature = "redis")]
-        self.redis_refuses("fail")?;
+        if let Flavor::Redis(rd) = &self.flavor {
+            self.check_open()?;
+            return match Box::pin(rd.fail(&proc.core, token, reason)).await? {
+                super::redis::Failed::Ended => Err(self.lease_expired(proc, token)),
+                super::redis::Failed::Retry(at) => Ok(Some(at)),
+                super::redis::Failed::Dead => Ok(None),
+            };
+        }
         #[cfg(feature = "postgres")]
         if let Flavor::Postgres(pg) = &self.flavor {
             self.check_open()?;
@@ -285,8 +291,6 @@ impl Engine {
         token: u64,
         delay: Duration,
     ) -> Result<()> {
-        #[cfg(feature = "redis")]
-        self.redis_refuses("release")?;
         let delay = match check_delay(delay) {
             Ok(delay) => delay,
             Err(e) => {
@@ -302,6 +306,14 @@ impl Engine {
                 false => Err(self.lease_expired(proc, token)),
             };
         }
+        #[cfg(feature = "redis")]
+        if let Flavor::Redis(rd) = &self.flavor {
+            self.check_open()?;
+            return match Box::pin(rd.release(&proc.core, token, delay)).await? {
+                true => Ok(()),
+                false => Err(self.lease_expired(proc, token)),
+            };
+        }
         match self.release_work(proc, token, delay)? {
             Some(mut work) => self.commit(&mut work).await,
             None => Ok(()),
@@ -311,7 +323,13 @@ impl Engine {
     /// Moves the deadline of lease `token` to `ttl` ms from now; returns the new deadline.
     pub(crate) async fn extend(&self, proc: &Arc<Proc>, token: u64, ttl: u64) -> Result<u64> {
         #[cfg(feature = "redis")]
-        self.redis_refuses("extend")?;
+        if let Flavor::Redis(rd) = &self.flavor {
+            self.check_open()?;
+            return match Box::pin(rd.extend(&proc.core, token, ttl)).await? {
+                Some(deadline) => Ok(deadline),
+                None => Err(self.lease_expired(proc, token)),
+            };
+        }
         #[cfg(feature = "postgres")]
         if let Flavor::Postgres(pg) = &self.flavor {
             self.check_open()?;
@@ -376,15 +394,9 @@ impl Engine {
         }
         #[cfg(feature = "redis")]
         if let Flavor::Redis(rd) = &self.flavor {
-            let (visible, held, head_at) = Box::pin(rd.stats(&proc.core)).await?;
-            return Ok(QueueStats {
-                visible,
-                delayed: 0,
-                leased: 0,
-                held,
-                dead: 0,
-                front_enqueued_at: known_time(head_at),
-            });
+            let (stats, policy) = Box::pin(rd.stats(&proc.core)).await?;
+            proc.set_policy(policy);
+            return Ok(stats);
         }
         Ok(QueueStats {
             visible: proc.core.count(),
@@ -411,13 +423,7 @@ impl Engine {
         }
         #[cfg(feature = "redis")]
         if let Flavor::Redis(rd) = &self.flavor {
-            // A held item is visible to the others again once its transaction aborts: it is
-            // shown as ready, as PostgreSQL shows a row an open transaction deleted.
-            let found = Box::pin(rd.browse(&proc.core, after, limit)).await?;
-            return Ok(found
-                .into_iter()
-                .map(|(e, _)| (e, ItemState::Ready))
-                .collect());
+            return Box::pin(rd.browse(&proc.core, after, limit)).await;
         }
         let above = |id: u64| after.is_none_or(|a| id > a);
         let mut found: Vec<(Entry, ItemState)> = Vec::new();
@@ -452,7 +458,9 @@ impl Engine {
         limit: usize,
     ) -> Result<Vec<DeadSlot>> {
         #[cfg(feature = "redis")]
-        self.redis_refuses("dead_letters")?;
+        if let Flavor::Redis(rd) = &self.flavor {
+            return Box::pin(rd.dead_letters(&proc.core, after, limit)).await;
+        }
         self.check_open()?;
         #[cfg(feature = "postgres")]
         if let Flavor::Postgres(pg) = &self.flavor {
@@ -473,7 +481,9 @@ impl Engine {
         purge: bool,
     ) -> Result<usize> {
         #[cfg(feature = "redis")]
-        self.redis_refuses("replay or purge of dead letters")?;
+        if let Flavor::Redis(rd) = &self.flavor {
+            return Box::pin(rd.dead_work(&proc.core, which, reset, purge)).await;
+        }
         self.check_open()?;
         #[cfg(feature = "postgres")]
         if let Flavor::Postgres(pg) = &self.flavor {
@@ -745,11 +755,30 @@ impl Engine {
         Ok(leased)
     }
 
+    /// Gives back at once, as dropped leases, the leases that `moves` of a transaction that
+    /// does not commit acknowledged, on the server engines (P5, P10, S4: what undoing an ack
+    /// does on the embedded engines, whose undo does it).
+    pub(crate) fn give_back_acked(&self, moves: &[Move]) {
+        if !self.is_remote() {
+            return;
+        }
+        for mv in moves {
+            if let MoveKind::Ack { token, .. } = mv.kind {
+                self.drop_lease(&mv.proc, token);
+            }
+        }
+    }
+
     /// Gives back lease `token` at once (its `Lease` was dropped unsettled).
     pub(crate) fn drop_lease(&self, proc: &Arc<Proc>, token: u64) {
         #[cfg(feature = "postgres")]
         if let Flavor::Postgres(pg) = &self.flavor {
             pg.drop_lease(token);
+            return;
+        }
+        #[cfg(feature = "redis")]
+        if let Flavor::Redis(rd) = &self.flavor {
+            rd.drop_lease(&proc.core, token);
             return;
         }
         if let Some(leased) = proc.take_lease(token) {
@@ -825,8 +854,6 @@ impl Engine {
 
     /// Sets the retry policy of `proc`'s queue, durably.
     pub(crate) async fn set_policy(&self, proc: &Arc<Proc>, policy: RetryPolicy) -> Result<()> {
-        #[cfg(feature = "redis")]
-        self.redis_refuses("set_policy")?;
         self.check_open()?;
         match &self.flavor {
             Flavor::Memory(_) => {}
@@ -834,19 +861,11 @@ impl Engine {
             #[cfg(feature = "postgres")]
             Flavor::Postgres(pg) => Box::pin(pg.set_policy(&proc.core, policy)).await?,
             #[cfg(feature = "redis")]
-            Flavor::Redis(_) => unreachable_on_redis()?,
+            Flavor::Redis(rd) => Box::pin(rd.set_policy(&proc.core, policy)).await?,
         }
         proc.set_policy(policy);
         Ok(())
     }
-}
-
-/// `set_policy` is refused on Redis before its match.
-#[cfg(feature = "redis")]
-fn unreachable_on_redis() -> Result<()> {
-    Err(Error::Bug {
-        invariant: "the processing layer is refused on Redis before it reaches the engine",
-    })
 }
 
 impl BuryExpired for Engine {

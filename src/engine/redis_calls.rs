@@ -2,19 +2,26 @@
 //! take, and the waiting take. The handles reach these only through the engine's
 //! operations, which choose them by the store's engine.
 
+use std::sync::Arc;
 use std::time::Instant;
 
-use super::line::Turn;
-use super::redis::Redis;
+use super::line::{Granted, Turn};
+use super::moves::{Move, MoveKind};
+use super::redis::{Change, Redis};
 use super::take::Found;
-use super::{abort, drop_expired, Engine, Entry, Flavor, QueueRef, Work};
+use super::{abort, drop_expired, Engine, Entry, QueueRef, Work};
 use crate::error::Result;
 
 impl Engine {
-    /// Redis's commit: the buffered enqueues and the items the transaction holds, in one
-    /// script. The processing layer's moves are not served on Redis yet: such a commit is
-    /// refused whole.
-    pub(crate) async fn commit_on_redis(&self, rd: &Redis, mut work: Work) -> Result<()> {
+    /// Redis's commit: the buffered enqueues, the moves (enqueues with a delay or a key,
+    /// acks, imports) and the items the transaction holds, in one script; and with `lease =
+    /// (queue, n, ttl)` the leases of up to `n` visible items of `queue` in the same script.
+    pub(crate) async fn commit_on_redis(
+        &self,
+        rd: &Redis,
+        mut work: Work,
+        lease: Option<(&QueueRef, usize, u64)>,
+    ) -> Result<Vec<Granted>> {
         work.withdraw_leaked();
         if let Err(e) = self.check_open() {
             // Its slot's drop gives its items back.
@@ -23,27 +30,82 @@ impl Engine {
         }
         if let Err(e) = self.settle_deadline(&mut work) {
             // Its items were given back at the deadline (or are at its hold's end).
+            self.give_back_acked(&work.moves);
             drop_expired(work);
             return Err(e);
         }
-        if !work.moves.is_empty() {
-            abort(work);
-            return Err(self.unsupported("the processing layer"));
+        let mut changes = Vec::with_capacity(work.moves.len());
+        let mut keys = Vec::new();
+        let mut acked = Vec::new();
+        for mv in std::mem::take(&mut work.moves) {
+            let queue = Arc::clone(&mv.proc.core);
+            match mv.kind {
+                MoveKind::Enqueue { entry, delay } => {
+                    let key = entry.key.clone();
+                    if let Some(key) = &key {
+                        keys.push((Arc::clone(&queue), key.clone()));
+                    }
+                    changes.push(Change::Fresh {
+                        queue,
+                        entry,
+                        delay,
+                        key,
+                    });
+                }
+                MoveKind::Ack { token, .. } => {
+                    acked.push((Arc::clone(&mv.proc), token));
+                    changes.push(Change::Ack { queue, token });
+                }
+                MoveKind::Import { entry, reason } => changes.push(Change::Import {
+                    queue,
+                    entry,
+                    reason,
+                }),
+                // Leases, retries, burials, replays and purges are scripts of their own on
+                // Redis, never moves of a transaction.
+                kind => {
+                    Move {
+                        proc: mv.proc,
+                        kind,
+                    }
+                    .undo();
+                    debug_assert!(
+                        false,
+                        "a Redis transaction holds only enqueues, acks and imports"
+                    );
+                    for (core, key) in keys {
+                        core.release_key(&key);
+                    }
+                    abort(work);
+                    return Err(self.unsupported("this move in a transaction"));
+                }
+            }
         }
         let enqueues = std::mem::take(&mut work.enqueues).into_vec();
         let slot = std::mem::take(&mut work.rd);
-        if enqueues.is_empty() && slot.token().is_none() {
-            return Ok(());
+        let lease = lease.map(|(q, n, ttl)| (&*q.core, n, ttl));
+        let done = if enqueues.is_empty() && changes.is_empty() && slot.token().is_none() {
+            match lease {
+                Some((core, n, ttl)) => rd.lease_for(core, n, ttl).await,
+                None => Ok(Vec::new()),
+            }
+        } else {
+            rd.commit(slot, enqueues, changes, lease).await
+        };
+        if done.is_err() {
+            // Not committed, or not known to be: the acked leases are given back as dropped
+            // leases are (fenced by their tokens, this does nothing to a lease whose ack was
+            // applied after all).
+            for (proc, token) in acked {
+                rd.drop_lease(&proc.core, token);
+            }
         }
-        rd.commit(slot, enqueues).await
-    }
-
-    /// Refuses `operation` of the processing layer on Redis, which does not serve it yet.
-    pub(crate) fn redis_refuses(&self, operation: &'static str) -> Result<()> {
-        match &self.flavor {
-            Flavor::Redis(_) => Err(self.unsupported(operation)),
-            _ => Ok(()),
+        // The keys were reserved in this process only while the transaction was open; from
+        // now on the server keeps them.
+        for (core, key) in keys {
+            core.release_key(&key);
         }
+        done
     }
 
     /// Redis's [`take`](Engine::take): this store's waiters first (a waiter woken for an

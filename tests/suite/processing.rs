@@ -171,7 +171,7 @@ fn a_holder_whose_lease_expired_cannot_ack_and_the_next_holder_completes_it_once
         tx.blocking_commit().unwrap();
         let mut tx = store.begin();
         out.enqueue(&mut tx, 7).unwrap();
-        if name == "postgres" {
+        if engine.on_server() {
             // The database's clock decides, at commit: the whole commit fails.
             slow.ack(&mut tx).unwrap();
             assert!(
@@ -762,7 +762,7 @@ fn attempts_survive_a_restart_and_a_restart_ends_leases(engine: &'static Engine)
         return;
     };
     let q = store.blocking_queue::<u64>("q").unwrap();
-    if name == "postgres" {
+    if engine.on_server() {
         assert_eq!(
             q.blocking_count().unwrap(),
             0,
@@ -1210,7 +1210,7 @@ fn p11_an_enqueue_whose_key_is_in_the_queue_is_a_no_op_and_says_so(engine: &'sta
             "{name}: freed by the abort"
         );
         b.blocking_commit().unwrap();
-        if name == "postgres" {
+        if engine.on_server() {
             // A key already in the database: the call cannot know without a round trip, so
             // it answers `Enqueued` and the commit inserts nothing for it (P11's no-op).
             let mut tx = store.begin();
@@ -1253,7 +1253,7 @@ fn p11_an_enqueue_whose_key_is_in_the_queue_is_a_no_op_and_says_so(engine: &'sta
         }
         // Visible, held, leased, delayed: all count as in the queue.
         let mut tx = store.begin();
-        if name != "postgres" {
+        if !engine.on_server() {
             assert_eq!(unique(&mut tx, 3, b"k"), Duplicate, "{name}: visible");
             let mut held = store.begin();
             assert_eq!(q.blocking_try_dequeue(&mut held).unwrap(), Some(2));
@@ -1280,7 +1280,7 @@ fn p11_an_enqueue_whose_key_is_in_the_queue_is_a_no_op_and_says_so(engine: &'sta
         let mut tx = store.begin();
         // (On PostgreSQL the keys are in the database: the call answers `Enqueued`, and this
         // transaction is dropped below anyway.)
-        let in_queue = if name == "postgres" {
+        let in_queue = if engine.on_server() {
             Enqueued
         } else {
             Duplicate

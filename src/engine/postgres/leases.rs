@@ -18,13 +18,7 @@ use crate::core::Entry;
 use crate::error::Result;
 use crate::sync::process::Mutex;
 
-/// A lease as a statement granted it.
-#[derive(Debug)]
-pub(crate) struct Granted {
-    pub(crate) entry: Entry,
-    pub(crate) token: u64,
-    pub(crate) deadline: u64,
-}
+pub(crate) use crate::engine::line::Granted;
 
 /// A row of the lease statement.
 fn granted(row: &Row) -> Result<Granted> {

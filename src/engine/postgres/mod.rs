@@ -728,4 +728,18 @@ impl Host for Postgres {
     fn next_due<'a>(&'a self, core: &'a QueueCore) -> BoxFuture<'a, Result<Option<u64>>> {
         Box::pin(self.next_due(core))
     }
+
+    fn lease<'a>(
+        &'a self,
+        core: &'a QueueCore,
+        n: usize,
+        ttl: u64,
+        waiter: Option<u64>,
+    ) -> BoxFuture<'a, Result<Vec<Granted>>> {
+        Box::pin(self.lease(core, n, ttl, waiter))
+    }
+
+    fn unlease<'a>(&'a self, core: &'a QueueCore, tokens: Vec<u64>) -> BoxFuture<'a, Result<()>> {
+        Box::pin(self.unlease(core, tokens))
+    }
 }

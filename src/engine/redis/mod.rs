@@ -29,6 +29,9 @@
 //!
 //! [`DEFAULT_HOLD_TIMEOUT`]: crate::config::DEFAULT_HOLD_TIMEOUT
 
+mod lease_calls;
+
+pub(crate) use self::lease_calls::{Change, Failed};
 mod scripts;
 
 use std::collections::{HashMap, HashSet};
@@ -44,12 +47,14 @@ use tokio::runtime::Handle;
 use tokio::sync::oneshot;
 
 use super::catalog::Catalog;
-use super::line::{BoxFuture, Host, Waiters};
+use super::line::Waiters;
 use super::Entry;
 use crate::clock::Clock;
 use crate::config::RedisConfig;
 use crate::core::{QueueCore, QueueId};
+use crate::engine::proc::EXPIRED;
 use crate::error::{Error, Result};
+use crate::processing::RetryPolicy;
 use crate::sync::process::Mutex;
 
 /// The version of the key layout this build reads and writes (`<p>version`).
@@ -106,6 +111,7 @@ struct Returner {
     open: Mutex<HashSet<u64>>,
     waiters: Arc<Waiters>,
     instance: Arc<str>,
+    clock: Clock,
 }
 
 impl Returner {
@@ -121,8 +127,9 @@ impl Returner {
             .give_back
             .key(&*self.key)
             .arg(&*self.prefix)
-            .arg(token_arg(token))
+            .arg(now_arg(&self.clock))
             .arg(&*self.instance)
+            .arg(token_arg(token))
             .invoke_async(&mut conn)
             .await?;
         for q in queues {
@@ -233,11 +240,22 @@ struct Scripts {
     stats: Script,
     reclaim: Script,
     browse: Script,
+    lease: Script,
+    unlease: Script,
+    drop_lease: Script,
+    fail: Script,
+    release: Script,
+    extend: Script,
+    set_policy: Script,
+    next_due: Script,
+    dead_letters: Script,
+    dead_work: Script,
 }
 
 impl Scripts {
     fn new() -> Scripts {
-        let s = |own| Script::new(&scripts::source(own));
+        let default = policy_text(RetryPolicy::default());
+        let s = |own| Script::new(&scripts::source(own, &default, EXPIRED));
         Scripts {
             queue: s(scripts::QUEUE),
             take: s(scripts::TAKE),
@@ -247,7 +265,46 @@ impl Scripts {
             stats: s(scripts::STATS),
             reclaim: s(scripts::RECLAIM),
             browse: s(scripts::BROWSE),
+            lease: s(scripts::LEASE),
+            unlease: s(scripts::UNLEASE),
+            drop_lease: s(scripts::DROP_LEASE),
+            fail: s(scripts::FAIL),
+            release: s(scripts::RELEASE),
+            extend: s(scripts::EXTEND),
+            set_policy: s(scripts::SET_POLICY),
+            next_due: s(scripts::NEXT_DUE),
+            dead_letters: s(scripts::DEAD_LETTERS),
+            dead_work: s(scripts::DEAD_WORK),
         }
+    }
+}
+
+/// A retry policy as the store keeps it: `max attempts,initial ms,max ms,jitter ‰`.
+fn policy_text(policy: RetryPolicy) -> String {
+    let (max, initial, cap, jitter) = policy.to_columns();
+    format!("{max},{initial},{cap},{jitter}")
+}
+
+/// [`policy_text`] read back (the default for a malformed one).
+fn policy_of(text: &str) -> RetryPolicy {
+    let mut parts = text.split(',').map(|p| p.parse::<i64>().ok());
+    match (parts.next(), parts.next(), parts.next(), parts.next()) {
+        (Some(Some(m)), Some(Some(i)), Some(Some(x)), Some(Some(j))) => RetryPolicy::from_columns(
+            i32::try_from(m).unwrap_or(i32::MAX),
+            i,
+            x,
+            i32::try_from(j).unwrap_or(0),
+        ),
+        _ => RetryPolicy::default(),
+    }
+}
+
+/// The time the scripts take: an injected clock's, else 0 (the server's).
+fn now_arg(clock: &Clock) -> u64 {
+    if clock.is_manual() {
+        clock.now()
+    } else {
+        0
     }
 }
 
@@ -270,32 +327,58 @@ fn damaged(operation: &'static str, what: String) -> Error {
     }
 }
 
-/// A record: a version byte, the enqueue time (ms, big-endian u64), the attempts (u32), then
-/// the enveloped item.
-const RECORD_HEADER: usize = 1 + 8 + 4;
-const RECORD_VERSION: u8 = 1;
+/// A record ([`scripts::RECORD`]): a version byte, the enqueue time, the first and latest
+/// attempt's times (ms, big-endian u64), the attempts (u32), then the enveloped item.
+const RECORD_VERSION: u8 = 2;
 
-fn record(entry_bytes: &[u8], enqueued_at: u64, attempts: u32) -> Vec<u8> {
-    let mut r = Vec::with_capacity(RECORD_HEADER + entry_bytes.len());
+/// The record of `entry` (its id is the record's key, not in it).
+fn record(entry: &Entry) -> Vec<u8> {
+    let mut r = Vec::with_capacity(scripts::RECORD + entry.bytes.len());
+    r.push(RECORD_VERSION);
+    r.extend_from_slice(&entry.times.enqueued_at.to_be_bytes());
+    r.extend_from_slice(&entry.times.first_attempt.to_be_bytes());
+    r.extend_from_slice(&entry.times.last_attempt.to_be_bytes());
+    r.extend_from_slice(&entry.attempts.to_be_bytes());
+    r.extend_from_slice(&entry.bytes);
+    r
+}
+
+/// The record of a fresh item enqueued at `enqueued_at`.
+fn fresh_record(bytes: &[u8], enqueued_at: u64) -> Vec<u8> {
+    let mut r = Vec::with_capacity(scripts::RECORD + bytes.len());
     r.push(RECORD_VERSION);
     r.extend_from_slice(&enqueued_at.to_be_bytes());
-    r.extend_from_slice(&attempts.to_be_bytes());
-    r.extend_from_slice(entry_bytes);
+    r.extend_from_slice(&[0; 20]);
+    r.extend_from_slice(bytes);
     r
 }
 
 /// The entry a record of item `id` holds, or why it is not one.
 fn entry_of(id: u64, rec: &[u8]) -> std::result::Result<Entry, String> {
-    if rec.len() < RECORD_HEADER || rec[0] != RECORD_VERSION {
+    let (Some(header), Some(bytes)) = (rec.get(..scripts::RECORD), rec.get(scripts::RECORD..))
+    else {
         return Err(format!(
             "item {id}'s record is not one this store wrote ({} bytes)",
             rec.len()
         ));
+    };
+    if header[0] != RECORD_VERSION {
+        return Err(format!(
+            "item {id}'s record has version {}, not {RECORD_VERSION}",
+            header[0]
+        ));
     }
-    let at = u64::from_be_bytes(rec[1..9].try_into().unwrap_or_default());
-    let attempts = u32::from_be_bytes(rec[9..13].try_into().unwrap_or_default());
-    let mut entry = Entry::new(id, rec[RECORD_HEADER..].into(), at);
-    entry.attempts = attempts;
+    let u64_at = |at: usize| {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&header[at..at + 8]);
+        u64::from_be_bytes(b)
+    };
+    let mut entry = Entry::new(id, bytes.into(), u64_at(1));
+    entry.times.first_attempt = u64_at(9);
+    entry.times.last_attempt = u64_at(17);
+    let mut a = [0u8; 4];
+    a.copy_from_slice(&header[25..29]);
+    entry.attempts = u32::from_be_bytes(a);
     Ok(entry)
 }
 
@@ -404,6 +487,7 @@ impl Redis {
                 open: Mutex::new(HashSet::new()),
                 waiters: Arc::clone(&waiters),
                 instance: Arc::clone(&instance),
+                clock: clock.clone(),
             }),
             hold_ms: u64::try_from(config.hold_timeout.as_millis()).unwrap_or(u64::MAX),
             poll_interval: config.poll_interval,
@@ -428,6 +512,7 @@ impl Redis {
             Arc::clone(&store.prefix),
             Arc::clone(&store.opened),
             store.poll_interval,
+            store.clock.clone(),
         ));
         store.background.lock().extend([subscribe, reclaim]);
         Ok(store)
@@ -523,10 +608,11 @@ impl Redis {
         let scripts = Arc::clone(&self.scripts);
         let key = Arc::clone(&self.catalog_key);
         let prefix = Arc::clone(&self.prefix);
+        let (now, instance) = (now_arg(&self.clock), Arc::clone(&self.instance));
         self.run(async move {
             let script = which(&scripts);
             let mut call = script.key(&*key);
-            call.arg(&*prefix);
+            call.arg(&*prefix).arg(now).arg(&*instance);
             for a in &args {
                 call.arg(a.as_slice());
             }
@@ -541,15 +627,19 @@ impl Redis {
         &self.catalog
     }
 
-    /// Opens queue `name`, adding it on the server if need be.
-    pub(crate) async fn queue(&self, name: &str) -> Result<Arc<QueueCore>> {
+    /// Opens queue `name`, adding it on the server if need be; with its retry policy as the
+    /// server has it (`None`: opened before, the handle's is current).
+    pub(crate) async fn queue(&self, name: &str) -> Result<(Arc<QueueCore>, Option<RetryPolicy>)> {
         crate::engine::catalog::check_name(name)?;
         if let Some(id) = self.catalog.id_of(name) {
             if self.numbers.lock().contains_key(&id) {
-                return self.catalog.open_queue(name, |_| Ok(())).map(|(c, _)| c);
+                return self
+                    .catalog
+                    .open_queue(name, |_| Ok(()))
+                    .map(|(c, _)| (c, None));
             }
         }
-        let got = self
+        let answer = self
             .script(
                 "queue",
                 |s| &s.queue,
@@ -557,7 +647,12 @@ impl Redis {
                 ignore,
             )
             .await?;
-        let number = int(&got)
+        let (got, policy) = match &answer {
+            Value::Array(parts) if parts.len() == 2 => (&parts[0], text(&parts[1])),
+            _ => (&answer, None),
+        };
+        let policy = policy.map(policy_of);
+        let number = int(got)
             .and_then(|n| i32::try_from(n).ok())
             .ok_or_else(|| {
                 damaged(
@@ -571,7 +666,7 @@ impl Redis {
         if !opened.contains(&number) {
             opened.push(number);
         }
-        Ok(core)
+        Ok((core, policy))
     }
 
     /// The server's number of `core`'s queue.
@@ -618,7 +713,7 @@ impl Redis {
         }
         let args = vec![
             q.to_string().into_bytes(),
-            n.to_string().into_bytes(),
+            n.min(1 << 30).to_string().into_bytes(),
             token_arg(slot.token),
             self.hold_ms.to_string().into_bytes(),
             slot.ends.to_string().into_bytes(),
@@ -683,65 +778,6 @@ impl Redis {
         Ok(taken)
     }
 
-    /// Commits the transaction of `slot` with `enqueues`: atomically, or nothing.
-    pub(crate) async fn commit(
-        &self,
-        slot: RedisSlot,
-        enqueues: Vec<(Arc<QueueCore>, Box<[u8]>)>,
-    ) -> Result<()> {
-        let now = self.clock.now();
-        let mut args = Vec::with_capacity(3 + 2 * enqueues.len());
-        args.push(token_arg(slot.token));
-        args.push(self.instance.as_bytes().to_vec());
-        args.push(enqueues.len().to_string().into_bytes());
-        let mut queues = Vec::with_capacity(enqueues.len());
-        for (core, bytes) in &enqueues {
-            let q = match self.number(core) {
-                Ok(q) => q,
-                Err(e) => {
-                    drop(slot);
-                    return Err(e);
-                }
-            };
-            queues.push(q);
-            args.push(q.to_string().into_bytes());
-            args.push(record(bytes, now, 0));
-        }
-        let got = match self.script("commit", |s| &s.commit, args, ignore).await {
-            Ok(got) => got,
-            // The script may have run, and the answer been lost: its items are given back
-            // if it did not (fenced by the token, this does nothing if it did).
-            Err(Error::Redis { source, .. }) if lost_in_flight(&source) => {
-                drop(slot);
-                return Err(Error::CommitOutcomeUnknown { source });
-            }
-            Err(e) => {
-                drop(slot);
-                return Err(e);
-            }
-        };
-        let mut slot = slot;
-        let token = slot.disarm();
-        self.returner.open.lock().remove(&token);
-        let status = match &got {
-            Value::Array(parts) => parts.first().and_then(text),
-            _ => None,
-        };
-        match status {
-            Some("ok") => {
-                // This store's waiters at once, one per item; the other stores' through the
-                // wake channel.
-                self.waiters.notify(queues);
-                Ok(())
-            }
-            Some("expired") => Err(Error::TransactionExpired),
-            _ => Err(damaged(
-                "commit",
-                "the commit script's answer is malformed".into(),
-            )),
-        }
-    }
-
     /// Gives back what the transaction of `slot` holds, and waits for it.
     pub(crate) async fn give_back(&self, mut slot: RedisSlot) -> Result<()> {
         let token = slot.disarm();
@@ -769,80 +805,6 @@ impl Redis {
             });
             let _ = crate::engine::block_on(given);
         })
-    }
-
-    /// Items visible in `core`'s queue now.
-    pub(crate) async fn count(&self, core: &QueueCore) -> Result<u64> {
-        let q = self.number(core)?;
-        let got = self
-            .script(
-                "count",
-                |s| &s.count,
-                vec![q.to_string().into_bytes()],
-                ignore,
-            )
-            .await?;
-        int(&got).ok_or_else(|| damaged("count", "the count script's answer is malformed".into()))
-    }
-
-    /// `core`'s queue's visible and held items and its head's enqueue time (0: none).
-    pub(crate) async fn stats(&self, core: &QueueCore) -> Result<(u64, u64, u64)> {
-        let q = self.number(core)?;
-        let got = self
-            .script(
-                "stats",
-                |s| &s.stats,
-                vec![q.to_string().into_bytes()],
-                ignore,
-            )
-            .await?;
-        let bad = || damaged("stats", "the stats script's answer is malformed".into());
-        let Value::Array(parts) = got else {
-            return Err(bad());
-        };
-        let [visible, held, head] = parts.as_slice() else {
-            return Err(bad());
-        };
-        let head_at = bytes(head)
-            .and_then(|rec| entry_of(0, rec).ok())
-            .map_or(0, |e| e.times.enqueued_at);
-        Ok((
-            int(visible).ok_or_else(bad)?,
-            int(held).ok_or_else(bad)?,
-            head_at,
-        ))
-    }
-
-    /// Up to `limit` items of `core`'s queue with an id above `after`, in id order, each
-    /// with whether a transaction holds it.
-    pub(crate) async fn browse(
-        &self,
-        core: &QueueCore,
-        after: Option<u64>,
-        limit: usize,
-    ) -> Result<Vec<(Entry, bool)>> {
-        let q = self.number(core)?;
-        let args = vec![
-            q.to_string().into_bytes(),
-            after.unwrap_or(0).to_string().into_bytes(),
-            limit.min(1 << 30).to_string().into_bytes(),
-        ];
-        let got = self.script("browse", |s| &s.browse, args, ignore).await?;
-        let bad = || damaged("browse", "the browse script's answer is malformed".into());
-        let Value::Array(parts) = got else {
-            return Err(bad());
-        };
-        let mut found = Vec::with_capacity(parts.len() / 3);
-        for triple in parts.chunks(3) {
-            let [id, rec, held] = triple else {
-                return Err(bad());
-            };
-            let id = int(id).ok_or_else(bad)?;
-            let entry =
-                entry_of(id, bytes(rec).ok_or_else(bad)?).map_err(|w| damaged("browse", w))?;
-            found.push((entry, int(held) == Some(1)));
-        }
-        Ok(found)
     }
 
     /// This store's consumers waiting on `core`'s queue now.
@@ -966,6 +928,7 @@ async fn reclaim_pass(
     prefix: Arc<str>,
     opened: Arc<Mutex<Vec<i32>>>,
     interval: Duration,
+    clock: Clock,
 ) {
     loop {
         tokio::time::sleep(interval).await;
@@ -974,7 +937,7 @@ async fn reclaim_pass(
             continue;
         }
         let mut call = scripts.reclaim.key(&*key);
-        call.arg(&*prefix);
+        call.arg(&*prefix).arg(now_arg(&clock)).arg("");
         for q in queues {
             call.arg(q);
         }
@@ -982,27 +945,5 @@ async fn reclaim_pass(
         if let Err(e) = reclaimed {
             tracing::debug!(error = %e, "the Redis reclaim pass failed; trying again");
         }
-    }
-}
-
-impl Host for Redis {
-    fn line(&self) -> &Arc<Waiters> {
-        &self.waiters
-    }
-
-    fn key(&self, core: &QueueCore) -> Result<i32> {
-        self.number(core)
-    }
-
-    fn poll_interval(&self) -> Duration {
-        self.poll_interval
-    }
-
-    fn runtime(&self) -> &Handle {
-        &self.rt
-    }
-
-    fn next_due<'a>(&'a self, _core: &'a QueueCore) -> BoxFuture<'a, Result<Option<u64>>> {
-        Box::pin(std::future::ready(Ok(None)))
     }
 }
