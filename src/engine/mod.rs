@@ -37,6 +37,8 @@ mod processing_calls;
 pub(crate) mod redis;
 #[cfg(feature = "redis")]
 mod redis_calls;
+#[cfg(any(feature = "postgres", feature = "redis"))]
+mod server_calls;
 pub(crate) mod sled;
 pub(crate) mod take;
 pub(crate) mod timers;

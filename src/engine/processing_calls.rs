@@ -264,9 +264,9 @@ impl Engine {
         if let Flavor::Redis(rd) = &self.flavor {
             self.check_open()?;
             return match Box::pin(rd.fail(&proc.core, token, reason)).await? {
-                super::redis::Failed::Ended => Err(self.lease_expired(proc, token)),
-                super::redis::Failed::Retry(at) => Ok(Some(at)),
-                super::redis::Failed::Dead => Ok(None),
+                super::redis::calls::Failed::Ended => Err(self.lease_expired(proc, token)),
+                super::redis::calls::Failed::Retry(at) => Ok(Some(at)),
+                super::redis::calls::Failed::Dead => Ok(None),
             };
         }
         #[cfg(feature = "postgres")]

@@ -7,7 +7,8 @@ use std::time::Instant;
 
 use super::line::{Granted, Turn};
 use super::moves::{Move, MoveKind};
-use super::redis::{Change, Redis};
+use super::redis::calls::Change;
+use super::redis::Redis;
 use super::take::Found;
 use super::{abort, drop_expired, Engine, Entry, QueueRef, Work};
 use crate::error::Result;

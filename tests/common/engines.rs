@@ -398,6 +398,10 @@ enum Body {
     /// Runs once, against the binary's PostgreSQL server or a cluster of its own: a
     /// PostgreSQL-only test (`tests/pg/mod.rs`).
     Postgres(pg::Needs, pg::TestFn),
+    /// Runs once, on a Redis server started for it alone, which it may kill and restart
+    /// (`tests/redis/mod.rs`); reported ignored where there is no `redis-server`.
+    #[cfg(feature = "redis")]
+    Redis(fn(&super::redis::RedisServer)),
     /// Runs once, on a primary and a synchronous standby started for it alone
     /// (`tests/pg/pair.rs`), which it may kill, promote and rebuild.
     PgPair(fn(&mut pg::pair::Pair)),
@@ -465,6 +469,17 @@ impl Case {
         Case {
             name,
             body: Body::Postgres(needs, test),
+            ignored: Vec::new(),
+        }
+    }
+
+    /// A Redis-only test, on a server of its own ([`Body::Redis`]), bounded by
+    /// [`CASE_LIMIT`].
+    #[cfg(feature = "redis")]
+    pub fn redis(name: &'static str, test: fn(&super::redis::RedisServer)) -> Case {
+        Case {
+            name,
+            body: Body::Redis(test),
             ignored: Vec::new(),
         }
     }
@@ -565,6 +580,19 @@ impl Case {
                             Ok(Completion::Completed)
                         }
                         Err(skip) => Ok(Completion::ignored_with(skip.reason)),
+                    }
+                }),
+            )],
+            #[cfg(feature = "redis")]
+            Body::Redis(test) => vec![(
+                Setup::Nothing,
+                Trial::ignorable_test(name.clone(), move || {
+                    match super::redis::RedisServer::start_own() {
+                        Ok(server) => {
+                            bounded(&name, "", move || test(&server));
+                            Ok(Completion::Completed)
+                        }
+                        Err(why) => Ok(Completion::ignored_with(why)),
                     }
                 }),
             )],

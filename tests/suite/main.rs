@@ -31,6 +31,8 @@ mod postgres_server;
 mod postgres_tls;
 mod processing;
 mod rcq_cases;
+#[cfg(feature = "redis")]
+mod redis;
 mod restart;
 mod stress;
 mod transactions;
@@ -82,6 +84,8 @@ fn main() -> ExitCode {
         module!(postgres_tls),
         module!(processing),
         module!(rcq_cases),
+        #[cfg(feature = "redis")]
+        module!(redis),
         module!(restart),
         module!(stress),
         module!(transactions),

@@ -29,9 +29,7 @@
 //!
 //! [`DEFAULT_HOLD_TIMEOUT`]: crate::config::DEFAULT_HOLD_TIMEOUT
 
-mod lease_calls;
-
-pub(crate) use self::lease_calls::{Change, Failed};
+pub(crate) mod calls;
 mod scripts;
 
 use std::collections::{HashMap, HashSet};
@@ -80,6 +78,11 @@ pub(crate) struct RedisSlot {
     ends: u64,
     held: usize,
     returner: Option<Arc<Returner>>,
+    /// A dequeue whose answer its caller has not read yet: the ids its script took come on
+    /// this once it ran. Left here when the caller's future is dropped (or leaked) half way:
+    /// the next use of the slot gives those items back (the caller never had them), and a
+    /// give-back of the whole transaction waits for it first.
+    pending: Option<oneshot::Receiver<Vec<u64>>>,
 }
 
 impl fmt::Debug for RedisSlot {
@@ -95,7 +98,7 @@ impl Drop for RedisSlot {
     fn drop(&mut self) {
         let token = self.disarm();
         if let (Some(returner), true) = (&self.returner, token != 0) {
-            returner.later(token);
+            returner.later(token, self.pending.take());
         }
     }
 }
@@ -112,6 +115,7 @@ struct Returner {
     waiters: Arc<Waiters>,
     instance: Arc<str>,
     clock: Clock,
+    calls: Arc<Calls>,
 }
 
 impl Returner {
@@ -120,7 +124,6 @@ impl Returner {
     /// This store's waiters on the queues whose items came back are woken (the other stores'
     /// through the wake channel).
     async fn give_back(&self, token: u64) -> redis::RedisResult<()> {
-        self.open.lock().remove(&token);
         let mut conn = self.conn.clone();
         let queues: Vec<i32> = self
             .scripts
@@ -132,6 +135,8 @@ impl Returner {
             .arg(token_arg(token))
             .invoke_async(&mut conn)
             .await?;
+        // Given back: a close need not (until then it gives back every token left here).
+        self.open.lock().remove(&token);
         for q in queues {
             self.waiters.wake_one(q, false);
         }
@@ -140,13 +145,67 @@ impl Returner {
 
     /// [`give_back`](Self::give_back) in the background. Should the server be out of
     /// reach, the hold's end gives the items back.
-    fn later(self: &Arc<Self>, token: u64) {
+    /// Waits for `pending` first (a dequeue of the transaction still running).
+    /// Counted among the store's calls, so that a close waits for it; one that starts after
+    /// the close began leaves the token to the close.
+    fn later(self: &Arc<Self>, token: u64, pending: Option<oneshot::Receiver<Vec<u64>>>) {
         let this = Arc::clone(self);
+        let Ok(call) = self.calls.start() else {
+            return;
+        };
         self.rt.spawn(async move {
+            let _call = call;
+            if let Some(pending) = pending {
+                let _ = pending.await;
+            }
             if let Err(e) = this.give_back(token).await {
                 tracing::warn!(error = %e, "could not give a transaction's items back; they come back when its hold ends");
             }
         });
+    }
+}
+
+/// The calls running on a store's runtime: a close refuses new ones and waits for these.
+#[derive(Debug, Default)]
+struct Calls {
+    running: std::sync::atomic::AtomicUsize,
+    closing: std::sync::atomic::AtomicBool,
+    /// Notified when the last call ends.
+    idle: tokio::sync::Notify,
+}
+
+/// One call of [`Calls`], counted until dropped.
+struct Call(Arc<Calls>);
+
+impl Drop for Call {
+    fn drop(&mut self) {
+        if self.0.running.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.idle.notify_waiters();
+        }
+    }
+}
+
+impl Calls {
+    fn start(self: &Arc<Self>) -> Result<Call> {
+        self.running.fetch_add(1, Ordering::AcqRel);
+        let call = Call(Arc::clone(self));
+        if self.closing.load(Ordering::Acquire) {
+            return Err(Error::Closed);
+        }
+        Ok(call)
+    }
+
+    async fn drain(&self) {
+        self.closing.store(true, Ordering::Release);
+        loop {
+            let idle = self.idle.notified();
+            tokio::pin!(idle);
+            idle.as_mut().enable();
+            if self.running.load(Ordering::Acquire) == 0 {
+                return;
+            }
+            idle.await;
+        }
     }
 }
 
@@ -214,6 +273,8 @@ pub(crate) struct Redis {
     /// This store's name in its commits' wake-ups, so that the subscription skips its own.
     instance: Arc<str>,
     returner: Arc<Returner>,
+    /// The calls running on the store's runtime, which a close lets finish.
+    calls: Arc<Calls>,
     /// How long a transaction's first dequeue holds its items when it has no deadline.
     hold_ms: u64,
     poll_interval: Duration,
@@ -465,6 +526,7 @@ impl Redis {
         let (waiters, _commands) = Waiters::new();
         let scripts = Arc::new(Scripts::new());
         let instance: Arc<str> = format!("{:016x}", new_token()).into();
+        let calls = Arc::new(Calls::default());
         let store = Redis {
             rt: rt.clone(),
             stop: Mutex::new(Some(stop)),
@@ -488,7 +550,9 @@ impl Redis {
                 waiters: Arc::clone(&waiters),
                 instance: Arc::clone(&instance),
                 clock: clock.clone(),
+                calls: Arc::clone(&calls),
             }),
+            calls,
             hold_ms: u64::try_from(config.hold_timeout.as_millis()).unwrap_or(u64::MAX),
             poll_interval: config.poll_interval,
             opened: Arc::new(Mutex::new(Vec::new())),
@@ -586,6 +650,12 @@ impl Redis {
         &self,
         task: impl std::future::Future<Output = Result<T>> + Send + 'static,
     ) -> Result<T> {
+        let call = self.calls.start()?;
+        let task = async move {
+            let done = task.await;
+            drop(call);
+            done
+        };
         self.rt.spawn(task).await.map_err(|e| {
             if e.is_cancelled() {
                 Error::Closed
@@ -593,6 +663,15 @@ impl Redis {
                 Error::storage(e)
             }
         })?
+    }
+
+    /// Whether this is the store's runtime thread (the last handle dropped in one of its
+    /// tasks): nothing can be waited for there.
+    fn on_runtime_thread(&self) -> bool {
+        self.thread
+            .lock()
+            .as_ref()
+            .is_some_and(|t| t.thread().id() == std::thread::current().id())
     }
 
     /// Runs script `which` with `args` after the prefix; `then` sees the answer in the
@@ -706,6 +785,7 @@ impl Redis {
         waiter: Option<u64>,
     ) -> Result<Vec<Entry>> {
         let q = self.number(core)?;
+        self.settle_pending(slot).await?;
         if slot.token == 0 {
             slot.token = new_token();
             slot.returner = Some(Arc::clone(&self.returner));
@@ -719,19 +799,33 @@ impl Redis {
             slot.ends.to_string().into_bytes(),
         ];
         let waiters = Arc::clone(&self.waiters);
+        let (took_tx, took_rx) = oneshot::channel();
+        // Until the answer is read here: see `RedisSlot::pending`.
+        slot.pending = Some(took_rx);
         let got = self
             .script(
                 "dequeue",
                 |s| &s.take,
                 args,
                 move |got| {
+                    let ids: Vec<u64> = match got {
+                        Ok(Value::Array(parts)) => parts
+                            .get(2..)
+                            .unwrap_or_default()
+                            .chunks(2)
+                            .filter_map(|pair| pair.first().and_then(int))
+                            .collect(),
+                        _ => Vec::new(),
+                    };
                     if let Some(ticket) = waiter {
-                        let took = matches!(got, Ok(Value::Array(parts)) if parts.len() > 2);
-                        waiters.looked(q, ticket, took);
+                        waiters.looked(q, ticket, !ids.is_empty());
                     }
+                    let _ = took_tx.send(ids);
                 },
             )
-            .await?;
+            .await;
+        slot.pending = None;
+        let got = got?;
         let Value::Array(parts) = got else {
             return Err(damaged(
                 "dequeue",
@@ -785,13 +879,45 @@ impl Redis {
             return Ok(());
         }
         let returner = Arc::clone(&self.returner);
+        let pending = slot.pending.take();
         self.run(async move {
+            if let Some(pending) = pending {
+                let _ = pending.await;
+            }
             returner
                 .give_back(token)
                 .await
                 .map_err(|e| fail("abort", e))
         })
         .await
+    }
+
+    /// Gives back what a dequeue of `slot` took for a caller that did not read its answer
+    /// (see [`RedisSlot::pending`]), once that dequeue has run.
+    pub(crate) async fn settle_pending(&self, slot: &mut RedisSlot) -> Result<()> {
+        let Some(pending) = slot.pending.as_mut() else {
+            return Ok(());
+        };
+        let Ok(ids) = pending.await else {
+            // The dequeue's task ended without running (the store closing).
+            slot.pending = None;
+            return Ok(());
+        };
+        slot.pending = None;
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let mut args = vec![token_arg(slot.token)];
+        args.extend(ids.iter().map(|id| id.to_string().into_bytes()));
+        let got = self.script("abort", |s| &s.give_back, args, ignore).await?;
+        if let Value::Array(queues) = got {
+            for q in queues.iter().filter_map(int) {
+                if let Ok(q) = i32::try_from(q) {
+                    self.waiters.wake_one(q, false);
+                }
+            }
+        }
+        Ok(())
     }
 
     /// What the timer of a transaction's deadline does on Redis: gives its items back now,
@@ -821,6 +947,14 @@ impl Redis {
     /// the reclaim pass end, the connection closes and the runtime's thread ends.
     pub(crate) async fn close(&self) {
         self.waiters.wake_all();
+        // The calls in flight first (a dequeue among them may take items for a token).
+        let calls = Arc::clone(&self.calls);
+        let drained = self.rt.spawn(async move {
+            let _ = tokio::time::timeout(RESPONSE_TIMEOUT, calls.drain()).await;
+        });
+        if !self.on_runtime_thread() {
+            let _ = drained.await;
+        }
         let open: Vec<u64> = self.returner.open.lock().drain().collect();
         if !open.is_empty() {
             let returner = Arc::clone(&self.returner);
@@ -831,12 +965,7 @@ impl Redis {
                     }
                 }
             });
-            let on_runtime_thread = self
-                .thread
-                .lock()
-                .as_ref()
-                .is_some_and(|t| t.thread().id() == std::thread::current().id());
-            if !on_runtime_thread {
+            if !self.on_runtime_thread() {
                 let _ = given.await;
             }
         }

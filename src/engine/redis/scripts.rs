@@ -276,9 +276,27 @@ return out
 "#;
 
 /// Gives back what transaction `ARGV[4]` still holds (an abort, a dropped transaction, its
-/// deadline); returns the numbers of the queues that got items back.
+/// deadline), or with ids after it only those of them (a dequeue whose caller never read its
+/// answer: the take put them at the tail of the transaction's list); returns the numbers of
+/// the queues that got items back.
 pub(super) const GIVE_BACK: &str = r#"
-return give_back(ARGV[4])
+if #ARGV == 4 then return give_back(ARGV[4]) end
+local token, tx = ARGV[4], p .. 'tx:' .. ARGV[4]
+local wanted = {}
+for i = 5, #ARGV do wanted[ARGV[i]] = true end
+local back, queues = {}, {}
+for _, e in ipairs(redis.call('LRANGE', tx, 0, -1)) do
+  local q, id = string.match(e, '^(%d+):(%d+)$')
+  if q and wanted[id] and redis.call('HGET', qkey(q, 'holder'), id) == token then
+    redis.call('ZREM', qkey(q, 'held'), id)
+    redis.call('HDEL', qkey(q, 'holder'), id)
+    redis.call('LREM', tx, 1, e)
+    if not back[q] then back[q] = {}; queues[#queues + 1] = q end
+    table.insert(back[q], id)
+  end
+end
+for _, q in ipairs(queues) do to_head(q, back[q]); wake(q) end
+return queues
 "#;
 
 /// Commits transaction `ARGV[4]` (its token; empty: it took nothing): every item it holds is

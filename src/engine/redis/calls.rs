@@ -95,6 +95,9 @@ impl Redis {
         changes: Vec<Change>,
         lease: Option<(&QueueCore, usize, u64)>,
     ) -> Result<Vec<Granted>> {
+        let mut slot = slot;
+        // What a dequeue took for a caller that never read its answer goes back first.
+        self.settle_pending(&mut slot).await?;
         let now = self.clock.now();
         let count = enqueues.len() + changes.len();
         let mut args = Vec::with_capacity(5 + 5 * count);
@@ -164,7 +167,6 @@ impl Redis {
                 return Err(e);
             }
         };
-        let mut slot = slot;
         let token = slot.disarm();
         self.returner.open.lock().remove(&token);
         let Value::Array(parts) = got else {

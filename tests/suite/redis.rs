@@ -1,0 +1,341 @@
+//! The Redis engine's own tests, each on a server of its own (`tests/redis/mod.rs`): the
+//! hold on a dequeued item that ends without its client, scripts loaded again, a server
+//! killed with SIGKILL and restarted from its append-only file, keys of the store tampered
+//! with, URLs that are not Redis, a server that is down or wants a password, and one that
+//! does not fsync every write. The behaviour tests run on Redis through the conformance
+//! suite (`tests/common/engines.rs`).
+
+use std::time::{Duration, Instant};
+
+use reliable_queue::{Builder, Error, ManualClock, Store};
+
+use crate::common::engines::Case;
+use crate::common::redis::{RedisServer, Reply};
+
+pub(crate) fn cases() -> Vec<Case> {
+    vec![
+        Case::redis(
+            "a_hold_ends_without_its_client_and_its_commit_then_applies_nothing",
+            a_hold_ends_without_its_client_and_its_commit_then_applies_nothing,
+        ),
+        Case::redis(
+            "scripts_are_loaded_again_when_the_server_forgets_them",
+            scripts_are_loaded_again_when_the_server_forgets_them,
+        ),
+        Case::redis(
+            "acknowledged_commits_survive_kill_9_of_the_server_and_the_store_reconnects",
+            acknowledged_commits_survive_kill_9_of_the_server_and_the_store_reconnects,
+        ),
+        Case::redis(
+            "tampered_keys_give_a_typed_error_and_lose_nothing",
+            tampered_keys_give_a_typed_error_and_lose_nothing,
+        ),
+        Case::redis(
+            "bad_urls_a_server_that_is_down_and_one_that_wants_a_password",
+            bad_urls_a_server_that_is_down_and_one_that_wants_a_password,
+        ),
+        Case::redis(
+            "a_server_that_does_not_fsync_every_write_is_refused_when_asked",
+            a_server_that_does_not_fsync_every_write_is_refused_when_asked,
+        ),
+    ]
+}
+
+fn builder(server: &RedisServer) -> Builder {
+    Store::builder().url(server.url()).namespace("t")
+}
+
+/// Retries `f` until it succeeds (the store reconnecting after a restart), at most 30 s.
+fn eventually<T>(what: &str, mut f: impl FnMut() -> Result<T, Error>) -> T {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match f() {
+            Ok(v) => return v,
+            Err(e) if Instant::now() < deadline => {
+                assert!(
+                    matches!(e, Error::Redis { .. } | Error::CommitOutcomeUnknown { .. }),
+                    "{what}: {e:?}"
+                );
+                std::thread::yield_now();
+            }
+            Err(e) => panic!("{what}: still failing after 30 s: {e}"),
+        }
+    }
+}
+
+/// A client that dequeued an item and then stopped (its transaction leaked: nothing gives the
+/// item back) holds it until its hold ends (`Builder::transaction_timeout`, or the default);
+/// then any store's next look at the queue takes it back. The commit that comes later fails
+/// with `TransactionExpired` and applies nothing.
+fn a_hold_ends_without_its_client_and_its_commit_then_applies_nothing(server: &RedisServer) {
+    let clock = ManualClock::new(std::time::SystemTime::now()).unwrap();
+    let a = builder(server).clock(clock.clone()).open().unwrap();
+    let b = builder(server).clock(clock.clone()).open().unwrap();
+    let (qa, qb) = (
+        a.blocking_queue::<u32>("q").unwrap(),
+        b.blocking_queue::<u32>("q").unwrap(),
+    );
+    let out = a.blocking_queue::<u32>("out").unwrap();
+    let mut tx = a.begin();
+    qa.enqueue(&mut tx, 1).unwrap();
+    tx.blocking_commit().unwrap();
+
+    let mut tx = a.begin();
+    assert_eq!(qa.blocking_try_dequeue(&mut tx).unwrap(), Some(1));
+    out.enqueue(&mut tx, 2).unwrap();
+    assert_eq!(
+        qb.blocking_count().unwrap(),
+        0,
+        "held: hidden from everyone"
+    );
+    assert_eq!(qb.blocking_stats().unwrap().held, 1);
+    clock.advance(Duration::from_secs(59));
+    assert_eq!(
+        qb.blocking_count().unwrap(),
+        0,
+        "still held before its hold ends"
+    );
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(qb.blocking_count().unwrap(), 1, "back once the hold ended");
+    assert!(matches!(
+        tx.blocking_commit(),
+        Err(Error::TransactionExpired)
+    ));
+    assert_eq!(
+        out.blocking_count().unwrap(),
+        0,
+        "nothing of the commit applied"
+    );
+    let mut again = b.begin();
+    assert_eq!(qb.blocking_try_dequeue(&mut again).unwrap(), Some(1));
+    again.blocking_commit().unwrap();
+    assert_eq!(qa.blocking_count().unwrap(), 0);
+}
+
+/// `SCRIPT FLUSH` (what a restarted server has: no scripts) answers `NOSCRIPT`: the store
+/// loads the script again, and the call succeeds.
+fn scripts_are_loaded_again_when_the_server_forgets_them(server: &RedisServer) {
+    let store = builder(server).open().unwrap();
+    let q = store.blocking_queue::<u32>("q").unwrap();
+    for round in 0..3 {
+        assert_eq!(
+            server.command(&[b"SCRIPT", b"FLUSH"]),
+            Reply::Status("OK".into())
+        );
+        let mut tx = store.begin();
+        q.enqueue(&mut tx, round).unwrap();
+        tx.blocking_commit().unwrap();
+        server.command(&[b"SCRIPT", b"FLUSH"]);
+        let mut tx = store.begin();
+        assert_eq!(q.blocking_try_dequeue(&mut tx).unwrap(), Some(round));
+        tx.blocking_commit().unwrap();
+    }
+}
+
+/// With `appendfsync always`, every commit acknowledged before the server is killed with
+/// SIGKILL is there when it comes back from its append-only file; a commit unacknowledged
+/// then (failed or unknown) is all there or not at all; the store that was connected goes on
+/// after it reconnects.
+fn acknowledged_commits_survive_kill_9_of_the_server_and_the_store_reconnects(
+    server: &RedisServer,
+) {
+    let store = builder(server).require_fsync(true).open().unwrap();
+    let q = store.blocking_queue::<u64>("q").unwrap();
+    let done = store.blocking_queue::<u64>("done").unwrap();
+    let mut acknowledged = Vec::new();
+    for cycle in 0..3u64 {
+        for i in 0..200u64 {
+            let mut tx = store.begin();
+            let item = cycle * 1000 + i;
+            q.enqueue(&mut tx, item).unwrap();
+            tx.blocking_commit().unwrap();
+            acknowledged.push(item);
+        }
+        // Half of them moved to `done` in transactions of their own.
+        for _ in 0..100 {
+            let mut tx = store.begin();
+            let item = q.blocking_try_dequeue(&mut tx).unwrap().expect("an item");
+            done.enqueue(&mut tx, item).unwrap();
+            tx.blocking_commit().unwrap();
+        }
+        server.kill_9();
+        let mut tx = store.begin();
+        q.enqueue(&mut tx, u64::MAX).unwrap();
+        assert!(
+            matches!(
+                tx.blocking_commit(),
+                Err(Error::Redis { .. } | Error::CommitOutcomeUnknown { .. })
+            ),
+            "a commit to a server that is down fails"
+        );
+        server.restart();
+        let after = builder(server).open().unwrap();
+        let (q2, done2) = (
+            after.blocking_queue::<u64>("q").unwrap(),
+            after.blocking_queue::<u64>("done").unwrap(),
+        );
+        let mut all: Vec<u64> = eventually("peek q", || {
+            let mut tx = after.begin();
+            let mut seen = Vec::new();
+            while let Some(x) = q2.blocking_try_dequeue(&mut tx)? {
+                seen.push(x);
+            }
+            tx.blocking_abort()?;
+            Ok(seen)
+        });
+        let mut tx = after.begin();
+        while let Some(x) = done2.blocking_try_dequeue(&mut tx).unwrap() {
+            all.push(x);
+        }
+        tx.blocking_abort().unwrap();
+        // The commit that failed with the server down applied nothing.
+        all.retain(|&x| x != u64::MAX);
+        all.sort_unstable();
+        let mut expected = acknowledged.clone();
+        expected.sort_unstable();
+        assert_eq!(
+            all, expected,
+            "cycle {cycle}: every acknowledged item, once"
+        );
+        after.blocking_close().unwrap();
+        // The first store reconnects by itself.
+        eventually("count after the restart", || q.blocking_count());
+    }
+}
+
+/// Keys of the store changed by hand: a wrong type, a missing or malformed record. Each
+/// call that meets one fails with `Error::Redis` (no panic), and the items that were not
+/// damaged stay where they were.
+fn tampered_keys_give_a_typed_error_and_lose_nothing(server: &RedisServer) {
+    let store = builder(server).open().unwrap();
+    let q = store.blocking_queue::<u32>("q").unwrap();
+    let mut tx = store.begin();
+    for i in 1..=3 {
+        q.enqueue(&mut tx, i).unwrap();
+    }
+    tx.blocking_commit().unwrap();
+    // Queue "q" is number 1; items 1..=3.
+    let items = b"rq:{t}:q:1:items";
+    // A missing record: the dequeue that meets it fails, its id is set aside, the rest stay.
+    assert_eq!(server.command(&[b"HDEL", items, b"1"]), Reply::Int(1));
+    let mut tx = store.begin();
+    match q.blocking_try_dequeue(&mut tx) {
+        Err(Error::Redis { operation, .. }) => assert_eq!(operation, "dequeue"),
+        other => panic!("a missing record: {other:?}"),
+    }
+    tx.blocking_abort().unwrap();
+    assert_eq!(
+        server.command(&[b"LRANGE", b"rq:{t}:q:1:damaged", b"0", b"-1"]),
+        Reply::Array(vec![Reply::Bulk(Some(b"1".to_vec()))])
+    );
+    assert_eq!(q.blocking_count().unwrap(), 2);
+    // A malformed record: refused when read; the item is held by the transaction, and given
+    // back with it.
+    server.command(&[b"HSET", items, b"2", b"not a record"]);
+    let mut tx = store.begin();
+    assert!(matches!(
+        q.blocking_try_dequeue(&mut tx),
+        Err(Error::Redis { .. })
+    ));
+    tx.blocking_abort().unwrap();
+    assert_eq!(q.blocking_count().unwrap(), 2, "given back with the abort");
+    assert!(matches!(
+        q.blocking_browse(None, 10),
+        Err(Error::Redis { .. })
+    ));
+    // A key of the wrong type.
+    server.command(&[b"DEL", b"rq:{t}:q:1:ready"]);
+    server.command(&[b"SET", b"rq:{t}:q:1:ready", b"x"]);
+    let mut tx = store.begin();
+    assert!(matches!(
+        q.blocking_try_dequeue(&mut tx),
+        Err(Error::Redis { .. })
+    ));
+    drop(tx);
+    assert!(matches!(q.blocking_count(), Err(Error::Redis { .. })));
+    assert!(matches!(q.blocking_stats(), Err(Error::Redis { .. })));
+    let mut tx = store.begin();
+    q.enqueue(&mut tx, 9).unwrap();
+    assert!(matches!(tx.blocking_commit(), Err(Error::Redis { .. })));
+    // Another queue of the store is not touched by any of it.
+    let other = store.blocking_queue::<u32>("other").unwrap();
+    let mut tx = store.begin();
+    other.enqueue(&mut tx, 5).unwrap();
+    tx.blocking_commit().unwrap();
+    assert_eq!(other.blocking_count().unwrap(), 1);
+    // The layout's version of another build is refused at connect.
+    server.command(&[b"SET", b"rq:{t}:version", b"99"]);
+    assert!(matches!(
+        builder(server).open(),
+        Err(Error::SchemaVersion {
+            found: 99,
+            supported: 1,
+            ..
+        })
+    ));
+}
+
+/// A URL no engine serves, a socket nobody listens on, a server that wants a password.
+fn bad_urls_a_server_that_is_down_and_one_that_wants_a_password(server: &RedisServer) {
+    for url in ["ftp://host/q", "http://localhost:6379", "nothing"] {
+        assert!(
+            matches!(
+                Store::builder().url(url).open(),
+                Err(Error::InvalidConfig { setting: "url", .. })
+            ),
+            "{url}"
+        );
+    }
+    let nobody = server.data_dir().unwrap().join("nobody.sock");
+    match Store::builder()
+        .url(&format!("redis+unix://{}", nobody.display()))
+        .open()
+    {
+        Err(Error::Redis { operation, .. }) => assert_eq!(operation, "connect"),
+        other => panic!("a server that is down: {other:?}"),
+    }
+    assert!(matches!(
+        Store::builder().url(server.url()).namespace("a{b}").open(),
+        Err(Error::InvalidConfig {
+            setting: "namespace",
+            ..
+        })
+    ));
+    server.command(&[b"CONFIG", b"SET", b"requirepass", b"s3cret"]);
+    assert!(matches!(
+        builder(server).open(),
+        Err(Error::Redis {
+            operation: "connect",
+            ..
+        })
+    ));
+    let with_password = format!("{}?pass=s3cret", server.url());
+    let store = Store::builder()
+        .url(&with_password)
+        .namespace("t")
+        .open()
+        .expect("the password in the URL");
+    let q = store.blocking_queue::<u32>("q").unwrap();
+    let mut tx = store.begin();
+    q.enqueue(&mut tx, 1).unwrap();
+    tx.blocking_commit().unwrap();
+    assert_eq!(q.blocking_count().unwrap(), 1);
+}
+
+/// `appendfsync everysec` loses up to a second of acknowledged writes in a crash: a store
+/// built with `require_fsync(true)` refuses such a server; without it the store connects.
+fn a_server_that_does_not_fsync_every_write_is_refused_when_asked(server: &RedisServer) {
+    builder(server)
+        .require_fsync(true)
+        .open()
+        .expect("appendfsync always");
+    server.command(&[b"CONFIG", b"SET", b"appendfsync", b"everysec"]);
+    assert!(matches!(
+        builder(server).require_fsync(true).open(),
+        Err(Error::Redis {
+            operation: "connect",
+            ..
+        })
+    ));
+    builder(server).open().expect("connects with a warning");
+}
