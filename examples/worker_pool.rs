@@ -6,6 +6,7 @@
 //! cargo run --release --example worker_pool            # run, or resume an interrupted run
 //! cargo run --release --example worker_pool -- --help  # flags
 //! cargo run --release --features postgres --example worker_pool -- --postgres URL
+//! cargo run --release --features redis --example worker_pool -- --redis URL
 //! ```
 //!
 //! - Producers enqueue jobs with unique ids `(producer, seq)` a few per transaction. Each
@@ -67,8 +68,12 @@ struct Args {
     /// run live from another terminal.
     #[arg(long, conflicts_with = "dir")]
     postgres: Option<String>,
-    /// The PostgreSQL schema of the store (with --postgres).
-    #[arg(long, default_value = "reliable_queue", requires = "postgres")]
+    /// Run on a Redis server instead (`redis://host:port/db`, `redis+unix:///path`; build
+    /// with `--features redis`; give the server `appendonly yes` and `appendfsync always`).
+    #[arg(long, conflicts_with_all = ["dir", "postgres"])]
+    redis: Option<String>,
+    /// The store's PostgreSQL schema (with --postgres) or Redis namespace (with --redis).
+    #[arg(long, default_value = "reliable_queue")]
     schema: String,
     /// Delete the store first and start from nothing (with --postgres: drop its schema).
     #[arg(long)]
@@ -823,8 +828,22 @@ fn verify(store: &Store) -> Result<Report, BoxError> {
     })
 }
 
-/// Opens the store: the directory, or the PostgreSQL database with `--postgres`.
+/// Opens the store: the directory, the PostgreSQL database with `--postgres`, or the Redis
+/// server with `--redis`.
 fn open(args: &Args) -> Result<Store, BoxError> {
+    if let Some(url) = &args.redis {
+        return Ok(Store::builder()
+            .url(url)
+            .namespace(&args.schema)
+            .open()
+            .map_err(|e| match e {
+                reliable_queue::Error::InvalidConfig { setting: "url", .. } => format!(
+                    "{e} (the Redis engine: cargo run --release --features redis \
+                     --example worker_pool -- --redis URL)"
+                ),
+                e => e.to_string(),
+            })?);
+    }
     match &args.postgres {
         None => Ok(Store::open(&args.dir)?),
         #[cfg(feature = "postgres")]
@@ -845,6 +864,9 @@ fn open(args: &Args) -> Result<Store, BoxError> {
 
 /// The store, as the output names it.
 fn place(args: &Args) -> String {
+    if args.redis.is_some() {
+        return format!("in Redis namespace {:?}", args.schema);
+    }
     match &args.postgres {
         None => args.dir.display().to_string(),
         Some(_) => format!("in PostgreSQL schema {:?}", args.schema),
@@ -853,6 +875,13 @@ fn place(args: &Args) -> String {
 
 /// Starts from nothing: deletes the directory, or drops the PostgreSQL schema.
 fn reset(args: &Args) -> Result<(), BoxError> {
+    if args.redis.is_some() {
+        return Err(
+            "--reset with --redis: the store cannot drop its keys; give another \
+                    --schema (namespace) to start from nothing"
+                .into(),
+        );
+    }
     if args.postgres.is_none() {
         return reset_dir(&args.dir);
     }

@@ -68,7 +68,10 @@ struct Cli {
     /// A PostgreSQL store's database URL (libpq form, e.g. postgresql://user@host/db).
     #[arg(long, global = true, env = "RQ_POSTGRES_URL")]
     postgres: Option<String>,
-    /// The PostgreSQL schema the store's tables are in.
+    /// A Redis store's server URL (redis://host:port/db, rediss://..., redis+unix:///path).
+    #[arg(long, global = true, env = "RQ_REDIS_URL")]
+    redis: Option<String>,
+    /// The PostgreSQL schema the store's tables are in, or the Redis store's namespace.
     #[arg(long, global = true, default_value = "reliable_queue")]
     schema: String,
     /// A running service's dashboard (http://host:port[/path], where it is mounted): `stats`,
@@ -390,13 +393,27 @@ fn parse() -> Result<Cli, clap::Error> {
         }
         (false, false) => {}
     }
+    // A Redis URL on the command line wins over the others' variables; beside another store
+    // on the command line it is a conflict.
+    if typed("redis") {
+        if typed("store") || typed("postgres") {
+            return Err(command.error(
+                clap::error::ErrorKind::ArgumentConflict,
+                "--redis and --store or --postgres name two stores: give one",
+            ));
+        }
+        cli.store = None;
+        cli.postgres = None;
+    } else if cli.store.is_some() || cli.postgres.is_some() {
+        cli.redis = None;
+    }
     Ok(cli)
 }
 
 /// Runs `read` on the store the options name, or on the dashboard `--url` names.
 fn reading(cli: &Cli, read: impl FnOnce(&Source<'_>) -> Res<()>) -> Res<()> {
     if let Some(url) = &cli.url {
-        if cli.store.is_some() || cli.postgres.is_some() {
+        if cli.store.is_some() || cli.postgres.is_some() || cli.redis.is_some() {
             return Err(
                 "--url names a running service's dashboard: give it without --store or --postgres"
                     .into(),
@@ -443,6 +460,8 @@ fn run(cli: &Cli) -> Res<ExitCode> {
             let store = open(cli, false)?;
             let engine = if cli.store.is_some() {
                 "sled"
+            } else if cli.redis.is_some() {
+                "redis"
             } else {
                 "postgres"
             };
@@ -466,6 +485,13 @@ fn run(cli: &Cli) -> Res<ExitCode> {
 
 /// Opens the store the options name. A sled store must exist unless `create`.
 fn open(cli: &Cli, create: bool) -> Res<Store> {
+    if let Some(url) = &cli.redis {
+        return Ok(Store::builder()
+            .max_item_size(ITEM_LIMIT)
+            .url(url)
+            .namespace(&cli.schema)
+            .open()?);
+    }
     match (&cli.store, &cli.postgres) {
         (Some(dir), None) => {
             if !create && !dir.join("db").exists() {
@@ -486,7 +512,7 @@ fn open(cli: &Cli, create: bool) -> Res<Store> {
             .postgres_pool_size(4)
             .postgres_migrate(create)
             .open()?),
-        _ => Err("name a store: --store DIR (sled) or --postgres URL".into()),
+        _ => Err("name a store: --store DIR (sled), --postgres URL or --redis URL".into()),
     }
 }
 

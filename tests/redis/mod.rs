@@ -13,7 +13,7 @@
 //! The server runs under a watchdog shell that kills it when the test process's end closes
 //! the watchdog's standard input, however the process ends: no test leaves a server running.
 
-#![allow(dead_code)] // each test binary uses a part
+#![allow(dead_code, unreachable_pub)] // each test binary and bench uses a part
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
