@@ -36,12 +36,10 @@ use std::time::{Duration, Instant};
 use redis::aio::ConnectionManager;
 use reliable_queue::{ReliableConcurrentQueue, Store};
 
-#[allow(dead_code)]
 #[path = "../tests/redis/mod.rs"]
 mod redis_server;
 
 #[cfg(feature = "postgres")]
-#[allow(dead_code)]
 #[path = "../tests/pg/mod.rs"]
 mod pg;
 

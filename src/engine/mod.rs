@@ -154,22 +154,31 @@ impl Engine {
     /// Connects to the store on the server the settings name (PostgreSQL, Redis); opens the
     /// embedded store they name otherwise, as [`open`](Self::open) does.
     pub(crate) async fn connect(config: Config) -> Result<Arc<Engine>> {
-        #[allow(unused_variables)] // without a server engine built in
-        let clock = config.clock.clone();
-        let flavor = 'remote: {
-            #[cfg(feature = "postgres")]
-            if let Some(pg) = &config.postgres {
-                break 'remote Flavor::Postgres(postgres::Postgres::connect(pg, clock).await?);
-            }
-            #[cfg(feature = "redis")]
-            if let Some(rd) = &config.redis {
-                break 'remote Flavor::Redis(redis::Redis::connect(rd, clock).await?);
-            }
+        let Some(flavor) = Engine::server(&config).await? else {
             // An embedded store: opening it waits for no server.
             return Engine::open(config);
         };
         let timers = Timers::new(config.clock.clone());
         Engine::assemble(config, flavor, timers, HashMap::new())
+    }
+
+    /// The server engine the settings name, connected; `None` for an embedded store.
+    #[cfg_attr(
+        not(any(feature = "postgres", feature = "redis")),
+        allow(unused_variables, clippy::unused_async)
+    )]
+    async fn server(config: &Config) -> Result<Option<Flavor>> {
+        #[cfg(feature = "postgres")]
+        if let Some(pg) = &config.postgres {
+            let pg = postgres::Postgres::connect(pg, config.clock.clone()).await?;
+            return Ok(Some(Flavor::Postgres(pg)));
+        }
+        #[cfg(feature = "redis")]
+        if let Some(rd) = &config.redis {
+            let rd = redis::Redis::connect(rd, config.clock.clone()).await?;
+            return Ok(Some(Flavor::Redis(rd)));
+        }
+        Ok(None)
     }
 
     fn assemble(
@@ -229,6 +238,10 @@ impl Engine {
     ///
     /// On Redis, once `work` has a deadline and holds items: arms the deadline to give them
     /// back when it passes.
+    #[cfg_attr(
+        not(any(feature = "postgres", feature = "redis")),
+        allow(unused_variables)
+    )]
     fn arm_deadline(&self, work: &Work) {
         let Some(expiry) = &work.expiry else {
             return;
