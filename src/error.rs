@@ -272,8 +272,10 @@ pub enum Error {
 
     /// The transaction's database transaction was rolled back before its commit (the
     /// `postgres` engine): a call on it failed inside the database transaction, or was
-    /// cancelled (its future dropped) while the database was working on it. Nothing of the
-    /// transaction applies; the items it dequeued are back in their queues. Begin a new one.
+    /// cancelled (its future dropped) while the database was working on it. On the `redis`
+    /// engine: a dequeue of it failed, so what the server took for it is not known. Nothing
+    /// of the transaction applies; the items it dequeued are back in their queues. Begin a
+    /// new one.
     TransactionAborted {
         /// What happened.
         reason: &'static str,

@@ -61,6 +61,11 @@ fn main() -> ExitCode {
             return ExitCode::SUCCESS;
         }
     }
+    #[cfg(feature = "redis")]
+    if let Ok(url) = std::env::var(redis::WORKER.0) {
+        (redis::WORKER.1)(&url);
+        return ExitCode::SUCCESS;
+    }
     common::engines::main(vec![
         module!(async_send_sync),
         module!(bad_input),

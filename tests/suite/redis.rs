@@ -2,7 +2,8 @@
 //! hold on a dequeued item that ends without its client, scripts loaded again, a server
 //! killed with SIGKILL and restarted from its append-only file, keys of the store tampered
 //! with, URLs that are not Redis, a server that is down or wants a password, and one that
-//! does not fsync every write. The behaviour tests run on Redis through the conformance
+//! does not fsync every write; worker processes and the server killed with SIGKILL. The
+//! behaviour tests run on Redis through the conformance
 //! suite (`tests/common/engines.rs`).
 
 use std::time::{Duration, Instant};
@@ -37,6 +38,10 @@ pub(crate) fn cases() -> Vec<Case> {
         Case::redis(
             "a_server_that_does_not_fsync_every_write_is_refused_when_asked",
             a_server_that_does_not_fsync_every_write_is_refused_when_asked,
+        ),
+        Case::redis(
+            "processes_and_the_server_killed_with_sigkill_lose_and_duplicate_nothing",
+            processes_and_the_server_killed_with_sigkill_lose_and_duplicate_nothing,
         ),
     ]
 }
@@ -338,4 +343,166 @@ fn a_server_that_does_not_fsync_every_write_is_refused_when_asked(server: &Redis
         })
     ));
     builder(server).open().expect("connects with a warning");
+}
+
+/// The environment variable that makes this binary a worker process of
+/// [`processes_and_the_server_killed_with_sigkill_lose_and_duplicate_nothing`]: the server's
+/// URL.
+pub(crate) const WORKER_VAR: &str = "RQ_REDIS_WORKER_URL";
+const WORKER_SEED_VAR: &str = "RQ_REDIS_WORKER_SEED";
+const MOVED: u64 = 2000;
+/// The workers' hold: a killed worker's items come back this long after its dequeue.
+const WORKER_HOLD: Duration = Duration::from_secs(1);
+
+/// This module's worker process: started by one of its tests with the variable set (see
+/// `tests/suite/main.rs`), not as a test run.
+pub(crate) const WORKER: (&str, fn(&str)) = (WORKER_VAR, worker);
+
+/// A worker process: moves items between queues `a` and `b`, a few at a time, in
+/// transactions it commits, aborts or drops at random, and reports each acknowledged commit
+/// on stdout, until it is killed. A call that fails (the server is down, or restarting) is
+/// left behind with its transaction, and the worker goes on.
+fn worker(url: &str) {
+    use rand::{Rng, SeedableRng};
+    use std::io::Write;
+    let seed = std::env::var(WORKER_SEED_VAR)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let store = eventually("worker: connect", || {
+        Store::builder()
+            .url(url)
+            .namespace("multiproc")
+            .transaction_timeout(WORKER_HOLD)
+            .open()
+    });
+    let queues = [
+        eventually("worker: queue a", || store.blocking_queue::<u64>("a")),
+        eventually("worker: queue b", || store.blocking_queue::<u64>("b")),
+    ];
+    let mut out = std::io::stdout();
+    loop {
+        let from = rng.gen_range(0..2);
+        let mut tx = store.begin();
+        let mut taken = Vec::new();
+        for _ in 0..rng.gen_range(1..=4) {
+            match queues[from].blocking_try_dequeue(&mut tx) {
+                Ok(Some(item)) => taken.push(item),
+                _ => break,
+            }
+        }
+        for item in &taken {
+            queues[1 - from].enqueue(&mut tx, item).unwrap();
+        }
+        match rng.gen_range(0..16) {
+            0 => drop(tx.blocking_abort()),
+            1 => drop(tx),
+            _ => {
+                if tx.blocking_commit().is_ok() {
+                    writeln!(out, "c").unwrap();
+                    out.flush().unwrap();
+                }
+            }
+        }
+    }
+}
+
+/// Four worker processes (this binary, re-executed) move items between two queues; the
+/// parent kills one with SIGKILL at random moments (after a random number of their commits)
+/// and starts another, and every fourth time kills the server too and restarts it from its
+/// append-only file. Each move is one transaction, so once every worker is dead and their
+/// holds have ended, the two queues hold exactly the items put in at the start: none lost,
+/// none twice.
+fn processes_and_the_server_killed_with_sigkill_lose_and_duplicate_nothing(server: &RedisServer) {
+    use rand::{Rng, SeedableRng};
+    use std::io::{BufRead, BufReader};
+    use std::process::{Child, Command, Stdio};
+    use std::sync::mpsc;
+
+    let store = builder(server).namespace("multiproc").open().unwrap();
+    let a = store.blocking_queue::<u64>("a").unwrap();
+    let mut tx = store.begin();
+    for i in 0..MOVED {
+        a.enqueue(&mut tx, i).unwrap();
+    }
+    tx.blocking_commit().unwrap();
+    store.blocking_close().unwrap();
+    let url = server.url().to_owned();
+    let (commits, reported) = mpsc::channel::<()>();
+    let spawn = |seed: u64| -> Child {
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .env(WORKER_VAR, &url)
+            .env(WORKER_SEED_VAR, seed.to_string())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start a worker");
+        let stdout = child.stdout.take().unwrap();
+        let commits = commits.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                if line.is_err() || commits.send(()).is_err() {
+                    return;
+                }
+            }
+        });
+        child
+    };
+    let mut rng = rand::rngs::StdRng::seed_from_u64(17);
+    let mut workers: Vec<Child> = (0..4).map(&spawn).collect();
+    let (kills, mut server_kills, mut seen) = (20, 0, 0);
+    for round in 0..kills {
+        for _ in 0..rng.gen_range(20..150) {
+            reported
+                .recv_timeout(Duration::from_secs(60))
+                .expect("the workers commit");
+            seen += 1;
+        }
+        let victim = rng.gen_range(0..workers.len());
+        workers[victim].kill().unwrap();
+        workers[victim].wait().unwrap();
+        if round % 4 == 3 {
+            server.kill_9();
+            server.restart();
+            server_kills += 1;
+        }
+        workers[victim] = spawn(100 + round);
+    }
+    for mut worker in workers {
+        worker.kill().unwrap();
+        worker.wait().unwrap();
+    }
+    // The dead workers' holds end WORKER_HOLD after their last dequeues; a count takes
+    // back what has ended. Bounded.
+    let store = builder(server).namespace("multiproc").open().unwrap();
+    let a = store.blocking_queue::<u64>("a").unwrap();
+    let b = store.blocking_queue::<u64>("b").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while a.blocking_count().unwrap() + b.blocking_count().unwrap() < MOVED {
+        assert!(
+            Instant::now() < deadline,
+            "the killed workers' items are still held a minute later: a {:?}, b {:?}; \
+             damaged {:?} {:?}",
+            a.blocking_stats().unwrap(),
+            b.blocking_stats().unwrap(),
+            server.command(&[b"LRANGE", b"rq:{multiproc}:q:1:damaged", b"0", b"-1"]),
+            server.command(&[b"LRANGE", b"rq:{multiproc}:q:2:damaged", b"0", b"-1"]),
+        );
+        std::thread::yield_now();
+    }
+    let mut all = Vec::new();
+    let mut tx = store.begin();
+    for q in [&a, &b] {
+        while let Some(x) = q.blocking_try_dequeue(&mut tx).unwrap() {
+            all.push(x);
+        }
+    }
+    let in_queues = all.len();
+    tx.blocking_abort().unwrap();
+    all.sort_unstable();
+    assert_eq!(all, (0..MOVED).collect::<Vec<_>>(), "none lost, none twice");
+    eprintln!(
+        "    {kills} workers and {server_kills} servers killed with SIGKILL after {seen} \
+         acknowledged commits; {in_queues} items in the queues, none lost or twice"
+    );
 }

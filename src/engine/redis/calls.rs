@@ -96,6 +96,8 @@ impl Redis {
         lease: Option<(&QueueCore, usize, u64)>,
     ) -> Result<Vec<Granted>> {
         let mut slot = slot;
+        // A failed dequeue: nothing applies, and the slot's drop gives the items back.
+        slot.check()?;
         // What a dequeue took for a caller that never read its answer goes back first.
         self.settle_pending(&mut slot).await?;
         let now = self.clock.now();

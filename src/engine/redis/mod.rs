@@ -83,6 +83,9 @@ pub(crate) struct RedisSlot {
     /// the next use of the slot gives those items back (the caller never had them), and a
     /// give-back of the whole transaction waits for it first.
     pending: Option<oneshot::Receiver<Vec<u64>>>,
+    /// A dequeue failed: whether its script ran is not known (the connection was lost after
+    /// it was sent), so the transaction is over: its commit gives everything back and fails.
+    failed: bool,
 }
 
 impl fmt::Debug for RedisSlot {
@@ -242,6 +245,17 @@ impl RedisSlot {
     /// The transaction's token, once a dequeue gave it one.
     pub(crate) fn token(&self) -> Option<u64> {
         (self.token != 0).then_some(self.token)
+    }
+
+    /// Fails once a dequeue of the transaction has failed (see [`RedisSlot::failed`]).
+    pub(crate) fn check(&self) -> Result<()> {
+        match self.failed {
+            true => Err(Error::TransactionAborted {
+                reason: "a dequeue of the transaction failed, so what it took is not known; \
+                         its items go back to their queues",
+            }),
+            false => Ok(()),
+        }
     }
 
     /// Takes the token out: the slot's drop gives nothing back then.
@@ -785,6 +799,7 @@ impl Redis {
         waiter: Option<u64>,
     ) -> Result<Vec<Entry>> {
         let q = self.number(core)?;
+        slot.check()?;
         self.settle_pending(slot).await?;
         if slot.token == 0 {
             slot.token = new_token();
@@ -825,6 +840,9 @@ impl Redis {
             )
             .await;
         slot.pending = None;
+        if got.is_err() {
+            slot.failed = true;
+        }
         let got = got?;
         let Value::Array(parts) = got else {
             return Err(damaged(
