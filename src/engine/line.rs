@@ -5,6 +5,7 @@
 //! waiters for the other stores' commits; the engine wakes them for its own.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,7 +16,7 @@ use tokio::runtime::Handle;
 use tokio::sync::{mpsc, oneshot, Notify};
 
 use crate::core::QueueCore;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::sync::process::Mutex;
 
 /// This store's consumers waiting on each queue (by the queue's number on the server: its
@@ -526,6 +527,55 @@ pub(crate) async fn watched(rt: &Handle, ack: oneshot::Receiver<()>, timeout: Du
         _ = &mut timer => {}
     }
     timer.abort();
+}
+
+/// The calls running on a server engine's runtime: a close refuses new ones and waits for
+/// these to finish before it stops the runtime, so that a commit already submitted is
+/// applied or not as its answer says, never cut off half way (and, on Redis, a dequeue in
+/// flight has taken what the close then gives back).
+#[derive(Debug, Default)]
+pub(crate) struct Calls {
+    running: AtomicUsize,
+    pub(crate) closing: AtomicBool,
+    /// Notified when the last call ends.
+    idle: tokio::sync::Notify,
+}
+
+/// One call of [`Calls`], counted until dropped (its task ended or was cancelled).
+pub(crate) struct Call(Arc<Calls>);
+
+impl Drop for Call {
+    fn drop(&mut self) {
+        if self.0.running.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.idle.notify_waiters();
+        }
+    }
+}
+
+impl Calls {
+    /// Counts a call, unless the store is closing.
+    pub(crate) fn start(self: &Arc<Self>) -> Result<Call> {
+        self.running.fetch_add(1, Ordering::AcqRel);
+        let call = Call(Arc::clone(self));
+        if self.closing.load(Ordering::Acquire) {
+            return Err(Error::Closed);
+        }
+        Ok(call)
+    }
+
+    /// Refuses new calls and waits for those running to end.
+    pub(crate) async fn drain(&self) {
+        self.closing.store(true, Ordering::Release);
+        loop {
+            let idle = self.idle.notified();
+            tokio::pin!(idle);
+            idle.as_mut().enable();
+            if self.running.load(Ordering::Acquire) == 0 {
+                return;
+            }
+            idle.await;
+        }
+    }
 }
 
 /// A lease as a server granted it: its item (with the attempt counted), token and deadline.

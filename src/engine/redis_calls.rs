@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::line::{Granted, Turn};
+use super::line::Granted;
 use super::moves::{Move, MoveKind};
 use super::redis::calls::Change;
 use super::redis::Redis;
@@ -117,26 +117,17 @@ impl Engine {
         queue: &QueueRef,
         work: &mut Work,
         n: usize,
-        mut each: impl FnMut(&Entry) -> Result<()>,
+        each: impl FnMut(&Entry) -> Result<()>,
     ) -> Result<usize> {
         work.withdraw_leaked();
         self.check_open()?;
         work.check_live()?;
-        let id = rd.number(&queue.core)?;
-        let turn = rd.line().try_turn(id);
-        if turn == Turn::Wait {
-            return Ok(0);
-        }
-        let taken = rd.take(&queue.core, &mut work.rd, n, None).await;
-        self.arm_deadline(work);
-        let taken = taken?;
-        if turn == (Turn::Taken { sure: false }) && !taken.is_empty() {
-            rd.line().pass_on(id);
-        }
-        for entry in &taken {
-            each(entry)?;
-        }
-        Ok(taken.len())
+        let look = async {
+            let taken = rd.take(&queue.core, &mut work.rd, n, None).await;
+            self.arm_deadline(work);
+            taken
+        };
+        self.take_in_turn(rd, queue, look, each).await
     }
 
     /// Redis's waiting take: in the line of each queue (see `Waiters`), looks in each queue

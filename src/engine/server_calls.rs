@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::{oneshot, Notify};
 
 use super::line::{wait_for, watched, Granted, Host, Seats, Turn};
-use super::{Engine, QueueRef};
+use super::{Engine, Entry, QueueRef};
 use crate::error::Result;
 
 impl Engine {
@@ -63,6 +63,34 @@ impl Engine {
                 return Ok(None);
             }
         }
+    }
+
+    /// A server engine's take that is not a waiter's: this store's waiters first (a waiter
+    /// woken for an item and still to look has it: see `Waiters`), then `look` (not polled
+    /// when a waiter ahead has the turn); each item it took is handed to `each`.
+    pub(crate) async fn take_in_turn<F>(
+        &self,
+        host: &dyn Host,
+        queue: &QueueRef,
+        look: F,
+        mut each: impl FnMut(&Entry) -> Result<()>,
+    ) -> Result<usize>
+    where
+        F: std::future::Future<Output = Result<Vec<Entry>>>,
+    {
+        let id = host.key(&queue.core)?;
+        let turn = host.line().try_turn(id);
+        if turn == Turn::Wait {
+            return Ok(0);
+        }
+        let taken = look.await?;
+        if turn == (Turn::Taken { sure: false }) && !taken.is_empty() {
+            host.line().pass_on(id);
+        }
+        for entry in &taken {
+            each(entry)?;
+        }
+        Ok(taken.len())
     }
 
     /// Puts a consumer in the line of each of `queues` (one queue, or a queue set), with

@@ -16,7 +16,6 @@ use std::future::Future;
 use std::pin::Pin;
 
 #[cfg(feature = "postgres")]
-use super::line::Turn;
 #[cfg(feature = "postgres")]
 use super::postgres::Postgres;
 
@@ -297,24 +296,13 @@ impl Engine {
         queue: &QueueRef,
         work: &mut Work,
         n: usize,
-        mut each: impl FnMut(&Entry) -> Result<()>,
+        each: impl FnMut(&Entry) -> Result<()>,
     ) -> Result<usize> {
         work.withdraw_leaked();
         self.check_open()?;
         work.check_live()?;
-        let id = pg.db_id(&queue.core)?;
-        let turn = pg.line().try_turn(id);
-        if turn == Turn::Wait {
-            return Ok(0);
-        }
-        let taken = self.take_on_postgres(pg, queue, work, n, None).await?;
-        if turn == (Turn::Taken { sure: false }) && !taken.is_empty() {
-            pg.line().pass_on(id);
-        }
-        for entry in &taken {
-            each(entry)?;
-        }
-        Ok(taken.len())
+        let look = self.take_on_postgres(pg, queue, work, n, None);
+        self.take_in_turn(pg, queue, look, each).await
     }
 
     /// PostgreSQL's take: up to `n` items at the head of `queue` into `work`'s database

@@ -20,7 +20,7 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Names an existing server for the tests.
 pub const URL_VAR: &str = "RQ_TEST_REDIS_URL";
@@ -30,9 +30,6 @@ pub const REQUIRE_VAR: &str = "RQ_TEST_REQUIRE_REDIS";
 /// Why there is no server: no `redis-server` and no `RQ_TEST_REDIS_URL`.
 pub const MISSING: &str = "redis-server not found: install Debian's redis-server package, \
                            or point RQ_TEST_REDIS_URL at a server";
-
-/// How long a started server may take to answer.
-const START_LIMIT: Duration = Duration::from_secs(30);
 
 /// A Redis server for tests.
 pub struct RedisServer {
@@ -238,29 +235,41 @@ impl Own {
                 "",
                 "--daemonize",
                 "no",
+                // The log on standard output, after the watchdog's line: read below.
                 "--logfile",
+                "",
             ])
-            .arg(dir.join("redis.log"))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
             .expect("start redis-server");
+        let mut out = BufReader::new(watchdog.stdout.take().unwrap());
         let mut pid = String::new();
-        BufReader::new(watchdog.stdout.take().unwrap())
-            .read_line(&mut pid)
-            .expect("the server's pid");
+        out.read_line(&mut pid).expect("the server's pid");
         let pid: u32 = pid.trim().parse().expect("a pid");
         let stdin = watchdog.stdin.take().unwrap();
         *self.running.lock().unwrap() = Some((pid, stdin, watchdog));
-        // Waits for the condition (the server answers), bounded.
-        let deadline = Instant::now() + START_LIMIT;
-        while let Err(e) = ping(&self.socket) {
-            if Instant::now() > deadline {
-                let log = std::fs::read_to_string(dir.join("redis.log")).unwrap_or_default();
-                panic!("redis-server did not answer in {START_LIMIT:?}: {e}\n{log}");
+        // Waits for the server to say it is ready (after it loaded its append-only file); an
+        // end of its output first means it exited.
+        let mut log = String::new();
+        loop {
+            let mut line = String::new();
+            match out.read_line(&mut line) {
+                Ok(0) | Err(_) => panic!("redis-server exited before it was ready:\n{log}"),
+                Ok(_)
+                    if line
+                        .to_ascii_lowercase()
+                        .contains("ready to accept connections") =>
+                {
+                    break
+                }
+                Ok(_) => log.push_str(&line),
             }
-            std::thread::sleep(Duration::from_millis(5));
         }
+        assert!(ping(&self.socket).is_ok(), "redis-server is ready: {log}");
+        // The rest of its log is drained into a file, so that the pipe never fills.
+        let mut file = std::fs::File::create(dir.join("redis.log")).expect("the server's log");
+        std::thread::spawn(move || std::io::copy(&mut out, &mut file));
     }
 }
 

@@ -74,7 +74,7 @@ use super::Entry;
 use crate::clock::Clock;
 use crate::config::PgConfig;
 use crate::core::{QueueCore, QueueId};
-use crate::engine::line::{BoxFuture, Host, Waiters};
+use crate::engine::line::{BoxFuture, Calls, Host, Waiters};
 use crate::error::{Error, Result};
 use crate::processing::RetryPolicy;
 use crate::sync::process::Mutex;
@@ -119,54 +119,6 @@ pub(crate) struct Postgres {
     maintained: Arc<Mutex<Vec<i32>>>,
     /// The calls running on the store's runtime, which a close lets finish.
     calls: Arc<Calls>,
-}
-
-/// The calls running on a store's runtime ([`Postgres::run`]): a close refuses new ones and
-/// waits for these to finish before it stops the runtime, so that a commit already
-/// submitted is applied or not as its answer says, never cut off half way.
-#[derive(Debug, Default)]
-struct Calls {
-    running: std::sync::atomic::AtomicUsize,
-    closing: std::sync::atomic::AtomicBool,
-    /// Notified when the last call ends.
-    idle: tokio::sync::Notify,
-}
-
-/// One call of [`Calls`], counted until dropped (its task ended or was cancelled).
-struct Call(Arc<Calls>);
-
-impl Drop for Call {
-    fn drop(&mut self) {
-        if self.0.running.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.0.idle.notify_waiters();
-        }
-    }
-}
-
-impl Calls {
-    /// Counts a call, unless the store is closing.
-    fn start(self: &Arc<Self>) -> Result<Call> {
-        self.running.fetch_add(1, Ordering::AcqRel);
-        let call = Call(Arc::clone(self));
-        if self.closing.load(Ordering::Acquire) {
-            return Err(Error::Closed);
-        }
-        Ok(call)
-    }
-
-    /// Refuses new calls and waits for those running to end.
-    async fn drain(&self) {
-        self.closing.store(true, Ordering::Release);
-        loop {
-            let idle = self.idle.notified();
-            tokio::pin!(idle);
-            idle.as_mut().enable();
-            if self.running.load(Ordering::Acquire) == 0 {
-                return;
-            }
-            idle.await;
-        }
-    }
 }
 
 /// How long a close waits for the calls in flight to finish before it stops the runtime
@@ -257,11 +209,6 @@ impl Postgres {
         ));
         store.background.lock().extend([maintain, listen]);
         Ok(store)
-    }
-
-    /// This store's waiting consumers, in a line per queue (by database id).
-    pub(crate) fn line(&self) -> &Arc<Waiters> {
-        &self.waiters
     }
 
     /// This store's consumers waiting on `core`'s queue now.

@@ -45,7 +45,7 @@ use tokio::runtime::Handle;
 use tokio::sync::oneshot;
 
 use super::catalog::Catalog;
-use super::line::Waiters;
+use super::line::{Calls, Waiters};
 use super::Entry;
 use crate::clock::Clock;
 use crate::config::RedisConfig;
@@ -165,50 +165,6 @@ impl Returner {
                 tracing::warn!(error = %e, "could not give a transaction's items back; they come back when its hold ends");
             }
         });
-    }
-}
-
-/// The calls running on a store's runtime: a close refuses new ones and waits for these.
-#[derive(Debug, Default)]
-struct Calls {
-    running: std::sync::atomic::AtomicUsize,
-    closing: std::sync::atomic::AtomicBool,
-    /// Notified when the last call ends.
-    idle: tokio::sync::Notify,
-}
-
-/// One call of [`Calls`], counted until dropped.
-struct Call(Arc<Calls>);
-
-impl Drop for Call {
-    fn drop(&mut self) {
-        if self.0.running.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.0.idle.notify_waiters();
-        }
-    }
-}
-
-impl Calls {
-    fn start(self: &Arc<Self>) -> Result<Call> {
-        self.running.fetch_add(1, Ordering::AcqRel);
-        let call = Call(Arc::clone(self));
-        if self.closing.load(Ordering::Acquire) {
-            return Err(Error::Closed);
-        }
-        Ok(call)
-    }
-
-    async fn drain(&self) {
-        self.closing.store(true, Ordering::Release);
-        loop {
-            let idle = self.idle.notified();
-            tokio::pin!(idle);
-            idle.as_mut().enable();
-            if self.running.load(Ordering::Acquire) == 0 {
-                return;
-            }
-            idle.await;
-        }
     }
 }
 
@@ -954,11 +910,6 @@ impl Redis {
     /// This store's consumers waiting on `core`'s queue now.
     pub(crate) fn waiters(&self, core: &QueueCore) -> usize {
         self.number(core).map_or(0, |q| self.waiters.count(q))
-    }
-
-    /// This store's waiting consumers, in a line per queue.
-    pub(crate) fn line(&self) -> &Arc<Waiters> {
-        &self.waiters
     }
 
     /// Closes the store: what its open transactions hold is given back, the subscription and
