@@ -20,8 +20,8 @@ pub(crate) fn cases() -> Vec<Case> {
             a_hold_ends_without_its_client_and_its_commit_then_applies_nothing,
         ),
         Case::redis(
-            "scripts_are_loaded_again_when_the_server_forgets_them",
-            scripts_are_loaded_again_when_the_server_forgets_them,
+            "functions_are_loaded_again_when_the_server_forgets_them",
+            functions_are_loaded_again_when_the_server_forgets_them,
         ),
         Case::redis(
             "acknowledged_commits_survive_kill_9_of_the_server_and_the_store_reconnects",
@@ -117,20 +117,27 @@ fn a_hold_ends_without_its_client_and_its_commit_then_applies_nothing(server: &R
     assert_eq!(qa.blocking_count().unwrap(), 0);
 }
 
-/// `SCRIPT FLUSH` (what a restarted server has: no scripts) answers `NOSCRIPT`: the store
-/// loads the script again, and the call succeeds.
-fn scripts_are_loaded_again_when_the_server_forgets_them(server: &RedisServer) {
+/// `FUNCTION FLUSH` (a server without the store's functions: a new one, or one whose
+/// functions were dropped) answers that the function is missing: the store loads its library
+/// again, and the call succeeds.
+fn functions_are_loaded_again_when_the_server_forgets_them(server: &RedisServer) {
     let store = builder(server).open().unwrap();
     let q = store.blocking_queue::<u32>("q").unwrap();
+    let libraries = |server: &RedisServer| match server.command(&[b"FUNCTION", b"LIST"]) {
+        Reply::Array(libs) => libs.len(),
+        other => panic!("FUNCTION LIST answered {other:?}"),
+    };
     for round in 0..3 {
         assert_eq!(
-            server.command(&[b"SCRIPT", b"FLUSH"]),
+            server.command(&[b"FUNCTION", b"FLUSH"]),
             Reply::Status("OK".into())
         );
+        assert_eq!(libraries(server), 0);
         let mut tx = store.begin();
         q.enqueue(&mut tx, round).unwrap();
         tx.blocking_commit().unwrap();
-        server.command(&[b"SCRIPT", b"FLUSH"]);
+        assert_eq!(libraries(server), 1);
+        server.command(&[b"FUNCTION", b"FLUSH"]);
         let mut tx = store.begin();
         assert_eq!(q.blocking_try_dequeue(&mut tx).unwrap(), Some(round));
         tx.blocking_commit().unwrap();
@@ -274,7 +281,7 @@ fn tampered_keys_give_a_typed_error_and_lose_nothing(server: &RedisServer) {
         builder(server).open(),
         Err(Error::SchemaVersion {
             found: 99,
-            supported: 1,
+            supported: 2,
             ..
         })
     ));

@@ -104,6 +104,7 @@ impl Redis {
         let count = enqueues.len() + changes.len();
         let mut args = Vec::with_capacity(5 + 5 * count);
         args.push(token_arg(slot.token));
+        args.push(slot.held.to_string().into_bytes());
         args.push(count.to_string().into_bytes());
         let mut woken = Vec::with_capacity(enqueues.len());
         let mut push = |kind: &str, q: i32, a: Vec<u8>, b: Vec<u8>, c: Vec<u8>| {
@@ -305,7 +306,7 @@ impl Redis {
     async fn on_lease(
         &self,
         operation: &'static str,
-        which: fn(&super::Scripts) -> &redis::Script,
+        which: fn(&super::Scripts) -> &super::scripts::Script,
         core: &QueueCore,
         token: u64,
         more: Vec<Vec<u8>>,

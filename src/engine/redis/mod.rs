@@ -3,7 +3,8 @@
 //!
 //! Items are records in a hash per queue, and their ids in a list per queue (the visible
 //! ones, head first). A transaction's dequeue is a script that moves head ids into the
-//! queue's held set at once, with the transaction's token and the time its hold ends; its
+//! transaction's own list at once, and its token into the store's set of holds, scored by the
+//! time its hold ends; its
 //! enqueues are buffered by the handle; its commit is one script that checks the transaction
 //! still holds everything it took, deletes those items and appends the enqueues, atomically,
 //! or applies nothing. An abort or a dropped transaction runs a script that gives its items
@@ -40,7 +41,9 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use redis::aio::ConnectionManager;
-use redis::{AsyncCommands, Script, Value};
+use redis::{AsyncCommands, Value};
+
+use scripts::Script;
 use tokio::runtime::Handle;
 use tokio::sync::oneshot;
 
@@ -56,7 +59,7 @@ use crate::processing::RetryPolicy;
 use crate::sync::process::Mutex;
 
 /// The version of the key layout this build reads and writes (`<p>version`).
-const LAYOUT_VERSION: i64 = 1;
+const LAYOUT_VERSION: i64 = 2;
 
 /// How long a call waits for the server's answer before it fails: a server that stopped
 /// answering must not hold a consumer, a commit or a close forever.
@@ -261,7 +264,7 @@ impl fmt::Debug for Redis {
     }
 }
 
-/// The scripts, each loaded once per server (and again after `NOSCRIPT`).
+/// The functions of the library (see `scripts.rs`), loaded when a server lacks them.
 struct Scripts {
     queue: Script,
     take: Script,
@@ -285,27 +288,50 @@ struct Scripts {
 
 impl Scripts {
     fn new() -> Scripts {
-        let default = policy_text(RetryPolicy::default());
-        let s = |own| Script::new(&scripts::source(own, &default, EXPIRED));
+        use scripts as s;
+        let functions = [
+            ("queue", s::QUEUE),
+            ("take", s::TAKE),
+            ("give_back", s::GIVE_BACK),
+            ("commit", s::COMMIT),
+            ("count", s::COUNT),
+            ("stats", s::STATS),
+            ("reclaim", s::RECLAIM),
+            ("browse", s::BROWSE),
+            ("lease", s::LEASE),
+            ("unlease", s::UNLEASE),
+            ("drop_lease", s::DROP_LEASE),
+            ("fail", s::FAIL),
+            ("release", s::RELEASE),
+            ("extend", s::EXTEND),
+            ("set_policy", s::SET_POLICY),
+            ("next_due", s::NEXT_DUE),
+            ("dead_letters", s::DEAD_LETTERS),
+            ("dead_work", s::DEAD_WORK),
+        ];
+        let (code, digest) =
+            s::library(&functions, &policy_text(RetryPolicy::default()), EXPIRED);
+        let code: Arc<str> = code.into();
+        let f = |name| Script::new(&code, &digest, name);
         Scripts {
-            queue: s(scripts::QUEUE),
-            take: s(scripts::TAKE),
-            give_back: s(scripts::GIVE_BACK),
-            commit: s(scripts::COMMIT),
-            count: s(scripts::COUNT),
-            stats: s(scripts::STATS),
-            reclaim: s(scripts::RECLAIM),
-            browse: s(scripts::BROWSE),
-            lease: s(scripts::LEASE),
-            unlease: s(scripts::UNLEASE),
-            drop_lease: s(scripts::DROP_LEASE),
-            fail: s(scripts::FAIL),
-            release: s(scripts::RELEASE),
-            extend: s(scripts::EXTEND),
-            set_policy: s(scripts::SET_POLICY),
-            next_due: s(scripts::NEXT_DUE),
-            dead_letters: s(scripts::DEAD_LETTERS),
-            dead_work: s(scripts::DEAD_WORK),
+            queue: f("queue"),
+            take: f("take"),
+            give_back: f("give_back"),
+            commit: f("commit"),
+            count: f("count"),
+            stats: f("stats"),
+            reclaim: f("reclaim"),
+            browse: f("browse"),
+            lease: f("lease"),
+            unlease: f("unlease"),
+            drop_lease: f("drop_lease"),
+            fail: f("fail"),
+            release: f("release"),
+            extend: f("extend"),
+            set_policy: f("set_policy"),
+            next_due: f("next_due"),
+            dead_letters: f("dead_letters"),
+            dead_work: f("dead_work"),
         }
     }
 }
@@ -768,6 +794,7 @@ impl Redis {
             token_arg(slot.token),
             self.hold_ms.to_string().into_bytes(),
             slot.ends.to_string().into_bytes(),
+            slot.held.to_string().into_bytes(),
         ];
         let waiters = Arc::clone(&self.waiters);
         let (took_tx, took_rx) = oneshot::channel();

@@ -1,13 +1,18 @@
-//! The Redis engine's Lua scripts: each call that changes the store is one script, which
-//! Redis runs atomically (no other command runs meanwhile). Loaded once and run by `EVALSHA`;
-//! the client loads a script again when the server answers `NOSCRIPT` (a restarted server).
+//! The Redis engine's Lua code: each call that changes the store is one function of a
+//! library (Redis 7's functions), which Redis runs atomically (no other command runs
+//! meanwhile). The client loads the library (`FUNCTION LOAD`) when the server answers that a
+//! function is missing (a new server, or one whose functions were flushed) and calls by
+//! `FCALL`. A function's code is compiled once, at load, with the helpers it shares with the
+//! others; a script sent by `EVALSHA` would define those helpers again on every call. The
+//! library and its functions are named after the digest of their code, so that builds with
+//! other code keep theirs on a shared server.
 //!
-//! Every script gets the store's catalog key as `KEYS[1]` and, as `ARGV[1..3]`, the store's
-//! key prefix (`rq:{<namespace>}:`), the time (ms since the epoch: a store's injected clock;
-//! `0` for the server's clock) and the calling store's name in wake-ups; its own arguments
-//! follow. Every key a script touches has the prefix's hash tag, so it lives in the catalog
-//! key's slot (one slot of a Redis Cluster, which is what lets a transaction across queues
-//! stay one atomic script there).
+//! Every function gets the store's catalog key as its one key and, as `ARGV[1..3]`, the
+//! store's key prefix (`rq:{<namespace>}:`), the time (ms since the epoch: a store's injected
+//! clock; `0` for the server's clock) and the calling store's name in wake-ups; its own
+//! arguments follow. Every key a function touches has the prefix's hash tag, so it lives in
+//! the catalog key's slot (one slot of a Redis Cluster, which is what lets a transaction
+//! across queues stay one atomic call there).
 //!
 //! The keys, with `<p>` the prefix, `<q>` a queue's number and `<t>` a transaction's token:
 //!
@@ -18,8 +23,7 @@
 //! - `<p>q:<q>:items`: hash, id → record (see [`RECORD`]) of every item of the queue that is
 //!   not a dead letter; where the id is:
 //!   - `<p>q:<q>:ready`: list of the visible ids, head first;
-//!   - `<p>q:<q>:held`: sorted set of the ids held by open transactions, scored by the time
-//!     their hold ends; `<p>q:<q>:holder`: hash, id → the holder's token;
+//!   - `<p>tx:<t>` (below), when an open transaction holds it;
 //!   - `<p>q:<q>:delayed`: sorted set of the ids not due yet, scored by their due time;
 //!   - `<p>q:<q>:leased`: sorted set of the leased ids (a lease's token is its item's id),
 //!     scored by the lease's deadline;
@@ -28,17 +32,22 @@
 //! - `<p>q:<q>:dead`: hash, id → record of the dead letters; `<p>q:<q>:deadwhy`: id →
 //!   reason; `<p>q:<q>:deadids`: their ids, in a sorted set scored by id (for pages);
 //! - `<p>q:<q>:damaged`: list of ids whose record was missing when a dequeue reached them;
-//! - `<p>tx:<t>`: list of `<q>:<id>`, what transaction `t` holds (expires after its hold).
-//!   A token is 64 random bits in hex, made by the client before its first dequeue, so that
-//!   a dequeue whose answer is lost (its future dropped, the connection cut) is still the
-//!   transaction's to give back;
+//! - `<p>tx:<t>`: list of `<q>:<id>`, what transaction `t` holds, in the order taken; an
+//!   item is in one such list or in its queue's structures, never both. A token is 64 random
+//!   bits in hex, made by the client before its first dequeue, so that a dequeue whose answer
+//!   is lost (its future dropped, the connection cut) is still the transaction's to give back;
+//! - `<p>holds`: sorted set of the tokens of the transactions that hold items, scored by the
+//!   time their hold ends (the first reclaim after it gives the items back);
+//!   `<p>held`: hash, queue number → how many of its items transactions hold (for stats);
 //! - `<p>wake`: the channel on which a change names each queue that got visible items
 //!   (`<q>:<store>`, so that a store that woke its own waiters skips its own message; `<q>:`
 //!   when every store's waiters are to look).
 //!
 //! Writes that a script makes before a command fails are not undone by Redis: each script
-//! checks what can fail (a record, a holder, a lease) before its first write. Only keys of the
+//! checks what can fail (a record, a hold, a lease) before its first write. Only keys of the
 //! wrong type (tampered with) can stop one half way; the call then fails with `Error::Redis`.
+
+use std::sync::Arc;
 
 /// A record, as the scripts read and rewrite it: a version byte (2), the enqueue time, the
 /// first and the latest attempt's time (ms, big-endian u64 each), the attempts (big-endian
@@ -48,13 +57,18 @@ pub(super) const RECORD: usize = 1 + 8 + 8 + 8 + 4;
 /// Shared by the scripts: the time, keys, records, policies, and what falls due (held
 /// items whose hold ended, leases whose deadline passed, delayed items).
 const COMMON: &str = r#"
-local p = ARGV[1]
-local NOW = tonumber(ARGV[2])
-if NOW == 0 then
-  local t = redis.call('TIME')
-  NOW = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+-- Set by `begin` as each call starts: its arguments, the prefix, the time, the calling store.
+local ARGV, p, NOW, FROM
+local function begin(args)
+  ARGV = args
+  p = args[1]
+  NOW = tonumber(args[2])
+  if NOW == 0 then
+    local t = redis.call('TIME')
+    NOW = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  end
+  FROM = args[3]
 end
-local FROM = ARGV[3]
 local function qkey(q, what) return p .. 'q:' .. q .. ':' .. what end
 local function rd_u(s, pos, n)
   local v = 0
@@ -120,25 +134,69 @@ local function bury(q, id, rec, reason)
   redis.call('HSET', qkey(q, 'deadwhy'), d, reason)
   redis.call('ZADD', qkey(q, 'deadids'), d, d)
 end
+-- `cmd key v1 v2 ...` for the values of `list`, a thousand at a time (Lua's unpack takes a
+-- few thousand values at most; an even number keeps field-value pairs together).
+local CHUNK = 1000
+local function multi(cmd, key, list)
+  for i = 1, #list, CHUNK do
+    redis.call(cmd, key, unpack(list, i, math.min(i + CHUNK - 1, #list)))
+  end
+end
+-- HMGET of `fields` in hash `key`: the values in order, false for a missing one.
+local function hmget(key, fields)
+  local out = {}
+  for i = 1, #fields, CHUNK do
+    local part = redis.call('HMGET', key, unpack(fields, i, math.min(i + CHUNK - 1, #fields)))
+    for j = 1, #part do out[#out + 1] = part[j] end
+  end
+  return out
+end
 -- Puts the ids in `ids` back at the head of queue q's ready list, lowest id first.
 local function to_head(q, ids)
   table.sort(ids, function(a, b) return tonumber(a) > tonumber(b) end)
-  for _, id in ipairs(ids) do redis.call('LPUSH', qkey(q, 'ready'), id) end
+  multi('LPUSH', qkey(q, 'ready'), ids)
 end
--- Held items whose hold ended, leases whose deadline passed (back at the head, or to the
--- dead letters at their last attempt) and delayed items that fell due (to the tail, in due
--- order), by NOW; at most 1000 of each a call. Wakes every store's waiters if any came.
-local function reclaim(q)
-  local came = false
-  local ids = redis.call('ZRANGEBYSCORE', qkey(q, 'held'), '-inf', NOW, 'LIMIT', 0, 1000)
-  if #ids > 0 then
-    for _, id in ipairs(ids) do
-      redis.call('ZREM', qkey(q, 'held'), id)
-      redis.call('HDEL', qkey(q, 'holder'), id)
+-- `<q>:<id>` entries of a transaction's list, by queue: the queues in first-seen order and
+-- each one's ids.
+local function by_queue(entries)
+  local ids, order = {}, {}
+  for _, e in ipairs(entries) do
+    local q, id = string.match(e, '^(%d+):(%d+)$')
+    if q then
+      if not ids[q] then ids[q] = {}; order[#order + 1] = q end
+      local list = ids[q]
+      list[#list + 1] = id
     end
-    to_head(q, ids)
-    came = true
   end
+  return order, ids
+end
+-- Gives back what `token` holds, at the head of its queues, and wakes the stores waiting
+-- on those queues (`everyone`: this one too); returns the queues' numbers.
+local function give_back(token, everyone)
+  local tx = p .. 'tx:' .. token
+  local order, ids = by_queue(redis.call('LRANGE', tx, 0, -1))
+  for _, q in ipairs(order) do
+    to_head(q, ids[q])
+    redis.call('HINCRBY', p .. 'held', q, -#ids[q])
+    if everyone then wake_every_store(q) else wake(q) end
+  end
+  redis.call('DEL', tx)
+  redis.call('ZREM', p .. 'holds', token)
+  return order
+end
+-- The items of transactions whose hold ended by NOW go back (at most 100 transactions a
+-- call).
+local function reclaim_holds()
+  local ended = redis.call('ZRANGEBYSCORE', p .. 'holds', '-inf', NOW, 'LIMIT', 0, 100)
+  for _, t in ipairs(ended) do give_back(t, true) end
+end
+-- Held items whose hold ended (of every queue), leases of queue q whose deadline passed
+-- (back at the head, or to the dead letters at their last attempt) and its delayed items
+-- that fell due (to the tail, in due order), by NOW; at most 1000 of each a call. Wakes
+-- every store's waiters if any came.
+local function reclaim(q)
+  reclaim_holds()
+  local came = false
   local ended = redis.call('ZRANGEBYSCORE', qkey(q, 'leased'), '-inf', NOW, 'LIMIT', 0, 1000)
   if #ended > 0 then
     local max = policy(q)
@@ -169,30 +227,6 @@ local function reclaim(q)
     came = true
   end
   if came then wake_every_store(q) end
-end
--- Gives back what `token` still holds (each item whose holder it still is), at the head of
--- its queue, and wakes the stores waiting on those queues; returns the queues' numbers.
-local function give_back(token)
-  local tx = p .. 'tx:' .. token
-  local held = redis.call('LRANGE', tx, 0, -1)
-  local by_queue, order = {}, {}
-  for _, e in ipairs(held) do
-    local q, id = string.match(e, '^(%d+):(%d+)$')
-    if q and redis.call('HGET', qkey(q, 'holder'), id) == token then
-      if not by_queue[q] then by_queue[q] = {}; order[#order + 1] = q end
-      table.insert(by_queue[q], id)
-    end
-  end
-  for _, q in ipairs(order) do
-    for _, id in ipairs(by_queue[q]) do
-      redis.call('ZREM', qkey(q, 'held'), id)
-      redis.call('HDEL', qkey(q, 'holder'), id)
-    end
-    to_head(q, by_queue[q])
-    wake(q)
-  end
-  redis.call('DEL', tx)
-  return order
 end
 -- Leases up to n items at the head of queue q for ttl ms: each gets a new id (its token),
 -- its attempt counted. Appends {token, record} pairs to `out`; a missing record ends it
@@ -240,9 +274,9 @@ return {tonumber(q), redis.call('HGET', p .. 'policy', q) or DEFAULT_POLICY}
 
 /// Takes up to `ARGV[5]` items at the head of queue `ARGV[4]` into transaction `ARGV[6]` (its
 /// token, made by the client), whose hold ends at `ARGV[8]` (0 for its first take: `ARGV[7]`
-/// ms from now). Returns `{hold end, status, id, record, ...}`; status is `ok`, `expired` (the
-/// transaction's hold ended: nothing taken) or `missing:<id>` (that id had no record: set
-/// aside, the take ends there).
+/// ms from now) and which holds `ARGV[9]` items already. Returns `{hold end, status, id,
+/// record, ...}`; status is `ok`, `expired` (the transaction's hold ended: nothing taken) or
+/// `missing:<id>` (that id had no record: set aside, the take ends there).
 pub(super) const TAKE: &str = r#"
 local q, n, token, hold = ARGV[4], tonumber(ARGV[5]), ARGV[6], tonumber(ARGV[7])
 reclaim(q)
@@ -252,56 +286,68 @@ if ends == 0 then
 elseif ends <= NOW then
   return {ends, 'expired'}
 end
+-- Its items were given back (another store's clock ran ahead of this one's): over.
+if ARGV[9] ~= '0' and not redis.call('ZSCORE', p .. 'holds', token) then
+  return {ends, 'expired'}
+end
 local out = {ends, 'ok'}
-local ready, items, tx = qkey(q, 'ready'), qkey(q, 'items'), p .. 'tx:' .. token
-for _ = 1, n do
-  local id = redis.call('LINDEX', ready, 0)
-  if not id then break end
-  local rec = redis.call('HGET', items, id)
-  redis.call('LPOP', ready)
+local ready = qkey(q, 'ready')
+local ids = redis.call('LPOP', ready, n)
+if not ids then return out end
+local recs = hmget(qkey(q, 'items'), ids)
+local entries = {}
+for i, id in ipairs(ids) do
+  local rec = recs[i]
   if not rec then
     redis.call('RPUSH', qkey(q, 'damaged'), id)
     out[2] = 'missing:' .. id
+    local rest = {}
+    for j = #ids, i + 1, -1 do rest[#rest + 1] = ids[j] end
+    multi('LPUSH', ready, rest)
     break
   end
-  redis.call('ZADD', qkey(q, 'held'), ends, id)
-  redis.call('HSET', qkey(q, 'holder'), id, token)
-  redis.call('RPUSH', tx, q .. ':' .. id)
+  entries[#entries + 1] = q .. ':' .. id
   out[#out + 1] = id
   out[#out + 1] = rec
 end
--- Relative: the server's clock runs the expiry, and NOW may be a store's injected clock.
-if #out > 2 then redis.call('PEXPIRE', tx, math.max(ends - NOW, 0) + 600000) end
+if #entries > 0 then
+  multi('RPUSH', p .. 'tx:' .. token, entries)
+  redis.call('ZADD', p .. 'holds', ends, token)
+  redis.call('HINCRBY', p .. 'held', q, #entries)
+end
 return out
 "#;
 
-/// Gives back what transaction `ARGV[4]` still holds (an abort, a dropped transaction, its
+/// Gives back what transaction `ARGV[4]` holds (an abort, a dropped transaction, its
 /// deadline), or with ids after it only those of them (a dequeue whose caller never read its
 /// answer: the take put them at the tail of the transaction's list); returns the numbers of
 /// the queues that got items back.
 pub(super) const GIVE_BACK: &str = r#"
-if #ARGV == 4 then return give_back(ARGV[4]) end
+if #ARGV == 4 then return give_back(ARGV[4], false) end
 local token, tx = ARGV[4], p .. 'tx:' .. ARGV[4]
 local wanted = {}
 for i = 5, #ARGV do wanted[ARGV[i]] = true end
 local back, queues = {}, {}
 for _, e in ipairs(redis.call('LRANGE', tx, 0, -1)) do
   local q, id = string.match(e, '^(%d+):(%d+)$')
-  if q and wanted[id] and redis.call('HGET', qkey(q, 'holder'), id) == token then
-    redis.call('ZREM', qkey(q, 'held'), id)
-    redis.call('HDEL', qkey(q, 'holder'), id)
+  if q and wanted[id] then
     redis.call('LREM', tx, 1, e)
     if not back[q] then back[q] = {}; queues[#queues + 1] = q end
     table.insert(back[q], id)
   end
 end
-for _, q in ipairs(queues) do to_head(q, back[q]); wake(q) end
+for _, q in ipairs(queues) do
+  to_head(q, back[q])
+  redis.call('HINCRBY', p .. 'held', q, -#back[q])
+  wake(q)
+end
+if redis.call('EXISTS', tx) == 0 then redis.call('ZREM', p .. 'holds', token) end
 return queues
 "#;
 
-/// Commits transaction `ARGV[4]` (its token; empty: it took nothing): every item it holds is
-/// consumed; then the `ARGV[5]` changes that follow, five arguments each (a kind, the queue,
-/// three more), in order:
+/// Commits transaction `ARGV[4]` (its token; empty: it took nothing), which holds `ARGV[5]`
+/// items: every item it holds is consumed; then the `ARGV[6]` changes that follow, five
+/// arguments each (a kind, the queue, three more), in order:
 ///
 /// - `e`, q, record: an enqueue at the tail;
 /// - `f`, q, record, due (ms; `+<ms>`: that long after now), key (empty: none): an enqueue
@@ -311,62 +357,90 @@ return queues
 /// - `i`, q, record, due, reason: an imported item (its attempts and times in its record),
 ///   with a reason a dead letter.
 ///
-/// New items get the next ids, in order. Then, if `ARGV[6 + 5 * n]` names a queue, up to
-/// `ARGV[7 + 5 * n]` of its items are leased for `ARGV[8 + 5 * n]` ms.
+/// New items get the next ids, in order. Then, if `ARGV[7 + 5 * n]` names a queue, up to
+/// `ARGV[8 + 5 * n]` of its items are leased for `ARGV[9 + 5 * n]` ms.
 ///
-/// Returns `{'ok', deadline, token, record, ...}` (the leases), `{'expired'}` when an item the
-/// transaction took is no longer held by it or its hold ended, `{'lease', token}` when an
-/// acknowledged lease is not running: then nothing applies, and what the transaction held is
-/// given back.
+/// Returns `{'ok', deadline, token, record, ...}` (the leases), `{'expired'}` when the
+/// transaction's hold ended (its items were given back, or are now), `{'lease', token}` when
+/// an acknowledged lease is not running: then nothing applies, and what the transaction held
+/// is given back.
 pub(super) const COMMIT: &str = r#"
-local token, m = ARGV[4], tonumber(ARGV[5])
-local taken = {}
+local token, expect, m = ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6])
+local tx = p .. 'tx:' .. token
+local held = {}
 if token ~= '' then
-  local held = redis.call('LRANGE', p .. 'tx:' .. token, 0, -1)
-  for _, e in ipairs(held) do
-    local q, id = string.match(e, '^(%d+):(%d+)$')
-    local score = q and redis.call('ZSCORE', qkey(q, 'held'), id)
-    if not score or tonumber(score) <= NOW
-        or redis.call('HGET', qkey(q, 'holder'), id) ~= token then
-      give_back(token)
+  held = redis.call('LRANGE', tx, 0, -1)
+  if #held ~= expect then
+    give_back(token, false)
+    return {'expired'}
+  end
+  if #held > 0 then
+    local score = redis.call('ZSCORE', p .. 'holds', token)
+    if not score or tonumber(score) <= NOW then
+      give_back(token, false)
       return {'expired'}
     end
-    taken[#taken + 1] = {q, id}
   end
 end
 for i = 0, m - 1 do
-  local at = 6 + 5 * i
+  local at = 7 + 5 * i
   if ARGV[at] == 'a' and not running(ARGV[at + 1], ARGV[at + 2]) then
-    if token ~= '' then give_back(token) end
+    if #held > 0 then give_back(token, false) end
     return {'lease', ARGV[at + 2]}
   end
 end
-for _, t in ipairs(taken) do
-  redis.call('ZREM', qkey(t[1], 'held'), t[2])
-  redis.call('HDEL', qkey(t[1], 'holder'), t[2])
-  consume(t[1], t[2])
+if #held > 0 then
+  local order, ids = by_queue(held)
+  for _, q in ipairs(order) do
+    if redis.call('EXISTS', qkey(q, 'keyof')) == 1 then
+      for _, id in ipairs(ids[q]) do free_key(q, id) end
+    end
+    multi('HDEL', qkey(q, 'items'), ids[q])
+    redis.call('HINCRBY', p .. 'held', q, -#ids[q])
+  end
+  redis.call('DEL', tx)
+  redis.call('ZREM', p .. 'holds', token)
 end
-if token ~= '' then redis.call('DEL', p .. 'tx:' .. token) end
 local function due_of(s)
   if string.sub(s, 1, 1) == '+' then return NOW + tonumber(string.sub(s, 2)) end
   return tonumber(s)
 end
+-- The new items' ids, given out in order from one INCRBY.
+local fresh = 0
+for i = 0, m - 1 do
+  if ARGV[7 + 5 * i] ~= 'a' then fresh = fresh + 1 end
+end
+local id = 0
+if fresh > 0 then id = redis.call('INCRBY', p .. 'seq', fresh) - fresh end
 local woken, order = {}, {}
 local function came(q)
   if not woken[q] then woken[q] = true; order[#order + 1] = q end
 end
+-- Plain enqueues, a run per queue: written together when the queue's ready list is next
+-- written another way, or at the end.
+local runs = {}
+local function flush(q)
+  local r = runs[q]
+  if r and #r.ids > 0 then
+    multi('HSET', qkey(q, 'items'), r.pairs)
+    multi('RPUSH', qkey(q, 'ready'), r.ids)
+    runs[q] = nil
+  end
+end
 for i = 0, m - 1 do
-  local at = 6 + 5 * i
+  local at = 7 + 5 * i
   local kind, q = ARGV[at], ARGV[at + 1]
+  if kind ~= 'a' then id = id + 1 end
   if kind == 'e' then
-    local id = new_id()
-    redis.call('HSET', qkey(q, 'items'), id, ARGV[at + 2])
-    redis.call('RPUSH', qkey(q, 'ready'), id)
+    local r = runs[q]
+    if not r then r = {ids = {}, pairs = {}}; runs[q] = r end
+    r.ids[#r.ids + 1] = id
+    r.pairs[#r.pairs + 1] = id
+    r.pairs[#r.pairs + 1] = ARGV[at + 2]
     came(q)
   elseif kind == 'f' then
     local key = ARGV[at + 4]
     if key == '' or redis.call('HEXISTS', qkey(q, 'keys'), key) == 0 then
-      local id = new_id()
       redis.call('HSET', qkey(q, 'items'), id, ARGV[at + 2])
       if key ~= '' then
         redis.call('HSET', qkey(q, 'keys'), key, id)
@@ -376,6 +450,7 @@ for i = 0, m - 1 do
       if due > NOW then
         redis.call('ZADD', qkey(q, 'delayed'), due, id)
       else
+        flush(q)
         redis.call('RPUSH', qkey(q, 'ready'), id)
         came(q)
       end
@@ -384,7 +459,7 @@ for i = 0, m - 1 do
     redis.call('ZREM', qkey(q, 'leased'), ARGV[at + 2])
     consume(q, ARGV[at + 2])
   elseif kind == 'i' then
-    local id, reason = new_id(), ARGV[at + 4]
+    local reason = ARGV[at + 4]
     if reason ~= '' then
       redis.call('HSET', qkey(q, 'dead'), id, ARGV[at + 2])
       redis.call('HSET', qkey(q, 'deadwhy'), id, reason)
@@ -395,18 +470,20 @@ for i = 0, m - 1 do
       if due > NOW then
         redis.call('ZADD', qkey(q, 'delayed'), due, id)
       else
+        flush(q)
         redis.call('RPUSH', qkey(q, 'ready'), id)
         came(q)
       end
     end
   end
 end
+for _, q in ipairs(order) do flush(q) end
 local out = {'ok', 0}
-local lq = ARGV[6 + 5 * m]
+local lq = ARGV[7 + 5 * m]
 if lq and lq ~= '' then
   reclaim(lq)
-  out[2] = NOW + tonumber(ARGV[8 + 5 * m])
-  local missing = lease(lq, tonumber(ARGV[7 + 5 * m]), tonumber(ARGV[8 + 5 * m]), out)
+  out[2] = NOW + tonumber(ARGV[9 + 5 * m])
+  local missing = lease(lq, tonumber(ARGV[8 + 5 * m]), tonumber(ARGV[9 + 5 * m]), out)
   if missing then out[1] = 'missing:' .. missing end
 end
 for _, q in ipairs(order) do wake(q) end
@@ -527,7 +604,7 @@ local rec = false
 if head then rec = redis.call('HGET', qkey(q, 'items'), head) end
 return {
   redis.call('LLEN', qkey(q, 'ready')), redis.call('ZCARD', qkey(q, 'delayed')),
-  redis.call('ZCARD', qkey(q, 'leased')), redis.call('ZCARD', qkey(q, 'held')),
+  redis.call('ZCARD', qkey(q, 'leased')), tonumber(redis.call('HGET', p .. 'held', q) or '0'),
   redis.call('ZCARD', qkey(q, 'deadids')), rec,
   redis.call('HGET', p .. 'policy', q) or DEFAULT_POLICY
 }
@@ -553,8 +630,10 @@ end
 return best
 "#;
 
-/// Takes back what fell due in each queue of `ARGV[4..]`.
+/// Takes back the items of transactions whose hold ended, and what fell due in each queue
+/// of `ARGV[4..]`.
 pub(super) const RECLAIM: &str = r#"
+reclaim_holds()
 for i = 4, #ARGV do reclaim(ARGV[i]) end
 return 1
 "#;
@@ -635,16 +714,93 @@ if not purge and #ids > 0 then wake_every_store(q) end
 return {'ok', #ids}
 "#;
 
-/// A script as sent: the shared part (with the constants this build gives it), then its own.
-pub(super) fn source(own: &str, default_policy: &str, expired: &str) -> String {
-    let mut s = String::with_capacity(COMMON.len() + own.len() + 128);
-    s.push_str(&format!(
+/// The library as loaded: the constants this build gives it, the shared part, then each
+/// function of `functions` (a name and its body) registered as `rq_<digest>_<name>`; and
+/// the digest. The digest is of everything but the names, which it is part of.
+pub(super) fn library(
+    functions: &[(&str, &str)],
+    default_policy: &str,
+    expired: &str,
+) -> (String, String) {
+    let mut shared = format!(
         "local DEFAULT_POLICY = '{default_policy}'\nlocal EXPIRED = '{}'\n\
          local MAX_ATTEMPTS = {}\n",
         expired.replace('\\', "\\\\").replace('\'', "\\'"),
         crate::processing::MAX_ATTEMPTS
-    ));
-    s.push_str(COMMON);
-    s.push_str(own);
-    s
+    );
+    shared.push_str(COMMON);
+    let mut digested = shared.clone();
+    for (name, own) in functions {
+        digested.push_str(&format!("-- {name}\n{own}\n"));
+    }
+    let digest = redis::Script::new(&digested).get_hash()[..16].to_owned();
+    let mut code = format!("#!lua name=rq_{digest}\n{shared}");
+    for (name, own) in functions {
+        code.push_str(&format!(
+            "redis.register_function('rq_{digest}_{name}', function(_, args)\nbegin(args)\n{own}\nend)\n"
+        ));
+    }
+    (code, digest)
+}
+
+/// One function of the library, as the engine calls it.
+pub(super) struct Script {
+    library: Arc<str>,
+    function: String,
+}
+
+/// A call of a [`Script`] being put together: `FCALL <function> 1 <key> <args...>`.
+pub(super) struct Invocation<'a> {
+    script: &'a Script,
+    cmd: redis::Cmd,
+}
+
+impl Script {
+    /// Function `name` of the library whose code is `library` and digest `digest`.
+    pub(super) fn new(library: &Arc<str>, digest: &str, name: &str) -> Script {
+        Script {
+            library: Arc::clone(library),
+            function: format!("rq_{digest}_{name}"),
+        }
+    }
+
+    /// A call with `key` as its one key.
+    pub(super) fn key(&self, key: &str) -> Invocation<'_> {
+        let mut cmd = redis::cmd("FCALL");
+        cmd.arg(&self.function).arg(1).arg(key);
+        Invocation { script: self, cmd }
+    }
+}
+
+impl Invocation<'_> {
+    /// One more argument.
+    pub(super) fn arg<T: redis::ToRedisArgs>(&mut self, arg: T) -> &mut Self {
+        self.cmd.arg(arg);
+        self
+    }
+
+    /// Calls the function; when the server has no such function, loads the library and calls
+    /// again.
+    pub(super) async fn invoke_async<T: redis::FromRedisValue>(
+        &self,
+        conn: &mut redis::aio::ConnectionManager,
+    ) -> redis::RedisResult<T> {
+        match self.cmd.query_async(conn).await {
+            Err(e) if missing_function(&e) => {
+                let () = redis::cmd("FUNCTION")
+                    .arg("LOAD")
+                    .arg("REPLACE")
+                    .arg(&*self.script.library)
+                    .query_async(conn)
+                    .await?;
+                self.cmd.query_async(conn).await
+            }
+            done => done,
+        }
+    }
+}
+
+/// Whether the server answered that the function called is not loaded.
+fn missing_function(e: &redis::RedisError) -> bool {
+    matches!(e.kind(), redis::ErrorKind::Server(_)) && e.to_string().contains("Function not found")
 }
