@@ -25,7 +25,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use base64::Engine as _;
 use reliable_queue::{
-    Error, ImportedItem, ItemState, RawItem, ReliableConcurrentQueue, RetryPolicy, Store,
+    Enqueued, Error, ImportedItem, ItemState, RawItem, ReliableConcurrentQueue, RetryPolicy, Store,
+    Transaction,
 };
 use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
@@ -42,6 +43,20 @@ const BATCH_BYTES: usize = 8 << 20;
 pub(crate) const MARKER_PREFIX: &str = "rq.import.";
 /// Items per browse page.
 const PAGE: usize = 1000;
+/// The deduplication key of every mark of an import into a Redis store (see [`import`]).
+const MARK_KEY: &[u8] = b"rq.import.mark";
+
+/// The engine of the store an import writes to, which decides how its first mark is made
+/// only once (see [`import`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Target {
+    /// An embedded store: open in this process only.
+    Sled,
+    /// PostgreSQL: the first mark is made under an advisory lock.
+    Postgres,
+    /// Redis: every mark is enqueued with the deduplication key [`MARK_KEY`].
+    Redis,
+}
 
 /// One line of an export file.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
@@ -798,16 +813,36 @@ impl<'a> Prefix<'a> {
 /// count a batch starts from is always the one its own transaction holds: a run started
 /// again, or two runs at once (the second finds the mark held and stops), never take a line
 /// twice; and a different file that carries the same source id (edited, or made by hand) is
-/// refused instead of having its first lines skipped. The first mark is made once: on
-/// PostgreSQL under a transaction-level advisory lock on the marker queue's name (two
-/// processes could otherwise both see no mark and make one each); an embedded store is open
-/// in this process only.
+/// refused instead of having its first lines skipped.
+///
+/// That holds while the queue has one mark, so the first mark, made when the queue has
+/// none, is made once even when two processes both count none:
+///
+/// - PostgreSQL: under a transaction-level advisory lock on the marker queue's name, so the
+///   second counts the first's mark, committed by then.
+/// - Redis, which runs no lock or command of ours inside a transaction: every mark, the
+///   first and each batch's, is enqueued with one deduplication key, [`MARK_KEY`]. The
+///   server keeps a key while its item is in the queue, held by a transaction included, and
+///   frees it only when a commit consumes the item; and a commit consumes what it holds
+///   before it writes its enqueues, in one script. So a batch's commit hands the key from the
+///   old mark to the new one at once, the key is taken from the first mark on, and a second
+///   first mark commits as a no-op. (A mark an earlier rq wrote without the key is counted,
+///   so none is made beside it; the first batch replaces it with a keyed one.)
+/// - sled: the store is open in this process only. Keyed marks would be wrong there: an
+///   embedded store keeps the key of an item a transaction holds reserved until that
+///   dequeue commits, so the next mark's keyed enqueue in the same transaction would be a
+///   no-op, and the batch would commit without a mark.
+///
+/// PostgreSQL keeps the lock: keyed marks would hold there too (a dequeue deletes the row
+/// inside its transaction, and another process's keyed insert waits for that transaction),
+/// but the lock needs no key on marks that earlier runs wrote, and costs no such waits.
 pub(crate) fn import(
     store: &Store,
     export: &Export,
     batch: usize,
-    on_postgres: bool,
+    target: Target,
 ) -> Result<Summary, ImportError> {
+    let on_postgres = target == Target::Postgres;
     let marker_name = format!("{MARKER_PREFIX}{}", export.source);
     let mut prefix = Prefix::new(&export.body);
     let failed = |from: Option<usize>, line: Option<usize>| {
@@ -837,7 +872,9 @@ pub(crate) fn import(
                 lines: 0,
                 sha256: prefix.digest(0).unwrap_or_default(),
             };
-            marker.enqueue(&mut tx, empty).map_err(failed(None, None))?;
+            // On Redis a key taken already (by another run's first mark, committed or not)
+            // makes this a no-op: at the latest at the commit.
+            put_mark(&marker, &mut tx, empty, target).map_err(failed(None, None))?;
             tx.blocking_commit().map_err(failed(None, None))?;
         } else {
             tx.blocking_abort().map_err(failed(None, None))?;
@@ -925,14 +962,36 @@ pub(crate) fn import(
             lines: at as u64,
             sha256: prefix.digest(at).unwrap_or_default(),
         };
-        marker
-            .enqueue(&mut tx, next)
-            .map_err(failed(Some(from), None))?;
+        let put = put_mark(&marker, &mut tx, next, target).map_err(failed(Some(from), None))?;
+        if !put {
+            // The key is reserved by another open transaction of this process: never in rq,
+            // which opens one at a time. Committed, this batch would leave no mark.
+            let _ = tx.blocking_abort();
+            return Err(ImportError::Busy {
+                marker: marker_name,
+            });
+        }
         tx.blocking_commit().map_err(failed(Some(from), None))?;
         bar.set_position(at as u64);
     }
     bar.finish_and_clear();
     Ok(summary)
+}
+
+/// Buffers `mark` in `tx`: on Redis with the key [`MARK_KEY`] (see [`import`]). False when
+/// nothing was buffered because another open transaction of this process reserved the key.
+fn put_mark(
+    marker: &ReliableConcurrentQueue<Mark>,
+    tx: &mut Transaction,
+    mark: Mark,
+    target: Target,
+) -> Result<bool, Error> {
+    if target != Target::Redis {
+        marker.enqueue(tx, mark)?;
+        return Ok(true);
+    }
+    let put = marker.enqueue_unique(tx, mark, MARK_KEY, Duration::ZERO)?;
+    Ok(put == Enqueued::Enqueued)
 }
 
 /// Takes the mark of `marker` into a new transaction and checks it against the file:
@@ -944,7 +1003,7 @@ fn take_mark(
     marker_name: &str,
     export: &Export,
     prefix: &mut Prefix<'_>,
-) -> Result<(usize, reliable_queue::Transaction), ImportError> {
+) -> Result<(usize, Transaction), ImportError> {
     let mut tx = store.begin();
     let mark = match marker.blocking_try_dequeue(&mut tx) {
         Ok(Some(mark)) => mark,

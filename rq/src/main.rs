@@ -475,7 +475,15 @@ fn run(cli: &Cli) -> Res<ExitCode> {
             let on_postgres = cli.postgres.is_some();
             let export = export::read(file, on_postgres)?;
             let store = open(cli, true)?;
-            let summary = export::import(&store, &export, *batch as usize, on_postgres)?;
+            // As `open` chooses the store.
+            let target = if cli.redis.is_some() {
+                export::Target::Redis
+            } else if on_postgres {
+                export::Target::Postgres
+            } else {
+                export::Target::Sled
+            };
+            let summary = export::import(&store, &export, *batch as usize, target)?;
             close(store)?;
             summary.print(*json, "imported", file);
         }

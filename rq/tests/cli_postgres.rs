@@ -8,11 +8,13 @@ mod common;
 #[path = "../../tests/pg/mod.rs"]
 mod pg;
 
-use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use common::{contents, export_lines, fails, fill, json, ok, rq, stderr, write_lines};
+use common::{
+    bulk_export, contents, export_lines, fails, fill, json, ok, rq, rq_command, rq_within, s,
+    stderr, with, write_lines,
+};
 use pg::{block_on, connect, PgServer};
 use reliable_queue::Store;
 
@@ -23,15 +25,6 @@ fn store(server: &PgServer, schema: &str) -> Store {
 
 fn pg_args<'a>(server: &'a PgServer, schema: &'a str) -> Vec<&'a str> {
     vec!["--postgres", server.url(), "--schema", schema]
-}
-
-fn with<'a>(mut base: Vec<&'a str>, more: &[&'a str]) -> Vec<&'a str> {
-    base.extend_from_slice(more);
-    base
-}
-
-fn s(path: &Path) -> &str {
-    path.to_str().unwrap()
 }
 
 /// stats, browse and dead letters on a store another process (this one) has open and uses.
@@ -117,24 +110,6 @@ fn an_export_from_sled_imported_into_postgres_and_back_is_the_same(server: &PgSe
     back.blocking_close().unwrap();
 }
 
-/// An export of queue `bulk` holding the `u64`s `0..n`, made from a sled store in `dir`.
-fn bulk_export(dir: &Path, n: u64) -> std::path::PathBuf {
-    let sled_path = dir.join("big");
-    let sled = Store::open(&sled_path).unwrap();
-    let q = sled.blocking_queue::<u64>("bulk").unwrap();
-    for chunk in (0..n).collect::<Vec<_>>().chunks(1000) {
-        let mut tx = sled.begin();
-        for i in chunk {
-            q.enqueue(&mut tx, *i).unwrap();
-        }
-        tx.blocking_commit().unwrap();
-    }
-    sled.blocking_close().unwrap();
-    let file = dir.join("bulk.jsonl");
-    ok(&["--store", s(&sled_path), "export", s(&file)]);
-    file
-}
-
 /// The items of queue `bulk` in `schema`, sorted.
 fn bulk_items(server: &PgServer, schema: &str) -> Vec<u64> {
     let on_pg = store(server, schema);
@@ -159,16 +134,17 @@ fn two_imports_of_one_export_at_once_take_every_item_once(server: &PgServer) {
     let file = bulk_export(dir.path(), n);
     let schema = "cli_concurrent";
     let spawn = || {
-        Command::new(env!("CARGO_BIN_EXE_rq"))
-            .args(with(
+        rq_command(
+            &with(
                 pg_args(server, schema),
                 &["import", s(&file), "--batch", "20"],
-            ))
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap()
+            ),
+            &[],
+        )
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
     };
     let (a, b) = (spawn(), spawn());
     let outs = [a.wait_with_output().unwrap(), b.wait_with_output().unwrap()];
@@ -204,9 +180,7 @@ fn an_import_killed_half_way_and_run_again_takes_every_item_once(server: &PgServ
     let file = bulk_export(dir.path(), n);
 
     let schema = "cli_resume";
-    let mut child = Command::new(env!("CARGO_BIN_EXE_rq"))
-        .args(with(pg_args(server, schema), &["import", s(&file)]))
-        .stdin(Stdio::null())
+    let mut child = rq_command(&with(pg_args(server, schema), &["import", s(&file)]), &[])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -357,25 +331,8 @@ fn a_port_that_never_answers_is_an_error_naming_the_host(_: &PgServer) {
         drop(held);
     });
     let url = format!("postgresql://u:p@127.0.0.1:{port}/app?connect_timeout=1");
-    let child = Command::new(env!("CARGO_BIN_EXE_rq"))
-        .args(["--postgres", &url, "stats"])
-        .env_remove("RQ_STORE")
-        .env_remove("RQ_POSTGRES_URL")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let pid = child.id().to_string();
-    let (done, finished) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = done.send(child.wait_with_output());
-    });
     // Bounded: a hang is a failure, not a stuck test.
-    let Ok(out) = finished.recv_timeout(Duration::from_secs(60)) else {
-        let _ = Command::new("kill").args(["-9", &pid]).status();
-        panic!("rq still waits for a silent port after 60 s");
-    };
-    let out = out.unwrap();
+    let out = rq_within(&["--postgres", &url, "stats"], Duration::from_secs(60));
     assert!(!out.status.success());
     let message = String::from_utf8_lossy(&out.stderr);
     assert!(

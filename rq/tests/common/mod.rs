@@ -13,6 +13,22 @@ use reliable_queue::{ItemState, RawItem, RetryPolicy, Store};
 mod raw_sled;
 pub use raw_sled::open_raw_sled;
 
+/// `rq` with `args` and these environment variables set, stdin closed (no terminal), to run
+/// or spawn. The store variables of the caller's environment are not passed on.
+pub fn rq_command(args: &[&str], vars: &[(&str, &str)]) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_rq"));
+    command
+        .args(args)
+        .env_remove("RQ_STORE")
+        .env_remove("RQ_POSTGRES_URL")
+        .env_remove("RQ_REDIS_URL")
+        .env_remove("RQ_URL")
+        .env_remove("RQ_ADMIN_TOKEN")
+        .envs(vars.iter().copied())
+        .stdin(Stdio::null());
+    command
+}
+
 /// Runs `rq` with `args`, stdin closed (no terminal), and returns its output. The store
 /// variables of the caller's environment are not passed on.
 pub fn rq(args: &[&str]) -> Output {
@@ -21,16 +37,38 @@ pub fn rq(args: &[&str]) -> Output {
 
 /// [`rq`] with these environment variables set.
 pub fn rq_with(args: &[&str], vars: &[(&str, &str)]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_rq"))
-        .args(args)
-        .env_remove("RQ_STORE")
-        .env_remove("RQ_POSTGRES_URL")
-        .env_remove("RQ_URL")
-        .env_remove("RQ_ADMIN_TOKEN")
-        .envs(vars.iter().copied())
-        .stdin(Stdio::null())
-        .output()
-        .expect("run rq")
+    rq_command(args, vars).output().expect("run rq")
+}
+
+/// [`rq`], given at most `limit`: one still running then is killed (SIGKILL) and the test
+/// fails, so that a hang fails clearly instead of stalling the test.
+pub fn rq_within(args: &[&str], limit: Duration) -> Output {
+    let child = rq_command(args, &[])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run rq");
+    let pid = child.id().to_string();
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = done.send(child.wait_with_output());
+    });
+    let Ok(out) = finished.recv_timeout(limit) else {
+        let _ = Command::new("kill").args(["-9", &pid]).status();
+        panic!("rq {args:?} still runs after {limit:?}");
+    };
+    out.expect("run rq")
+}
+
+/// `base` (a store's options) followed by `more` (a command and its arguments).
+pub fn with<'a>(mut base: Vec<&'a str>, more: &[&'a str]) -> Vec<&'a str> {
+    base.extend_from_slice(more);
+    base
+}
+
+/// A path as an argument.
+pub fn s(path: &Path) -> &str {
+    path.to_str().unwrap()
 }
 
 pub fn stdout(out: &Output) -> String {
@@ -41,7 +79,6 @@ pub fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
-/// Runs `rq` and expects success; returns its stdout.
 /// Runs `rq` with `args`, checks that it failed (with exit code `code` when given) and that
 /// its standard error says `says`; returns its output.
 pub fn fails(args: &[&str], code: Option<i32>, says: &str) -> Output {
@@ -58,6 +95,7 @@ pub fn fails(args: &[&str], code: Option<i32>, says: &str) -> Output {
     out
 }
 
+/// Runs `rq` and expects success; returns its stdout.
 pub fn ok(args: &[&str]) -> String {
     let out = rq(args);
     assert!(
@@ -139,7 +177,8 @@ pub struct Seen {
     pub reason: Option<String>,
 }
 
-fn ms(t: SystemTime) -> u64 {
+/// `t` in ms since the epoch, as exports and `--json` rows give times.
+pub fn ms(t: SystemTime) -> u64 {
     u64::try_from(t.duration_since(UNIX_EPOCH).unwrap().as_millis()).unwrap()
 }
 
@@ -182,6 +221,24 @@ pub fn contents(store: &Store) -> Vec<Seen> {
     }
     all.sort();
     all
+}
+
+/// An export of queue `bulk` holding the `u64`s `0..n`, made from a sled store in `dir`.
+pub fn bulk_export(dir: &Path, n: u64) -> std::path::PathBuf {
+    let sled_path = dir.join("big");
+    let sled = Store::open(&sled_path).unwrap();
+    let q = sled.blocking_queue::<u64>("bulk").unwrap();
+    for chunk in (0..n).collect::<Vec<_>>().chunks(1000) {
+        let mut tx = sled.begin();
+        for i in chunk {
+            q.enqueue(&mut tx, *i).unwrap();
+        }
+        tx.blocking_commit().unwrap();
+    }
+    sled.blocking_close().unwrap();
+    let file = dir.join("bulk.jsonl");
+    ok(&["--store", s(&sled_path), "export", s(&file)]);
+    file
 }
 
 /// The lines of an export file as JSON values.

@@ -1,0 +1,565 @@
+//! `rq` on Redis stores, against a real server (the root crate's harness,
+//! `tests/redis/mod.rs`: its own private `redis-server`, or `RQ_TEST_REDIS_URL`; without Redis
+//! every test is reported ignored under a banner, and with `RQ_TEST_REQUIRE_REDIS=1` that is a
+//! failure): commands on a live store that this process keeps open, one store moved by
+//! export and import through every engine (sled, Redis, PostgreSQL where `tests/pg/mod.rs`
+//! finds one) and compared line by line at every step, two imports of one export at once,
+//! and a server nobody listens on.
+
+mod common;
+#[path = "../../tests/pg/mod.rs"]
+mod pg;
+#[path = "../../tests/redis/mod.rs"]
+mod redis;
+
+use std::path::Path;
+use std::process::{ExitCode, Stdio};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use common::{
+    bulk_export, export_lines, fill, json, ms, ok, rq, rq_command, rq_with, rq_within, s, stderr,
+    stdout, with,
+};
+use libtest_mimic::{Arguments, Failed, Trial};
+use pg::{block_on, connect, PgServer};
+use redis::{RedisServer, Reply};
+use reliable_queue::{RawItem, RetryPolicy, Store};
+
+/// `name` as a namespace of its own on `server`: on a server of the caller's
+/// (`RQ_TEST_REDIS_URL`), the keys an earlier run left there are deleted first.
+fn namespace(server: &RedisServer, name: &str) -> String {
+    if !server.started_here() {
+        let pattern = format!("rq:{{{name}}}:*");
+        if let Reply::Array(keys) = server.command(&[b"KEYS", pattern.as_bytes()]) {
+            for key in keys {
+                if let Reply::Bulk(Some(key)) = key {
+                    server.command(&[b"DEL", &key]);
+                }
+            }
+        }
+    }
+    name.to_owned()
+}
+
+/// The store in `namespace` on `server`.
+fn store(server: &RedisServer, namespace: &str) -> Store {
+    Store::builder()
+        .url(server.url())
+        .namespace(namespace)
+        .open()
+        .unwrap()
+}
+
+fn redis_args<'a>(server: &'a RedisServer, namespace: &'a str) -> Vec<&'a str> {
+    vec!["--redis", server.url(), "--schema", namespace]
+}
+
+/// The texts of a listing's rows (`browse`, `dead-letters list`), `null` for a payload that
+/// is not text.
+fn texts(rows: &serde_json::Value) -> Vec<&serde_json::Value> {
+    rows.as_array()
+        .unwrap()
+        .iter()
+        .map(|r| &r["text"])
+        .collect()
+}
+
+/// A `stats --json` row's figures: the queue and its ready, delayed, leased, held and dead
+/// items (the front's age moves between two looks).
+fn figures(rows: &serde_json::Value) -> Vec<(String, [u64; 5])> {
+    rows.as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            let n = |k: &str| r[k].as_u64().unwrap();
+            (
+                r["queue"].as_str().unwrap().to_owned(),
+                [n("ready"), n("delayed"), n("leased"), n("held"), n("dead")],
+            )
+        })
+        .collect()
+}
+
+/// stats, browse and dead letters (list, replay, purge) on a store another process (this
+/// one) has open and uses, with a lease running.
+fn commands_work_beside_a_live_store(server: &RedisServer) {
+    let ns = namespace(server, "cli_live");
+    let live = store(server, &ns);
+    fill(&live);
+    // A lease held by the live store while rq looks.
+    let jobs = live.blocking_queue::<String>("jobs").unwrap();
+    let lease = jobs.blocking_lease(Duration::from_secs(600)).unwrap();
+    assert_eq!((lease.item().as_str(), lease.attempt()), ("first", 3));
+    let base = redis_args(server, &ns);
+
+    let stats = json(&with(base.clone(), &["stats", "--json"]));
+    assert_eq!(
+        figures(&stats),
+        [
+            ("jobs".to_owned(), [2, 1, 1, 0, 2]),
+            ("numbers".to_owned(), [5, 0, 0, 0, 0]),
+        ]
+    );
+    // The URL from the environment instead of the command line: the same store.
+    let from_env = rq_with(
+        &["--schema", &ns, "stats", "--json"],
+        &[("RQ_REDIS_URL", server.url())],
+    );
+    assert!(from_env.status.success(), "{}", stderr(&from_env));
+    let from_env: serde_json::Value = serde_json::from_str(&stdout(&from_env)).unwrap();
+    assert_eq!(figures(&from_env), figures(&stats));
+
+    let leased = json(&with(
+        base.clone(),
+        &["browse", "jobs", "--state", "leased", "--json"],
+    ));
+    assert_eq!(leased.as_array().unwrap().len(), 1, "{leased}");
+    assert_eq!(leased[0]["text"], lease.item().as_str());
+    assert_eq!(leased[0]["attempts"], 3);
+    assert_eq!(leased[0]["until_ms"], ms(lease.deadline()));
+    let ready = json(&with(
+        base.clone(),
+        &["browse", "jobs", "--state", "ready", "--json"],
+    ));
+    assert_eq!(texts(&ready), ["second", "third"]);
+    let delayed = json(&with(
+        base.clone(),
+        &["browse", "jobs", "--state", "delayed", "--json"],
+    ));
+    assert_eq!(texts(&delayed), ["later"]);
+    let all = json(&with(base.clone(), &["browse", "jobs", "--json"]));
+    assert_eq!(all.as_array().unwrap().len(), 4, "{all}");
+
+    // The oldest first: the byte item (not text), then "poison".
+    let dead = json(&with(
+        base.clone(),
+        &["dead-letters", "list", "jobs", "--json"],
+    ));
+    assert_eq!(texts(&dead), [&serde_json::Value::Null, &"poison".into()]);
+    assert_eq!(
+        (&dead[0]["reason"], &dead[1]["reason"]),
+        (&"bad bytes".into(), &"cannot parse".into())
+    );
+    assert_eq!(
+        (&dead[0]["attempts"], &dead[1]["attempts"]),
+        (&1.into(), &1.into())
+    );
+    let poison = dead[1]["id"].as_u64().unwrap().to_string();
+    let replayed = ok(&with(
+        base.clone(),
+        &["dead-letters", "replay", "jobs", "--ids", &poison, "--yes"],
+    ));
+    assert!(replayed.contains("replayed 1 dead letter"), "{replayed}");
+    let stats = jobs.blocking_stats().unwrap();
+    assert_eq!(
+        (stats.visible, stats.leased, stats.dead),
+        (3, 1, 1),
+        "the live store sees the replay"
+    );
+    let ready = json(&with(
+        base.clone(),
+        &["browse", "jobs", "--state", "ready", "--json"],
+    ));
+    assert_eq!(texts(&ready), ["second", "third", "poison"], "at the tail");
+    let purged = ok(&with(
+        base.clone(),
+        &["dead-letters", "purge", "jobs", "--all", "--yes"],
+    ));
+    assert!(purged.contains("purged 1 dead letter"), "{purged}");
+    assert_eq!(
+        jobs.blocking_stats().unwrap().dead,
+        0,
+        "the live store sees the purge"
+    );
+    let dead = json(&with(
+        base.clone(),
+        &["dead-letters", "list", "jobs", "--json"],
+    ));
+    assert_eq!(dead, serde_json::json!([]));
+
+    let verify = rq(&with(base, &["verify"]));
+    assert!(!verify.status.success());
+    assert!(
+        stderr(&verify).contains("sled store"),
+        "{}",
+        stderr(&verify)
+    );
+    // The lease rq looked at is still the live store's to settle.
+    lease.blocking_complete().unwrap();
+    let stats = jobs.blocking_stats().unwrap();
+    assert_eq!((stats.visible, stats.leased), (3, 0));
+    live.blocking_close().unwrap();
+}
+
+/// A sled store with [`fill`]'s contents and more: 1,200 byte items holding NULs (more than
+/// an export's page and an import's batch), and a queue with a policy of its own holding an
+/// item waiting out a retry's backoff, two delayed items and a dead letter with three
+/// attempts and a reason that is not ASCII.
+fn sled_store_to_move(path: &Path) {
+    let sled = Store::open(path).unwrap();
+    fill(&sled);
+    let bulk = sled.blocking_queue::<Vec<u8>>("bulk").unwrap();
+    let mut tx = sled.begin();
+    for i in 0..1_200u32 {
+        let mut bytes = i.to_be_bytes().to_vec();
+        bytes.push(0);
+        bulk.enqueue(&mut tx, bytes).unwrap();
+    }
+    tx.blocking_commit().unwrap();
+    let retried = sled.blocking_queue::<String>("retried").unwrap();
+    retried
+        .blocking_set_retry_policy(
+            RetryPolicy::default()
+                .max_attempts(3)
+                .initial_backoff(Duration::from_secs(3600))
+                .jitter(0.0),
+        )
+        .unwrap();
+    let mut tx = sled.begin();
+    retried.enqueue(&mut tx, "flaky".to_owned()).unwrap();
+    retried.enqueue(&mut tx, "steady".to_owned()).unwrap();
+    retried
+        .enqueue_after(&mut tx, "soon".to_owned(), Duration::from_secs(600))
+        .unwrap();
+    retried
+        .enqueue_after(&mut tx, "tomorrow".to_owned(), Duration::from_secs(86_400))
+        .unwrap();
+    tx.blocking_commit().unwrap();
+    for attempt in 1..=2 {
+        let lease = retried.blocking_lease(Duration::from_secs(60)).unwrap();
+        assert_eq!((lease.item().as_str(), lease.attempt()), ("flaky", attempt));
+        lease.blocking_release(Duration::ZERO).unwrap();
+    }
+    let lease = retried.blocking_lease(Duration::from_secs(60)).unwrap();
+    assert_eq!((lease.item().as_str(), lease.attempt()), ("flaky", 3));
+    assert_eq!(
+        lease.blocking_fail("gave up: échec ✗").unwrap(),
+        reliable_queue::Failed::Dead
+    );
+    let lease = retried.blocking_lease(Duration::from_secs(60)).unwrap();
+    assert_eq!(lease.item(), "steady");
+    assert!(matches!(
+        lease.blocking_fail("try again in an hour").unwrap(),
+        reliable_queue::Failed::Retry { .. }
+    ));
+    sled.blocking_close().unwrap();
+}
+
+/// What an export says of its store: the engine its header names, and its lines but the
+/// header, with the end line's counts but not its source id (each export draws a fresh one).
+fn rows(file: &Path) -> (String, Vec<serde_json::Value>) {
+    let mut lines = export_lines(file);
+    let header = lines.remove(0);
+    assert_eq!(header["kind"], "header", "{header}");
+    assert_eq!(header["format"], "reliable-queue-export", "{header}");
+    let end = lines.last_mut().unwrap();
+    assert_eq!(end["kind"], "end", "{end}");
+    assert_eq!(end["source"], header["source"]);
+    end.as_object_mut().unwrap().remove("source");
+    (header["engine"].as_str().unwrap().to_owned(), lines)
+}
+
+/// Imports `from` into the store `target` names (a new one), exports that store to `to`,
+/// and checks that the export is `engine`'s and has `expected`'s rows, line for line.
+fn hop(target: Vec<&str>, from: &Path, to: &Path, engine: &str, expected: &[serde_json::Value]) {
+    let summary = json(&with(target.clone(), &["import", s(from), "--json"]));
+    let end = expected.last().unwrap();
+    assert_eq!(
+        (
+            &summary["queues"],
+            &summary["items"],
+            &summary["dead"],
+            &summary["skipped"]
+        ),
+        (&end["queues"], &end["items"], &end["dead"], &0.into()),
+        "import into {engine}"
+    );
+    ok(&with(target, &["export", s(to)]));
+    let (made_by, lines) = rows(to);
+    assert_eq!(made_by, engine);
+    assert_eq!(lines.len(), expected.len(), "-> {engine}");
+    for (n, (got, want)) in lines.iter().zip(expected).enumerate() {
+        // Line 1 is the header.
+        assert_eq!(got, want, "-> {engine}: line {}", n + 2);
+    }
+}
+
+/// One store moved through every engine by `rq export` and `rq import`: sled -> Redis ->
+/// PostgreSQL -> a new sled store, each export the same rows as the first (queues and their
+/// policies, items with their states, attempts, due and enqueue times, dead letters with
+/// their reasons and attempt times, in order). Without PostgreSQL that step is skipped with
+/// a banner, and the store goes from Redis straight to the new sled store.
+fn one_store_moved_through_every_engine_is_the_same_at_every_step(server: &RedisServer) {
+    let dir = tempfile::tempdir().unwrap();
+    let sled_path = dir.path().join("sled");
+    sled_store_to_move(&sled_path);
+    let first = dir.path().join("from-sled.jsonl");
+    ok(&["--store", s(&sled_path), "export", s(&first)]);
+    let (engine, expected) = rows(&first);
+    assert_eq!(engine, "sled");
+    let end = expected.last().unwrap();
+    assert_eq!(
+        (&end["queues"], &end["items"], &end["dead"]),
+        (&4.into(), &1_212.into(), &3.into()),
+        "the store to move"
+    );
+
+    let ns = namespace(server, "cli_hop");
+    let from_redis = dir.path().join("from-redis.jsonl");
+    hop(
+        redis_args(server, &ns),
+        &first,
+        &from_redis,
+        "redis",
+        &expected,
+    );
+
+    let last = match PgServer::start() {
+        Ok(pg) => {
+            let schema = "cli_redis_hop";
+            if !pg.started_here() {
+                block_on(async {
+                    connect(pg.url())
+                        .await
+                        .batch_execute(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"))
+                        .await
+                        .unwrap();
+                });
+            }
+            let from_pg = dir.path().join("from-postgres.jsonl");
+            hop(
+                vec!["--postgres", pg.url(), "--schema", schema],
+                &from_redis,
+                &from_pg,
+                "postgres",
+                &expected,
+            );
+            from_pg
+        }
+        Err(skip) => {
+            eprintln!("\n==> the PostgreSQL step SKIPPED (sled -> Redis -> sled only): {skip}\n");
+            from_redis
+        }
+    };
+
+    let back = dir.path().join("back");
+    hop(
+        vec!["--store", s(&back)],
+        &last,
+        &dir.path().join("back.jsonl"),
+        "sled",
+        &expected,
+    );
+}
+
+/// Two runs of one import started at once against one new store, for several rounds: each
+/// round the store ends with every item exactly once and one import record, and each run
+/// either finished or stopped because the other held the record. Both runs may count no
+/// record and make a first one each; every record has one deduplication key on Redis, so
+/// the second is a no-op (see `import` in `rq/src/export.rs`).
+fn two_imports_of_one_export_at_once_take_every_item_once(server: &RedisServer) {
+    let dir = tempfile::tempdir().unwrap();
+    let n = 3_000u64;
+    let file = bulk_export(dir.path(), n);
+    let source = export_lines(&file)[0]["source"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let marker = format!("rq.import.{source}");
+    for round in 0..5 {
+        let ns = namespace(server, &format!("cli_concurrent_{round}"));
+        let spawn = || {
+            rq_command(
+                &with(
+                    redis_args(server, &ns),
+                    &["import", s(&file), "--batch", "20"],
+                ),
+                &[],
+            )
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+        };
+        let (a, b) = (spawn(), spawn());
+        let outs = [a.wait_with_output().unwrap(), b.wait_with_output().unwrap()];
+        assert!(
+            outs.iter().any(|o| o.status.success()),
+            "round {round}: neither import finished: {:?}",
+            outs.iter().map(stderr).collect::<Vec<_>>()
+        );
+        for out in outs.iter().filter(|o| !o.status.success()) {
+            assert!(
+                stderr(out).contains("another import of this export is running"),
+                "round {round}: {}",
+                stderr(out)
+            );
+        }
+
+        let on_redis = store(server, &ns);
+        let bulk = on_redis.blocking_queue::<u64>("bulk").unwrap();
+        let browsed = bulk.blocking_browse(None, 100_000).unwrap();
+        assert_eq!(browsed.len() as u64, n, "round {round}: items in the store");
+        let mut seen: Vec<u64> = browsed.into_iter().map(|b| b.item).collect();
+        seen.sort_unstable();
+        assert_eq!(
+            seen,
+            (0..n).collect::<Vec<_>>(),
+            "round {round}: every item exactly once"
+        );
+        let marks = on_redis.blocking_queue::<RawItem>(&marker).unwrap();
+        let stats = marks.blocking_stats().unwrap();
+        assert_eq!(
+            (
+                stats.visible,
+                stats.delayed,
+                stats.leased,
+                stats.held,
+                stats.dead
+            ),
+            (1, 0, 0, 0, 0),
+            "round {round}: one import record"
+        );
+        on_redis.blocking_close().unwrap();
+
+        // The record says the import finished: one more run takes nothing.
+        let again = json(&with(
+            redis_args(server, &ns),
+            &["import", s(&file), "--json"],
+        ));
+        assert_eq!(
+            (&again["items"], &again["skipped"]),
+            (&0.into(), &(n + 1).into()),
+            "round {round}"
+        );
+    }
+}
+
+/// Reading commands on a Redis URL nobody listens on (a Unix socket that is not there, a
+/// TCP port nobody holds): an error naming the failed connect, exit code 1, no panic, and
+/// no file written by the export.
+fn a_server_nobody_listens_on_is_a_connect_error(_: &RedisServer) {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = format!("redis+unix://{}", dir.path().join("nobody.sock").display());
+    // Bound and let go: nobody listens there.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let tcp = format!("redis://127.0.0.1:{port}/0");
+    let export = dir.path().join("out.jsonl");
+    // What the connect met, as the operating system says it.
+    for (url, cause) in [
+        (&socket, "No such file or directory"),
+        (&tcp, "Connection refused"),
+    ] {
+        for command in [
+            &["stats"][..],
+            &["browse", "jobs", "--state", "ready"],
+            &["dead-letters", "list", "jobs"],
+            &["export", s(&export)],
+        ] {
+            let args = with(vec!["--redis", url], command);
+            // Bounded: a hang is a failure, not a stuck test.
+            let out = rq_within(&args, Duration::from_secs(60));
+            let err = stderr(&out);
+            assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+            assert!(
+                err.starts_with("rq: Redis failed during connect: ")
+                    && err.contains(cause)
+                    && !err.contains("panicked"),
+                "{args:?}: {err}"
+            );
+            assert_eq!(stdout(&out), "", "{args:?}");
+        }
+    }
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        0,
+        "the export wrote a file"
+    );
+}
+
+type TestFn = fn(&RedisServer);
+
+/// Runs `tests` as a libtest-style suite against one [`RedisServer`] (the harness's own, or
+/// `RQ_TEST_REDIS_URL`'s) and returns the exit code for `main`, as `pg::run_suite` does for
+/// PostgreSQL: the usual test arguments; the server started once, only when some test is
+/// going to run, and shared by the tests; without one, every test is reported ignored and a
+/// banner on stderr says why (`RQ_TEST_REQUIRE_REDIS=1` makes that a failure instead).
+fn run_suite(tests: Vec<(&'static str, TestFn)>) -> ExitCode {
+    let mut args = Arguments::from_args();
+    // Filled in before the trials run; the trials only read it.
+    let server: Arc<OnceLock<RedisServer>> = Arc::new(OnceLock::new());
+    let mut trials: Vec<Trial> = tests
+        .into_iter()
+        .map(|(name, test)| {
+            let server = Arc::clone(&server);
+            Trial::test(name, move || {
+                let server = server
+                    .get()
+                    .ok_or_else(|| Failed::from("no Redis server was started"))?;
+                test(server);
+                Ok(())
+            })
+        })
+        .collect();
+    let will_run = trials
+        .iter()
+        .any(|t| !args.is_filtered_out(t) && !args.is_ignored(t));
+    let mut skipped = None;
+    if !args.list && will_run {
+        match RedisServer::start() {
+            Ok(started) => {
+                if server.set(started).is_err() {
+                    unreachable!("the server is set once");
+                }
+            }
+            Err(why) => {
+                eprintln!("\n==> Redis tests SKIPPED: {why}\n");
+                trials = trials
+                    .into_iter()
+                    .map(|t| t.with_ignored_flag(true))
+                    .collect();
+                // Without a server even `--ignored`/`--include-ignored` cannot run them.
+                args.ignored = false;
+                args.include_ignored = false;
+                skipped = Some(why);
+            }
+        }
+    }
+    let conclusion = libtest_mimic::run(&args, trials);
+    if let Some(why) = skipped {
+        // Again after the summary, where it is seen.
+        eprintln!("==> Redis tests SKIPPED: {why}\n");
+    }
+    // The trials, and their references to the server, are gone: this stops it.
+    match Arc::into_inner(server) {
+        Some(server) => drop(server),
+        None => eprintln!("==> the test Redis server is still referenced: not stopped"),
+    }
+    conclusion.exit_code()
+}
+
+fn main() -> ExitCode {
+    run_suite(vec![
+        (
+            "a_server_nobody_listens_on_is_a_connect_error",
+            a_server_nobody_listens_on_is_a_connect_error,
+        ),
+        (
+            "commands_work_beside_a_live_store",
+            commands_work_beside_a_live_store,
+        ),
+        (
+            "one_store_moved_through_every_engine_is_the_same_at_every_step",
+            one_store_moved_through_every_engine_is_the_same_at_every_step,
+        ),
+        (
+            "two_imports_of_one_export_at_once_take_every_item_once",
+            two_imports_of_one_export_at_once_take_every_item_once,
+        ),
+    ])
+}
