@@ -285,6 +285,20 @@ async fn baseline_batches(url: &str, txs: u64) -> Duration {
     start.elapsed()
 }
 
+/// CPU seconds the Redis server has used (`INFO cpu`: its threads, user and system).
+fn server_cpu(server: &redis_server::RedisServer) -> f64 {
+    let redis_server::Reply::Bulk(Some(info)) = server.command(&[b"INFO", b"cpu"]) else {
+        return 0.0;
+    };
+    String::from_utf8_lossy(&info)
+        .lines()
+        .filter_map(|l| {
+            let (k, v) = l.trim().split_once(':')?;
+            matches!(k, "used_cpu_sys" | "used_cpu_user").then(|| v.parse::<f64>().ok())?
+        })
+        .sum()
+}
+
 fn median(mut xs: Vec<f64>) -> f64 {
     xs.sort_by(f64::total_cmp);
     xs[xs.len() / 2]
@@ -333,20 +347,35 @@ fn main() {
         std::thread::available_parallelism().map_or(0, |n| n.get())
     );
     println!(
-        "\n| workload | reliable-queue on Redis | redis-rs by hand | ratio | PostgreSQL | sled |"
+        "\n| workload | reliable-queue on Redis | redis-rs by hand | ratio | Redis CPU per move or item (engine / by hand) | PostgreSQL | sled |"
     );
-    println!("| --- | --- | --- | --- | --- | --- |");
+    println!("| --- | --- | --- | --- | --- | --- | --- |");
+    // Redis's CPU time over a run, per unit of work, in µs.
+    let cpu_per = |units: f64, run: &mut dyn FnMut() -> Duration| {
+        let before = server_cpu(&server);
+        let d = run();
+        (d, (server_cpu(&server) - before) * 1e6 / units)
+    };
     for clients in [1usize, 16, 64] {
         let moves = if quick { 2_000 } else { 20_000 };
         let (mut engine, mut hand, mut sled, mut post) = (vec![], vec![], vec![], vec![]);
+        let (mut engine_cpu, mut hand_cpu) = (vec![], vec![]);
         for _ in 0..rounds {
             let per_s = |d: Duration| moves as f64 / d.as_secs_f64();
-            engine.push(per_s(rt.block_on(engine_moves(
-                redis_store(namespace("engine")),
-                clients,
-                moves,
-            ))));
-            hand.push(per_s(rt.block_on(baseline_moves(&url, clients, moves))));
+            let (d, cpu) = cpu_per(moves as f64, &mut || {
+                rt.block_on(engine_moves(
+                    redis_store(namespace("engine")),
+                    clients,
+                    moves,
+                ))
+            });
+            engine.push(per_s(d));
+            engine_cpu.push(cpu);
+            let (d, cpu) = cpu_per(moves as f64, &mut || {
+                rt.block_on(baseline_moves(&url, clients, moves))
+            });
+            hand.push(per_s(d));
+            hand_cpu.push(cpu);
             sled.push(per_s(rt.block_on(engine_moves(
                 sled_store(),
                 clients,
@@ -364,19 +393,27 @@ fn main() {
             format!("{:.0}", median(post))
         };
         println!(
-            "| move, {clients} client(s) (moves/s) | {e:.0} | {h:.0} | {:.2}x | {pg_text} | {:.0} |",
+            "| move, {clients} client(s) (moves/s) | {e:.0} | {h:.0} | {:.2}x | {:.1} / {:.1} µs | {pg_text} | {:.0} |",
             e / h,
+            median(engine_cpu),
+            median(hand_cpu),
             median(sled)
         );
     }
     let txs = if quick { 200 } else { 2_000 };
     let (mut engine, mut hand, mut sled, mut post) = (vec![], vec![], vec![], vec![]);
+    let (mut engine_cpu, mut hand_cpu) = (vec![], vec![]);
+    let items = (txs * BATCH as u64) as f64;
     for _ in 0..rounds {
-        let per_s = |d: Duration| (txs * BATCH as u64) as f64 / d.as_secs_f64();
-        engine.push(per_s(
-            rt.block_on(engine_batches(redis_store(namespace("engine")), txs)),
-        ));
-        hand.push(per_s(rt.block_on(baseline_batches(&url, txs))));
+        let per_s = |d: Duration| items / d.as_secs_f64();
+        let (d, cpu) = cpu_per(items, &mut || {
+            rt.block_on(engine_batches(redis_store(namespace("engine")), txs))
+        });
+        engine.push(per_s(d));
+        engine_cpu.push(cpu);
+        let (d, cpu) = cpu_per(items, &mut || rt.block_on(baseline_batches(&url, txs)));
+        hand.push(per_s(d));
+        hand_cpu.push(cpu);
         sled.push(per_s(rt.block_on(engine_batches(sled_store(), txs))));
         #[cfg(feature = "postgres")]
         if let Some(store) = pg_store(SIDES * 2) {
@@ -390,8 +427,10 @@ fn main() {
         format!("{:.0}", median(post))
     };
     println!(
-        "| 64-item transactions, 4+4 clients (items/s) | {e:.0} | {h:.0} | {:.2}x | {pg_text} | {:.0} |",
+        "| 64-item transactions, 4+4 clients (items/s) | {e:.0} | {h:.0} | {:.2}x | {:.1} / {:.1} µs | {pg_text} | {:.0} |",
         e / h,
+        median(engine_cpu),
+        median(hand_cpu),
         median(sled)
     );
 }

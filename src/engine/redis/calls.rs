@@ -374,7 +374,7 @@ impl Redis {
             let dropped: redis::RedisResult<Value> = returner
                 .scripts
                 .drop_lease
-                .key(&*returner.key)
+                .key(&returner.key)
                 .arg(&*returner.prefix)
                 .arg(super::now_arg(&returner.clock))
                 .arg(&*returner.instance)

@@ -134,7 +134,7 @@ impl Returner {
         let queues: Vec<i32> = self
             .scripts
             .give_back
-            .key(&*self.key)
+            .key(&self.key)
             .arg(&*self.prefix)
             .arg(now_arg(&self.clock))
             .arg(&*self.instance)
@@ -309,8 +309,7 @@ impl Scripts {
             ("dead_letters", s::DEAD_LETTERS),
             ("dead_work", s::DEAD_WORK),
         ];
-        let (code, digest) =
-            s::library(&functions, &policy_text(RetryPolicy::default()), EXPIRED);
+        let (code, digest) = s::library(&functions, &policy_text(RetryPolicy::default()), EXPIRED);
         let code: Arc<str> = code.into();
         let f = |name| Script::new(&code, &digest, name);
         Scripts {
@@ -686,7 +685,7 @@ impl Redis {
         let (now, instance) = (now_arg(&self.clock), Arc::clone(&self.instance));
         self.run(async move {
             let script = which(&scripts);
-            let mut call = script.key(&*key);
+            let mut call = script.key(&key);
             call.arg(&*prefix).arg(now).arg(&*instance);
             for a in &args {
                 call.arg(a.as_slice());
@@ -1061,7 +1060,7 @@ async fn reclaim_pass(
         if queues.is_empty() {
             continue;
         }
-        let mut call = scripts.reclaim.key(&*key);
+        let mut call = scripts.reclaim.key(&key);
         call.arg(&*prefix).arg(now_arg(&clock)).arg("");
         for q in queues {
             call.arg(q);
