@@ -1,4 +1,4 @@
-//! `rq`: look into a reliable-queue store and repair it, on sled or PostgreSQL.
+//! `rq`: look into a reliable-queue store and repair it, on sled, PostgreSQL or Redis.
 //!
 //! Every command works on a store named by `--store DIR` (an embedded sled store, which must
 //! not be open in another process) or `--postgres URL` (live, beside running workers);
@@ -913,8 +913,8 @@ struct SetAside {
 fn verify(cli: &Cli, json: bool) -> Res<ExitCode> {
     let Some(dir) = &cli.store else {
         return Err(
-            "verify checks a sled store (--store DIR); a PostgreSQL store's integrity is the \
-             database's (use its own tools, e.g. amcheck)"
+            "verify checks a sled store (--store DIR); a PostgreSQL or Redis store's integrity \
+             is the server's (use its own tools: amcheck, redis-check-aof)"
                 .into(),
         );
     };

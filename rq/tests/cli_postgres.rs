@@ -12,8 +12,8 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use common::{
-    bulk_export, contents, export_lines, fails, fill, json, ok, rq, rq_command, rq_within, s,
-    stderr, with, write_lines,
+    bulk_export, contents, export_lines, fails, fill, import_twice_at_once, json, ok, rq,
+    rq_command, rq_within, s, stderr, with, write_lines,
 };
 use pg::{block_on, connect, PgServer};
 use reliable_queue::Store;
@@ -67,13 +67,8 @@ fn commands_work_beside_a_live_store(server: &PgServer) {
         1,
         "the live store sees the replay"
     );
-    let verify = rq(&with(base, &["verify"]));
-    assert!(!verify.status.success());
-    assert!(
-        stderr(&verify).contains("sled store"),
-        "{}",
-        stderr(&verify)
-    );
+    // verify reads sled stores only.
+    fails(&with(base, &["verify"]), None, "sled store");
     lease.blocking_complete().unwrap();
     live.blocking_close().unwrap();
 }
@@ -133,33 +128,7 @@ fn two_imports_of_one_export_at_once_take_every_item_once(server: &PgServer) {
     let n = 5_000u64;
     let file = bulk_export(dir.path(), n);
     let schema = "cli_concurrent";
-    let spawn = || {
-        rq_command(
-            &with(
-                pg_args(server, schema),
-                &["import", s(&file), "--batch", "20"],
-            ),
-            &[],
-        )
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap()
-    };
-    let (a, b) = (spawn(), spawn());
-    let outs = [a.wait_with_output().unwrap(), b.wait_with_output().unwrap()];
-    assert!(
-        outs.iter().any(|o| o.status.success()),
-        "neither import finished: {:?}",
-        outs.iter().map(stderr).collect::<Vec<_>>()
-    );
-    for out in outs.iter().filter(|o| !o.status.success()) {
-        assert!(
-            stderr(out).contains("another import of this export is running"),
-            "{}",
-            stderr(out)
-        );
-    }
+    import_twice_at_once(&pg_args(server, schema), &file, "the two imports");
     assert_eq!(bulk_items(server, schema), (0..n).collect::<Vec<_>>());
     let again = json(&with(
         pg_args(server, schema),

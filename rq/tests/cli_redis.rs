@@ -13,15 +13,13 @@ mod pg;
 mod redis;
 
 use std::path::Path;
-use std::process::{ExitCode, Stdio};
-use std::sync::{Arc, OnceLock};
+use std::process::ExitCode;
 use std::time::Duration;
 
 use common::{
-    bulk_export, export_lines, fill, json, ms, ok, rq, rq_command, rq_with, rq_within, s, stderr,
-    stdout, with,
+    bulk_export, export_lines, fails, fill, import_twice_at_once, json, ms, ok, rq_with, rq_within,
+    s, stderr, stdout, with,
 };
-use libtest_mimic::{Arguments, Failed, Trial};
 use pg::{block_on, connect, PgServer};
 use redis::{RedisServer, Reply};
 use reliable_queue::{RawItem, RetryPolicy, Store};
@@ -178,13 +176,8 @@ fn commands_work_beside_a_live_store(server: &RedisServer) {
     ));
     assert_eq!(dead, serde_json::json!([]));
 
-    let verify = rq(&with(base, &["verify"]));
-    assert!(!verify.status.success());
-    assert!(
-        stderr(&verify).contains("sled store"),
-        "{}",
-        stderr(&verify)
-    );
+    // verify reads sled stores only.
+    fails(&with(base, &["verify"]), None, "sled store");
     // The lease rq looked at is still the live store's to settle.
     lease.blocking_complete().unwrap();
     let stats = jobs.blocking_stats().unwrap();
@@ -369,33 +362,7 @@ fn two_imports_of_one_export_at_once_take_every_item_once(server: &RedisServer) 
     let marker = format!("rq.import.{source}");
     for round in 0..5 {
         let ns = namespace(server, &format!("cli_concurrent_{round}"));
-        let spawn = || {
-            rq_command(
-                &with(
-                    redis_args(server, &ns),
-                    &["import", s(&file), "--batch", "20"],
-                ),
-                &[],
-            )
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap()
-        };
-        let (a, b) = (spawn(), spawn());
-        let outs = [a.wait_with_output().unwrap(), b.wait_with_output().unwrap()];
-        assert!(
-            outs.iter().any(|o| o.status.success()),
-            "round {round}: neither import finished: {:?}",
-            outs.iter().map(stderr).collect::<Vec<_>>()
-        );
-        for out in outs.iter().filter(|o| !o.status.success()) {
-            assert!(
-                stderr(out).contains("another import of this export is running"),
-                "round {round}: {}",
-                stderr(out)
-            );
-        }
+        import_twice_at_once(&redis_args(server, &ns), &file, &format!("round {round}"));
 
         let on_redis = store(server, &ns);
         let bulk = on_redis.blocking_queue::<u64>("bulk").unwrap();
@@ -482,84 +449,30 @@ fn a_server_nobody_listens_on_is_a_connect_error(_: &RedisServer) {
     );
 }
 
-type TestFn = fn(&RedisServer);
-
-/// Runs `tests` as a libtest-style suite against one [`RedisServer`] (the harness's own, or
-/// `RQ_TEST_REDIS_URL`'s) and returns the exit code for `main`, as `pg::run_suite` does for
-/// PostgreSQL: the usual test arguments; the server started once, only when some test is
-/// going to run, and shared by the tests; without one, every test is reported ignored and a
-/// banner on stderr says why (`RQ_TEST_REQUIRE_REDIS=1` makes that a failure instead).
-fn run_suite(tests: Vec<(&'static str, TestFn)>) -> ExitCode {
-    let mut args = Arguments::from_args();
-    // Filled in before the trials run; the trials only read it.
-    let server: Arc<OnceLock<RedisServer>> = Arc::new(OnceLock::new());
-    let mut trials: Vec<Trial> = tests
-        .into_iter()
-        .map(|(name, test)| {
-            let server = Arc::clone(&server);
-            Trial::test(name, move || {
-                let server = server
-                    .get()
-                    .ok_or_else(|| Failed::from("no Redis server was started"))?;
-                test(server);
-                Ok(())
-            })
-        })
-        .collect();
-    let will_run = trials
-        .iter()
-        .any(|t| !args.is_filtered_out(t) && !args.is_ignored(t));
-    let mut skipped = None;
-    if !args.list && will_run {
-        match RedisServer::start() {
-            Ok(started) => {
-                if server.set(started).is_err() {
-                    unreachable!("the server is set once");
-                }
-            }
-            Err(why) => {
-                eprintln!("\n==> Redis tests SKIPPED: {why}\n");
-                trials = trials
-                    .into_iter()
-                    .map(|t| t.with_ignored_flag(true))
-                    .collect();
-                // Without a server even `--ignored`/`--include-ignored` cannot run them.
-                args.ignored = false;
-                args.include_ignored = false;
-                skipped = Some(why);
-            }
-        }
-    }
-    let conclusion = libtest_mimic::run(&args, trials);
-    if let Some(why) = skipped {
-        // Again after the summary, where it is seen.
-        eprintln!("==> Redis tests SKIPPED: {why}\n");
-    }
-    // The trials, and their references to the server, are gone: this stops it.
-    match Arc::into_inner(server) {
-        Some(server) => drop(server),
-        None => eprintln!("==> the test Redis server is still referenced: not stopped"),
-    }
-    conclusion.exit_code()
-}
-
+/// The tests, run by `pg::run_server_suite` against one Redis server: the harness's own, or
+/// `RQ_TEST_REDIS_URL`'s; without one every test is reported ignored under a banner
+/// (`RQ_TEST_REQUIRE_REDIS=1` makes that a failure).
 fn main() -> ExitCode {
-    run_suite(vec![
-        (
-            "a_server_nobody_listens_on_is_a_connect_error",
-            a_server_nobody_listens_on_is_a_connect_error,
-        ),
-        (
-            "commands_work_beside_a_live_store",
-            commands_work_beside_a_live_store,
-        ),
-        (
-            "one_store_moved_through_every_engine_is_the_same_at_every_step",
-            one_store_moved_through_every_engine_is_the_same_at_every_step,
-        ),
-        (
-            "two_imports_of_one_export_at_once_take_every_item_once",
-            two_imports_of_one_export_at_once_take_every_item_once,
-        ),
-    ])
+    pg::run_server_suite(
+        "Redis",
+        RedisServer::start,
+        vec![
+            (
+                "a_server_nobody_listens_on_is_a_connect_error",
+                a_server_nobody_listens_on_is_a_connect_error,
+            ),
+            (
+                "commands_work_beside_a_live_store",
+                commands_work_beside_a_live_store,
+            ),
+            (
+                "one_store_moved_through_every_engine_is_the_same_at_every_step",
+                one_store_moved_through_every_engine_is_the_same_at_every_step,
+            ),
+            (
+                "two_imports_of_one_export_at_once_take_every_item_once",
+                two_imports_of_one_export_at_once_take_every_item_once,
+            ),
+        ],
+    )
 }

@@ -702,9 +702,19 @@ pub const OWN_CLUSTER_SKIP: &str = "kills and restarts its server, so needs a cl
 /// shared by the tests, which run on several threads; a panicking test fails. When there is no
 /// server ([`Skip`]), every test is reported as ignored and a banner on stderr says why.
 pub fn run_suite(tests: Vec<(&'static str, TestFn)>) -> ExitCode {
+    run_server_suite("PostgreSQL", PgServer::start, tests)
+}
+
+/// [`run_suite`] for any server harness: `kind` names the server in the banners, `start`
+/// starts it (or says why it cannot).
+pub fn run_server_suite<S: Send + Sync + 'static, E: fmt::Display>(
+    kind: &'static str,
+    start: impl FnOnce() -> Result<S, E>,
+    tests: Vec<(&'static str, fn(&S))>,
+) -> ExitCode {
     let mut args = Arguments::from_args();
     // Filled in before the trials run; the trials only read it.
-    let server: Arc<OnceLock<PgServer>> = Arc::new(OnceLock::new());
+    let server: Arc<OnceLock<S>> = Arc::new(OnceLock::new());
     let mut trials: Vec<Trial> = tests
         .into_iter()
         .map(|(name, test)| {
@@ -712,7 +722,7 @@ pub fn run_suite(tests: Vec<(&'static str, TestFn)>) -> ExitCode {
             Trial::test(name, move || {
                 let server = server
                     .get()
-                    .ok_or_else(|| Failed::from("no PostgreSQL server was started"))?;
+                    .ok_or_else(|| Failed::from(format!("no {kind} server was started")))?;
                 test(server);
                 Ok(())
             })
@@ -724,20 +734,23 @@ pub fn run_suite(tests: Vec<(&'static str, TestFn)>) -> ExitCode {
         .any(|t| !args.is_filtered_out(t) && !args.is_ignored(t));
     let mut skipped = None;
     if !args.list && will_run {
-        if let Err(skip) = PgServer::start().map(|started| {
-            if server.set(started).is_err() {
-                unreachable!("the server is set once");
+        match start() {
+            Ok(started) => {
+                if server.set(started).is_err() {
+                    unreachable!("the server is set once");
+                }
             }
-        }) {
-            eprintln!("\n==> PostgreSQL tests SKIPPED: {skip}\n");
-            trials = trials
-                .into_iter()
-                .map(|t| t.with_ignored_flag(true))
-                .collect();
-            // Without a server even `--ignored`/`--include-ignored` cannot run them.
-            args.ignored = false;
-            args.include_ignored = false;
-            skipped = Some(skip);
+            Err(skip) => {
+                eprintln!("\n==> {kind} tests SKIPPED: {skip}\n");
+                trials = trials
+                    .into_iter()
+                    .map(|t| t.with_ignored_flag(true))
+                    .collect();
+                // Without a server even `--ignored`/`--include-ignored` cannot run them.
+                args.ignored = false;
+                args.include_ignored = false;
+                skipped = Some(skip.to_string());
+            }
         }
     }
 
@@ -745,12 +758,12 @@ pub fn run_suite(tests: Vec<(&'static str, TestFn)>) -> ExitCode {
 
     if let Some(skip) = skipped {
         // Again after the summary, where it is seen.
-        eprintln!("==> PostgreSQL tests SKIPPED: {skip}\n");
+        eprintln!("==> {kind} tests SKIPPED: {skip}\n");
     }
     // The trials, and their references to the server, are gone: this stops it.
     match Arc::into_inner(server) {
         Some(server) => drop(server),
-        None => eprintln!("==> the test PostgreSQL server is still referenced: not stopped"),
+        None => eprintln!("==> the test {kind} server is still referenced: not stopped"),
     }
     conclusion.exit_code()
 }

@@ -320,3 +320,33 @@ pub fn damage_record(path: &Path, marker: &[u8], damage: RecordDamage) -> u64 {
     db.flush().unwrap();
     seq
 }
+
+/// Two `rq import FILE --batch 20` runs started at once on the store `store` names (its
+/// arguments): at least one finishes, and one that does not stopped because the other held
+/// the import's mark. `what` names the run in the messages.
+pub fn import_twice_at_once(store: &[&str], file: &Path, what: &str) {
+    let spawn = || {
+        rq_command(
+            &with(store.to_vec(), &["import", s(file), "--batch", "20"]),
+            &[],
+        )
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+    };
+    let (a, b) = (spawn(), spawn());
+    let outs = [a.wait_with_output().unwrap(), b.wait_with_output().unwrap()];
+    assert!(
+        outs.iter().any(|o| o.status.success()),
+        "{what}: neither import finished: {:?}",
+        outs.iter().map(stderr).collect::<Vec<_>>()
+    );
+    for out in outs.iter().filter(|o| !o.status.success()) {
+        assert!(
+            stderr(out).contains("another import of this export is running"),
+            "{what}: {}",
+            stderr(out)
+        );
+    }
+}
