@@ -77,6 +77,8 @@ pub(crate) struct Config {
     pub(crate) namespace: Option<String>,
     /// [`Builder::require_fsync`](crate::Builder::require_fsync).
     pub(crate) require_fsync: bool,
+    /// [`Builder::tls_root_certificates`](crate::Builder::tls_root_certificates).
+    pub(crate) tls_roots: Option<Vec<u8>>,
 }
 
 /// Default limit on one encoded item: 4 MiB.
@@ -113,6 +115,7 @@ impl Default for Config {
             url: None,
             namespace: None,
             require_fsync: false,
+            tls_roots: None,
         }
     }
 }
@@ -204,6 +207,7 @@ impl Config {
                 ns.clone_into(&mut redis.namespace);
             }
             redis.require_fsync = c.require_fsync;
+            redis.tls_roots.clone_from(&c.tls_roots);
             redis.hold_timeout = c
                 .transaction_timeout
                 .map_or(DEFAULT_HOLD_TIMEOUT, Duration::from_millis);
@@ -218,6 +222,9 @@ impl Config {
                 ns.clone_into(&mut pg.schema);
             }
             pg.require_fsync = c.require_fsync;
+            if pg.tls_roots.is_none() {
+                pg.tls_roots.clone_from(&c.tls_roots);
+            }
             pg.validate()?;
             // The server-side guard of the deadline (P10): a transaction idle longer than
             // the deadline is past it, so the server ends it even when this process cannot
@@ -294,6 +301,8 @@ pub(crate) struct RedisConfig {
     pub(crate) hold_timeout: Duration,
     /// How long a waiting consumer waits for a wake-up before it looks anyway.
     pub(crate) poll_interval: Duration,
+    /// Certificates (PEM) trusted for `rediss://` instead of the system's roots.
+    pub(crate) tls_roots: Option<Vec<u8>>,
 }
 
 #[cfg(feature = "redis")]
@@ -316,6 +325,7 @@ impl RedisConfig {
             require_fsync: false,
             hold_timeout: DEFAULT_HOLD_TIMEOUT,
             poll_interval: Duration::from_secs(1),
+            tls_roots: None,
         }
     }
 

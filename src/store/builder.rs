@@ -348,6 +348,31 @@ impl Builder {
         self
     }
 
+    /// Trusts these certificates (PEM, one or more) for TLS connections to the store's
+    /// server instead of the system's root certificates: typically the certificate authority
+    /// that signed the server's certificate. The server's certificate is always verified,
+    /// chain and name. TLS is what the URL asks for: `rediss://` on Redis; on PostgreSQL
+    /// `sslmode=require`, as with [`postgres_tls_root_certificates`], which wins where both
+    /// are given. Ignored by the embedded engines.
+    ///
+    /// [`postgres_tls_root_certificates`]: Builder::postgres_tls_root_certificates
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let ca = std::fs::read("/etc/ssl/redis-ca.pem")?;
+    /// let store = reliable_queue::Store::builder()
+    ///     .url("rediss://cache.internal:6380/0")
+    ///     .tls_root_certificates(ca)
+    ///     .open()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn tls_root_certificates(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.config.tls_roots = Some(pem.into());
+        self
+    }
+
     /// Keeps the store in the PostgreSQL database at `url` (a libpq URL such as
     /// `postgresql://user@host/db`, or a key-value string such as `host=/run/postgresql
     /// dbname=app`) instead of in this process: every process that connects to the same

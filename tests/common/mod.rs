@@ -4,6 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
+pub mod certs;
 pub mod engines;
 #[path = "../pg/mod.rs"]
 pub mod pg;

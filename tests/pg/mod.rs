@@ -705,12 +705,15 @@ pub fn run_suite(tests: Vec<(&'static str, TestFn)>) -> ExitCode {
     run_server_suite("PostgreSQL", PgServer::start, tests)
 }
 
+/// A named test of a server harness `S`.
+pub type ServerTest<S> = (&'static str, fn(&S));
+
 /// [`run_suite`] for any server harness: `kind` names the server in the banners, `start`
 /// starts it (or says why it cannot).
 pub fn run_server_suite<S: Send + Sync + 'static, E: fmt::Display>(
     kind: &'static str,
     start: impl FnOnce() -> Result<S, E>,
-    tests: Vec<(&'static str, fn(&S))>,
+    tests: Vec<ServerTest<S>>,
 ) -> ExitCode {
     let mut args = Arguments::from_args();
     // Filled in before the trials run; the trials only read it.

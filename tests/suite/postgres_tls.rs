@@ -1,5 +1,5 @@
 //! TLS to PostgreSQL (rustls): the test server is restarted listening on a TCP port of
-//! localhost with a certificate signed by a test authority made with `openssl`; a store
+//! localhost with a certificate signed by a test authority (`tests/common/certs.rs`); a store
 //! given that authority connects over TLS (the server says so in `pg_stat_ssl`), one
 //! without it is refused with a typed error, and `sslmode=disable` connects in the clear.
 //!
@@ -19,19 +19,6 @@ mod cases {
     use reliable_queue::{Error, Store};
 
     use super::pg::{block_on, connect, PgServer};
-
-    fn openssl(dir: &Path, args: &[&str]) {
-        let out = Command::new("openssl")
-            .args(args)
-            .current_dir(dir)
-            .output()
-            .expect("run openssl (Debian: apt-get install openssl)");
-        assert!(
-            out.status.success(),
-            "openssl {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
 
     fn setting(url: &str, query: &str) -> String {
         block_on(async {
@@ -59,59 +46,7 @@ mod cases {
         };
         let certs = tempfile::tempdir().unwrap();
         let dir = certs.path();
-        std::fs::write(
-            dir.join("san.ext"),
-            "subjectAltName=DNS:localhost,IP:127.0.0.1\n",
-        )
-        .unwrap();
-        for args in [
-            &[
-                "req",
-                "-x509",
-                "-newkey",
-                "rsa:2048",
-                "-nodes",
-                "-keyout",
-                "ca.key",
-                "-out",
-                "ca.pem",
-                "-days",
-                "2",
-                "-subj",
-                "/CN=reliable-queue test CA",
-            ][..],
-            &[
-                "req",
-                "-newkey",
-                "rsa:2048",
-                "-nodes",
-                "-keyout",
-                "server.key",
-                "-out",
-                "server.csr",
-                "-subj",
-                "/CN=localhost",
-            ],
-            &[
-                "x509",
-                "-req",
-                "-in",
-                "server.csr",
-                "-CA",
-                "ca.pem",
-                "-CAkey",
-                "ca.key",
-                "-CAcreateserial",
-                "-out",
-                "server.pem",
-                "-days",
-                "2",
-                "-extfile",
-                "san.ext",
-            ],
-        ] {
-            openssl(dir, args);
-        }
+        crate::common::certs::make(dir);
         for file in ["server.pem", "server.key"] {
             let to = data.join(file);
             std::fs::copy(dir.join(file), &to).unwrap();
@@ -231,11 +166,7 @@ mod cases {
 /// The cases of this module of the suite (`tests/suite/main.rs`).
 #[cfg(feature = "postgres")]
 pub(crate) fn cases() -> Vec<crate::common::engines::Case> {
-    let openssl = std::process::Command::new("openssl")
-        .arg("version")
-        .output()
-        .is_ok_and(|out| out.status.success());
-    if !openssl {
+    if !crate::common::certs::available() {
         assert!(
             std::env::var_os(pg::REQUIRE_VAR).is_none(),
             "the TLS test needs the openssl command ({}=1)",

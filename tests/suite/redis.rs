@@ -2,7 +2,8 @@
 //! hold on a dequeued item that ends without its client, scripts loaded again, a server
 //! killed with SIGKILL and restarted from its append-only file, keys of the store tampered
 //! with, URLs that are not Redis, a server that is down or wants a password, and one that
-//! does not fsync every write; worker processes and the server killed with SIGKILL. The
+//! does not fsync every write; TLS with a private authority; worker processes and the server
+//! killed with SIGKILL. The
 //! behaviour tests run on Redis through the conformance
 //! suite (`tests/common/engines.rs`).
 
@@ -38,6 +39,10 @@ pub(crate) fn cases() -> Vec<Case> {
         Case::redis(
             "a_server_that_does_not_fsync_every_write_is_refused_when_asked",
             a_server_that_does_not_fsync_every_write_is_refused_when_asked,
+        ),
+        Case::redis(
+            "tls_connections_verify_the_server",
+            tls_connections_verify_the_server,
         ),
         Case::redis(
             "processes_and_the_server_killed_with_sigkill_lose_and_duplicate_nothing",
@@ -413,6 +418,95 @@ fn worker(url: &str) {
             }
         }
     }
+}
+
+/// TLS (rustls) with a private authority: the server, given a certificate signed by a test
+/// authority (`tests/common/certs.rs`), listens for TLS on a port of localhost; a store
+/// given that authority connects with `rediss://` and works; one without it (the system's
+/// roots) is refused at connect with a typed error, as is a plain `redis://` to the TLS port.
+fn tls_connections_verify_the_server(server: &RedisServer) {
+    if !crate::common::certs::available() {
+        assert!(
+            std::env::var_os(crate::common::redis::REQUIRE_VAR).is_none(),
+            "the TLS test needs the openssl command"
+        );
+        eprintln!("skipped: no `openssl` command to make the certificates");
+        return;
+    }
+    let certs = tempfile::tempdir().unwrap();
+    let dir = certs.path();
+    crate::common::certs::make(dir);
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+        .to_string();
+    let file = |name: &str| dir.join(name).to_str().unwrap().as_bytes().to_vec();
+    assert_eq!(
+        server.command(&[
+            b"CONFIG",
+            b"SET",
+            b"tls-cert-file",
+            &file("server.pem"),
+            b"tls-key-file",
+            &file("server.key"),
+            b"tls-ca-cert-file",
+            &file("ca.pem"),
+            b"tls-auth-clients",
+            b"no",
+            b"tls-port",
+            port.as_bytes(),
+        ]),
+        Reply::Status("OK".into())
+    );
+    let ca = std::fs::read(dir.join("ca.pem")).unwrap();
+    let tls_url = format!("rediss://localhost:{port}");
+
+    // With the authority: TLS, verified, and the queues work over it.
+    let store = Store::builder()
+        .url(&tls_url)
+        .namespace("t")
+        .tls_root_certificates(ca.clone())
+        .open()
+        .unwrap();
+    let q = store.blocking_queue::<u32>("q").unwrap();
+    let mut tx = store.begin();
+    q.enqueue(&mut tx, 7).unwrap();
+    tx.blocking_commit().unwrap();
+    let mut tx = store.begin();
+    assert_eq!(q.blocking_try_dequeue(&mut tx).unwrap(), Some(7));
+    tx.blocking_commit().unwrap();
+    store.blocking_close().unwrap();
+
+    // Without it the server's certificate is not trusted: refused at connect.
+    let refused = Store::builder().url(&tls_url).namespace("t").open();
+    assert!(
+        matches!(
+            refused,
+            Err(Error::Redis {
+                operation: "connect",
+                ..
+            })
+        ),
+        "{refused:?}"
+    );
+    // In the clear to the TLS port: refused too, not a hang.
+    let refused = Store::builder()
+        .url(&format!("redis://localhost:{port}"))
+        .namespace("t")
+        .tls_root_certificates(ca)
+        .open();
+    assert!(
+        matches!(
+            refused,
+            Err(Error::Redis {
+                operation: "connect",
+                ..
+            })
+        ),
+        "{refused:?}"
+    );
 }
 
 /// Four worker processes (this binary, re-executed) move items between two queues; the

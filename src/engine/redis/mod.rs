@@ -467,7 +467,17 @@ impl Redis {
     /// durability settings, and starts the subscription and the reclaim pass.
     pub(crate) async fn connect(config: &RedisConfig, clock: Clock) -> Result<Redis> {
         config.validate()?;
-        let client = redis::Client::open(config.url.as_str()).map_err(|e| fail("connect", e))?;
+        let client = match &config.tls_roots {
+            Some(pem) => redis::Client::build_with_tls(
+                config.url.as_str(),
+                redis::TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(pem.clone()),
+                },
+            ),
+            None => redis::Client::open(config.url.as_str()),
+        }
+        .map_err(|e| fail("connect", e))?;
         let (stop, stopped) = oneshot::channel::<()>();
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
