@@ -11,11 +11,24 @@
 #   RQ_BENCH_RECOVERY_ITEMS, RQ_BENCH_CHURN_ITEMS, RQ_BENCH_DISK_PQ, RQ_BENCH_PEERS
 #                         see benches/recovery.rs and benches/disk.rs
 #   RQ_BENCH_OUT          directory for the results (default: <target dir>/bench-results/<time>)
+#   RQ_BENCH_MEMORY_SIZES smaller stores the recovery bench also builds and opens, for the chart
+#                         of memory per item against queue length (default "10000 100000";
+#                         quick: "10000 50000"; empty: none)
+#   RQ_BENCH_REDIS=0|1    run benches/redis.rs (the Redis engine, a redis-rs loop by hand,
+#                         PostgreSQL and sled); default 1 when redis-server is installed or
+#                         RQ_TEST_REDIS_URL names a server
+#   RQ_BENCH_POSTGRES=0|1 run benches/pg_soak.rs, and PostgreSQL beside Redis in
+#                         benches/redis.rs; default 1 when PostgreSQL's binaries are under
+#                         /usr/lib/postgresql/*/bin (set it to 1 to use RQ_TEST_POSTGRES_URL's)
+#   RQ_BENCH_CHARTS=0     do not draw the charts
+#   RQ_BENCH_CHARTS_DIR   where the charts go (default: docs/charts)
 #
 # Everything printed goes to one file per bench in the results directory; `summary.md` there
 # holds the machine, the median of every criterion benchmark with its ratio to reliable-queue
-# in the same group, the figures printed by the recovery and disk benches, and the latency
-# table.
+# in the same group, the figures printed by the recovery and disk benches, the latency
+# table, and the Redis and soak figures when those ran. At the end the chart generator
+# (scripts/charts, a program of its own outside the workspace) draws SVG charts from the
+# results and criterion's estimates into docs/charts, the ones BENCHMARKS.md shows.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -34,12 +47,34 @@ bench_dir=${RQ_BENCH_DIR:-${TMPDIR:-/tmp}}
 
 criterion_args=()
 latency_seconds=10
+memory_sizes=${RQ_BENCH_MEMORY_SIZES-10000 100000}
+redis_args=()
+soak_args=()
 if ((quick)); then
     criterion_args=(--warm-up-time 0.5 --measurement-time 2)
     export RQ_BENCH_RECOVERY_ITEMS=${RQ_BENCH_RECOVERY_ITEMS:-200000}
     export RQ_BENCH_CHURN_ITEMS=${RQ_BENCH_CHURN_ITEMS:-500000}
     latency_seconds=3
+    redis_args=(--quick)
+    memory_sizes=${RQ_BENCH_MEMORY_SIZES-10000 50000}
+    soak_args=(--backlog 20000 --seconds 60 --window 5)
 fi
+
+# The server benches run when their server is installed, unless switched off.
+have_redis=0
+if command -v redis-server >/dev/null 2>&1 || [[ -n ${RQ_TEST_REDIS_URL:-} ]]; then
+    have_redis=1
+fi
+have_postgres=0
+if compgen -G '/usr/lib/postgresql/*/bin/postgres' >/dev/null; then
+    have_postgres=1
+fi
+run_redis=${RQ_BENCH_REDIS:-$have_redis}
+run_postgres=${RQ_BENCH_POSTGRES:-$have_postgres}
+server_features=()
+((run_postgres)) && server_features+=(postgres)
+((run_redis)) && server_features+=(redis)
+server_features=$(IFS=,; echo "${server_features[*]}")
 
 step() { printf '\n=== %s (%s)\n' "$1" "$(date +%T)"; }
 
@@ -55,11 +90,17 @@ step "machine"
     echo "rustc:   $(rustc --version)"
     echo "load:    $(cut -d' ' -f1-3 /proc/loadavg) (1, 5, 15 min) before the run"
     echo "mode:    $( ((quick)) && echo "quick (smoke run)" || echo full)"
+    echo "servers: Redis bench $( ((run_redis)) && echo on || echo off)," \
+        "PostgreSQL (soak, beside Redis) $( ((run_postgres)) && echo on || echo off)"
 } | tee "$out/machine.txt"
 
 step "build"
 cargo bench --no-run 2>&1 | tail -n 3
 cargo build --release --example latency 2>&1 | tail -n 1
+if [[ -n $server_features ]]; then
+    # One build for both server benches: the same features, so the library is built once.
+    cargo bench --features "$server_features" --no-run 2>&1 | tail -n 1
+fi
 
 run_bench() {
     local name=$1
@@ -76,10 +117,39 @@ else
     echo "benches/contention.rs is missing: contention not measured" | tee "$out/contention.txt"
 fi
 run_bench recovery "${criterion_args[@]}"
+for items in $memory_sizes; do
+    # The same bench at smaller sizes: its `figure` lines give memory per item against
+    # queue length (the chart); its open times are criterion's too, under recovery/<size>.
+    step "RQ_BENCH_RECOVERY_ITEMS=$items cargo bench --bench recovery"
+    RQ_BENCH_RECOVERY_ITEMS=$items cargo bench --bench recovery -- "${criterion_args[@]}" 2>&1 |
+        tee "$out/recovery-$items.txt"
+done
 run_bench disk
 
 step "cargo run --release --example latency -- --seconds $latency_seconds"
 cargo run --release --example latency -- --seconds "$latency_seconds" 2>&1 | tee "$out/latency.txt"
+
+# A failure of a server bench (its server would not start, say) is reported, and the run goes
+# on: the other benches' figures and charts are still worth having.
+if ((run_redis)); then
+    step "cargo bench --features $server_features --bench redis ${redis_args[*]}"
+    if ! cargo bench --features "$server_features" --bench redis -- "${redis_args[@]}" 2>&1 |
+        tee "$out/redis.txt"; then
+        echo "the Redis bench FAILED: see $out/redis.txt"
+    fi
+else
+    echo "Redis bench off (no redis-server, or RQ_BENCH_REDIS=0)" | tee "$out/redis.skipped"
+fi
+if ((run_postgres)); then
+    step "cargo bench --features $server_features --bench pg_soak ${soak_args[*]}"
+    if ! cargo bench --features "$server_features" --bench pg_soak -- "${soak_args[@]}" 2>&1 |
+        tee "$out/pg_soak.txt"; then
+        echo "the PostgreSQL soak FAILED: see $out/pg_soak.txt"
+    fi
+else
+    echo "PostgreSQL soak off (no PostgreSQL binaries, or RQ_BENCH_POSTGRES=0)" |
+        tee "$out/pg_soak.skipped"
+fi
 
 step "summary"
 summarize() {
@@ -160,13 +230,37 @@ summarize() {
     echo "## Figures printed by the benches"
     echo
     echo '```text'
-    grep -h '^figure ' "$out/recovery.txt" "$out/disk.txt" | sed 's/^figure //'
+    { cat "$out"/recovery*.txt "$out/disk.txt" 2>/dev/null || true; } | sed -n 's/^figure //p'
     echo '```'
     echo
     echo "## Commit latency (examples/latency.rs)"
     echo
     grep -E '^(commit latency|\|)' "$out/latency.txt"
+    if [[ -f $out/redis.txt ]]; then
+        echo
+        echo "## The Redis engine and its peers (benches/redis.rs)"
+        echo
+        grep -E '^(machine:|\|)' "$out/redis.txt" || echo "(no table: see redis.txt)"
+    fi
+    if [[ -f $out/pg_soak.txt ]]; then
+        echo
+        echo "## PostgreSQL soak (benches/pg_soak.rs)"
+        echo
+        echo '```text'
+        grep -E '^(pg_soak|[ ]*t\(s\)|[ ]*[0-9]+ )' "$out/pg_soak.txt" || echo "(no windows: see pg_soak.txt)"
+        echo '```'
+    fi
 } > "$out/summary.md"
 cat "$out/summary.md"
 echo
+
+charts_status=0
+if [[ ${RQ_BENCH_CHARTS:-1} != 0 ]]; then
+    step "charts"
+    cargo run --quiet --release --manifest-path scripts/charts/Cargo.toml -- \
+        "$out" "${RQ_BENCH_CHARTS_DIR:-docs/charts}" --criterion "$target/criterion" ||
+        charts_status=$?
+fi
+echo
 echo "results in $out"
+exit "$charts_status"
