@@ -131,25 +131,24 @@ cargo run --release --example latency -- --seconds "$latency_seconds" 2>&1 | tee
 
 # A failure of a server bench (its server would not start, say) is reported, and the run goes
 # on: the other benches' figures and charts are still worth having.
-if ((run_redis)); then
-    step "cargo bench --features $server_features --bench redis ${redis_args[*]}"
-    if ! cargo bench --features "$server_features" --bench redis -- "${redis_args[@]}" 2>&1 |
-        tee "$out/redis.txt"; then
-        echo "the Redis bench FAILED: see $out/redis.txt"
+# server_bench ON NAME WHAT WHY_OFF [ARGS...]: runs benches/NAME.rs into NAME.txt when ON is 1.
+server_bench() {
+    local on=$1 name=$2 what=$3 why_off=$4
+    shift 4
+    if ((on)); then
+        step "cargo bench --features $server_features --bench $name $*"
+        if ! cargo bench --features "$server_features" --bench "$name" -- "$@" 2>&1 |
+            tee "$out/$name.txt"; then
+            echo "the $what FAILED: see $out/$name.txt"
+        fi
+    else
+        echo "$what off ($why_off)" | tee "$out/$name.skipped"
     fi
-else
-    echo "Redis bench off (no redis-server, or RQ_BENCH_REDIS=0)" | tee "$out/redis.skipped"
-fi
-if ((run_postgres)); then
-    step "cargo bench --features $server_features --bench pg_soak ${soak_args[*]}"
-    if ! cargo bench --features "$server_features" --bench pg_soak -- "${soak_args[@]}" 2>&1 |
-        tee "$out/pg_soak.txt"; then
-        echo "the PostgreSQL soak FAILED: see $out/pg_soak.txt"
-    fi
-else
-    echo "PostgreSQL soak off (no PostgreSQL binaries, or RQ_BENCH_POSTGRES=0)" |
-        tee "$out/pg_soak.skipped"
-fi
+}
+server_bench "$run_redis" redis "Redis bench" "no redis-server, or RQ_BENCH_REDIS=0" \
+    "${redis_args[@]}"
+server_bench "$run_postgres" pg_soak "PostgreSQL soak" \
+    "no PostgreSQL binaries, or RQ_BENCH_POSTGRES=0" "${soak_args[@]}"
 
 step "summary"
 summarize() {

@@ -479,33 +479,26 @@ fn tls_connections_verify_the_server(server: &RedisServer) {
     tx.blocking_commit().unwrap();
     store.blocking_close().unwrap();
 
-    // Without it the server's certificate is not trusted: refused at connect.
-    let refused = Store::builder().url(&tls_url).namespace("t").open();
-    assert!(
-        matches!(
-            refused,
-            Err(Error::Redis {
-                operation: "connect",
-                ..
-            })
-        ),
-        "{refused:?}"
-    );
+    let refused_at_connect = |builder: Builder| {
+        let refused = builder.namespace("t").open();
+        assert!(
+            matches!(
+                refused,
+                Err(Error::Redis {
+                    operation: "connect",
+                    ..
+                })
+            ),
+            "{refused:?}"
+        );
+    };
+    // Without it the server's certificate is not trusted.
+    refused_at_connect(Store::builder().url(&tls_url));
     // In the clear to the TLS port: refused too, not a hang.
-    let refused = Store::builder()
-        .url(&format!("redis://localhost:{port}"))
-        .namespace("t")
-        .tls_root_certificates(ca)
-        .open();
-    assert!(
-        matches!(
-            refused,
-            Err(Error::Redis {
-                operation: "connect",
-                ..
-            })
-        ),
-        "{refused:?}"
+    refused_at_connect(
+        Store::builder()
+            .url(&format!("redis://localhost:{port}"))
+            .tls_root_certificates(ca),
     );
 }
 

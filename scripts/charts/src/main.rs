@@ -258,148 +258,134 @@ fn sources_text(points: usize, loaded: &Loaded) -> String {
     )
 }
 
+/// A point's peer, items per transaction and clients, as read from a benchmark id.
+type Point = (String, u64, f64);
+
+/// A chart of items/s against clients from one criterion bench's results: each point, parsed
+/// from a benchmark id by `point`, is (peer, items per transaction, clients, items/s).
+struct Throughput<'a> {
+    file: &'a str,
+    /// The ids `point` reads, for the message when it finds none.
+    ids: &'a str,
+    point: fn(&[&str]) -> Option<Point>,
+    peers: &'a [&'a str],
+    title: &'a str,
+    subtitle: &'a str,
+    x_label: &'a str,
+    y_label: &'a str,
+    styles: &'a [(u64, &'a str)],
+}
+
+impl Throughput<'_> {
+    fn draw(&self, figures: &Figures<'_>, path: &Path) -> Result<Outcome, Error> {
+        let Some(loaded) = figures.criterion_file(self.file)? else {
+            return Ok(Outcome::Skipped(format!("no {} in the results", self.file)));
+        };
+        let mut points = Vec::new();
+        for m in &loaded.measurements {
+            let parts: Vec<&str> = m.id.split('/').collect();
+            if let (Some((peer, batch, clients)), Some(rate)) = ((self.point)(&parts), m.rate) {
+                points.push((peer, batch, clients, rate));
+            }
+        }
+        if points.is_empty() {
+            return Ok(Outcome::Skipped(format!(
+                "{} holds no {} results",
+                self.file, self.ids
+            )));
+        }
+        let chart = Chart {
+            title: self.title.into(),
+            subtitle: self.subtitle.into(),
+            x: Axis::clients(
+                self.x_label,
+                &points.iter().map(|p| p.2).collect::<Vec<_>>(),
+            ),
+            y: Axis::fit(self.y_label, Format::Count, points.iter().map(|p| p.3)),
+            y2: None,
+            series: series_by_peer(self.peers, &points),
+            styles: style_legend(self.styles),
+        };
+        chart.draw(path)?;
+        Ok(Outcome::Wrote(sources_text(points.len(), &loaded)))
+    }
+}
+
 /// §1: items/s against threads, in memory, for each peer; one-item and 64-item transactions.
 fn throughput_inmemory(figures: &Figures<'_>, path: &Path) -> Result<Outcome, Error> {
-    let Some(loaded) = figures.criterion_file("inmemory.txt")? else {
-        return Ok(Outcome::Skipped("no inmemory.txt in the results".into()));
-    };
-    let mut points = Vec::new();
-    for m in &loaded.measurements {
+    Throughput {
+        file: "inmemory.txt",
+        ids: "inmemory/<batch>-item-tx/<threads>-threads",
         // inmemory/<batch>-item-tx/<threads>-threads/<peer>; the `-vec` group is left out.
-        let parts: Vec<&str> = m.id.split('/').collect();
-        if parts.len() != 4 || parts[0] != "inmemory" {
-            continue;
-        }
-        let (Some(batch), Some(threads)) = (
-            parts[1]
-                .strip_suffix("-item-tx")
-                .and_then(|b| b.parse::<u64>().ok()),
-            parts[2]
-                .strip_suffix("-threads")
-                .and_then(|t| t.parse::<f64>().ok()),
-        ) else {
-            continue;
-        };
-        if let Some(rate) = m.rate {
-            points.push((parts[3].to_owned(), batch, threads, rate));
-        }
+        point: |parts| match parts {
+            ["inmemory", batch, threads, peer] => Some((
+                (*peer).to_owned(),
+                batch.strip_suffix("-item-tx")?.parse().ok()?,
+                threads.strip_suffix("-threads")?.parse().ok()?,
+            )),
+            _ => None,
+        },
+        peers: &["reliable-queue", "segqueue", "mutex-vecdeque", "pq-memstore"],
+        title: "In memory: items/s against threads (§1)",
+        subtitle: "each thread: one transaction of 1 (or 64) enqueues, then one of as many dequeues; 100-byte items",
+        x_label: "threads",
+        y_label: "items/s (round trips)",
+        styles: &[(1, "1-item transactions"), (64, "64-item transactions")],
     }
-    if points.is_empty() {
-        return Ok(Outcome::Skipped(
-            "inmemory.txt holds no inmemory/<batch>-item-tx/<threads>-threads results".into(),
-        ));
-    }
-    let peers = [
-        "reliable-queue",
-        "segqueue",
-        "mutex-vecdeque",
-        "pq-memstore",
-    ];
-    let chart = Chart {
-        title: "In memory: items/s against threads (§1)".into(),
-        subtitle: "each thread: one transaction of 1 (or 64) enqueues, then one of as many dequeues; 100-byte items"
-            .into(),
-        x: Axis::clients("threads", &points.iter().map(|p| p.2).collect::<Vec<_>>()),
-        y: Axis::fit("items/s (round trips)", Format::Count, points.iter().map(|p| p.3)),
-        y2: None,
-        series: series_by_peer(&peers, &points),
-        styles: style_legend(&[(1, "1-item transactions"), (64, "64-item transactions")]),
-    };
-    chart.draw(path)?;
-    Ok(Outcome::Wrote(sources_text(points.len(), &loaded)))
+    .draw(figures, path)
 }
 
 /// §2: durable items/s against client threads or tasks, for each peer.
 fn throughput_durable(figures: &Figures<'_>, path: &Path) -> Result<Outcome, Error> {
-    let Some(loaded) = figures.criterion_file("durable.txt")? else {
-        return Ok(Outcome::Skipped("no durable.txt in the results".into()));
-    };
-    let mut points = Vec::new();
-    for m in &loaded.measurements {
+    Throughput {
+        file: "durable.txt",
+        ids: "durable/<clients>/<batch>-item-tx",
         // durable/<P>p-<C>c/<batch>-item-tx/<peer> or durable/<N>-tasks/<batch>-item-tx/<peer>;
         // `buffered/...` (not durable) is left out.
-        let parts: Vec<&str> = m.id.split('/').collect();
-        if parts.len() != 4 || parts[0] != "durable" {
-            continue;
-        }
-        let clients = if let Some(tasks) = parts[1].strip_suffix("-tasks") {
-            tasks.parse::<f64>().ok()
-        } else {
-            parts[1].split_once("p-").and_then(|(p, c)| {
-                let c = c.strip_suffix('c')?;
-                Some(p.parse::<f64>().ok()? + c.parse::<f64>().ok()?)
-            })
-        };
-        let batch = parts[2]
-            .strip_suffix("-item-tx")
-            .and_then(|b| b.parse::<u64>().ok());
-        if let (Some(clients), Some(batch), Some(rate)) = (clients, batch, m.rate) {
-            points.push((parts[3].to_owned(), batch, clients, rate));
-        }
+        point: |parts| match parts {
+            ["durable", clients, batch, peer] => {
+                let clients = match clients.strip_suffix("-tasks") {
+                    Some(tasks) => tasks.parse::<f64>().ok()?,
+                    None => {
+                        let (p, c) = clients.split_once("p-")?;
+                        p.parse::<f64>().ok()? + c.strip_suffix('c')?.parse::<f64>().ok()?
+                    }
+                };
+                let batch = batch.strip_suffix("-item-tx")?.parse().ok()?;
+                Some(((*peer).to_owned(), batch, clients))
+            }
+            _ => None,
+        },
+        peers: &["reliable-queue", "pq-sled-group", "pq-sled-sync", "sled-batch-flush"],
+        title: "Durable: items/s against clients (§2)",
+        subtitle: "every commit fsync'd; 32 = 16 producer + 16 consumer threads, 1024 = tokio tasks, 8 = 4 + 4 threads",
+        x_label: "clients (threads or tasks)",
+        y_label: "items/s (round trips)",
+        styles: &[(1, "1-item transactions"), (64, "64-item transactions")],
     }
-    if points.is_empty() {
-        return Ok(Outcome::Skipped(
-            "durable.txt holds no durable/<clients>/<batch>-item-tx results".into(),
-        ));
-    }
-    let peers = [
-        "reliable-queue",
-        "pq-sled-group",
-        "pq-sled-sync",
-        "sled-batch-flush",
-    ];
-    let chart = Chart {
-        title: "Durable: items/s against clients (§2)".into(),
-        subtitle: "every commit fsync'd; 32 = 16 producer + 16 consumer threads, 1024 = tokio tasks, 8 = 4 + 4 threads".into(),
-        x: Axis::clients(
-            "clients (threads or tasks)",
-            &points.iter().map(|p| p.2).collect::<Vec<_>>(),
-        ),
-        y: Axis::fit("items/s (round trips)", Format::Count, points.iter().map(|p| p.3)),
-        y2: None,
-        series: series_by_peer(&peers, &points),
-        styles: style_legend(&[(1, "1-item transactions"), (64, "64-item transactions")]),
-    };
-    chart.draw(path)?;
-    Ok(Outcome::Wrote(sources_text(points.len(), &loaded)))
+    .draw(figures, path)
 }
 
 /// §3: committed dequeues/s against consumer threads, memory and disk.
 fn throughput_contention(figures: &Figures<'_>, path: &Path) -> Result<Outcome, Error> {
-    let Some(loaded) = figures.criterion_file("contention.txt")? else {
-        return Ok(Outcome::Skipped("no contention.txt in the results".into()));
-    };
-    let mut points = Vec::new();
-    for m in &loaded.measurements {
+    Throughput {
+        file: "contention.txt",
+        ids: "contention/<store>/consumers/<n>",
         // contention/<store>/consumers/<n>
-        let parts: Vec<&str> = m.id.split('/').collect();
-        if parts.len() != 4 || parts[0] != "contention" || parts[2] != "consumers" {
-            continue;
-        }
-        if let (Ok(n), Some(rate)) = (parts[3].parse::<f64>(), m.rate) {
-            points.push((format!("reliable-queue, {}", parts[1]), 1, n, rate));
-        }
+        point: |parts| match parts {
+            ["contention", store, "consumers", n] => {
+                Some((format!("reliable-queue, {store}"), 1, n.parse().ok()?))
+            }
+            _ => None,
+        },
+        peers: &["reliable-queue, memory", "reliable-queue, disk-sync"],
+        title: "Dequeue contention: dequeues/s against consumers (§3)",
+        subtitle: "a pre-filled queue; each consumer: try_dequeue one item, commit; disk-sync: every commit fsync'd",
+        x_label: "consumer threads",
+        y_label: "committed dequeues/s",
+        styles: &[],
     }
-    if points.is_empty() {
-        return Ok(Outcome::Skipped(
-            "contention.txt holds no contention/<store>/consumers/<n> results".into(),
-        ));
-    }
-    let stores = ["reliable-queue, memory", "reliable-queue, disk-sync"];
-    let chart = Chart {
-        title: "Dequeue contention: dequeues/s against consumers (§3)".into(),
-        subtitle: "a pre-filled queue; each consumer: try_dequeue one item, commit; disk-sync: every commit fsync'd".into(),
-        x: Axis::clients(
-            "consumer threads",
-            &points.iter().map(|p| p.2).collect::<Vec<_>>(),
-        ),
-        y: Axis::fit("committed dequeues/s", Format::Count, points.iter().map(|p| p.3)),
-        y2: None,
-        series: series_by_peer(&stores, &points),
-        styles: Vec::new(),
-    };
-    chart.draw(path)?;
-    Ok(Outcome::Wrote(sources_text(points.len(), &loaded)))
+    .draw(figures, path)
 }
 
 /// §16: moves/s against clients for the Redis engine, a redis-rs loop by hand, and the engine
