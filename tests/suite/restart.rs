@@ -639,7 +639,7 @@ fn hold_leases_as_child(path: &Path, churn: bool) {
             next += 1;
         }
         tx.blocking_commit().unwrap();
-        for _ in 0..3 * LEASE_FLOOR / (5 * 120) {
+        let mut churn_once = || {
             let mut tx = store.begin();
             for _ in 0..5 {
                 side.blocking_try_dequeue(&mut tx)
@@ -649,8 +649,19 @@ fn hold_leases_as_child(path: &Path, churn: bool) {
                 next += 1;
             }
             tx.blocking_commit().unwrap();
+        };
+        for _ in 0..3 * LEASE_FLOOR / (5 * 120) {
+            churn_once();
         }
-        store.blocking_flush().unwrap();
+        // Compaction deletes a record only once both copies of the mark carry a start past
+        // it, and the marker thread writes them at its own pace. A flush writes the mark and
+        // waits for it, one copy each time the mark changed (a commit changes it): so four
+        // commits, each flushed, put the start in both copies, let the next group's
+        // compaction run, and make its work durable, however slow that thread is.
+        for _ in 0..4 {
+            churn_once();
+            store.blocking_flush().unwrap();
+        }
     }
     println!("{LEASE_CHILD_READY}");
     // Nothing is ever written to stdin: this returns when the parent closes it or dies.
