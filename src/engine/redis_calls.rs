@@ -1,15 +1,13 @@
-//! How the seam's operations map onto the Redis engine (`impl Engine`): the commit, the
-//! take, and the waiting take. The handles reach these only through the engine's
+//! How the seam's operations map onto the Redis engine (`impl Engine`): the commit and the
+//! take (the waiting take is the server engines' `wait_in_line`). The handles reach these only through the engine's
 //! operations, which choose them by the store's engine.
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use super::line::Granted;
 use super::moves::{Move, MoveKind};
 use super::redis::calls::Change;
 use super::redis::Redis;
-use super::take::Found;
 use super::{abort, drop_expired, Engine, Entry, QueueRef, Work};
 use crate::error::Result;
 
@@ -122,52 +120,37 @@ impl Engine {
         work.withdraw_leaked();
         self.check_open()?;
         work.check_live()?;
-        let look = async {
-            let taken = rd.take(&queue.core, &mut work.rd, n, None).await;
-            self.arm_deadline(work);
-            taken
-        };
+        let look = self.take_on_redis(rd, queue, work, n, None);
         self.take_in_turn(rd, queue, look, each).await
     }
 
-    /// Redis's waiting take: in the line of each queue (see `Waiters`), looks in each queue
-    /// in order where no woken waiter is ahead of it; if none has an item, sleeps until a
-    /// commit to any of them wakes it, the fallback poll or `deadline`, and looks again.
-    pub(crate) async fn wait_on_redis<'a>(
+    /// Redis's take: up to `n` items at the head of `queue` into `work`'s transaction
+    /// (`waiter`: the ticket of the waiting consumer that looks), and its deadline armed.
+    async fn take_on_redis(
         &self,
         rd: &Redis,
-        queues: Vec<(usize, &'a QueueRef)>,
+        queue: &QueueRef,
         work: &mut Work,
-        deadline: Option<Instant>,
-    ) -> Result<Option<Found<'a>>> {
-        let refs: Vec<&QueueRef> = queues.iter().map(|(_, q)| *q).collect();
-        let mut line = self.join_lines(rd, refs)?;
-        // Noted by the transaction: should this future be leaked, its places are left
-        // when the transaction ends or is used again.
-        work.seats = Some(Box::new(line.seats().clone()));
-        loop {
-            for (i, &(index, queue)) in queues.iter().enumerate() {
-                if !line.may_look(i) {
-                    continue;
-                }
-                self.check_open()?;
-                work.check_live()?;
-                let ticket = Some(line.seats().ticket());
-                let taken = rd.take(&queue.core, &mut work.rd, 1, ticket).await;
-                self.arm_deadline(work);
-                if let Some(entry) = taken?.into_iter().next() {
-                    line.took(i);
-                    work.seats = None;
-                    return Ok(Some((index, queue, entry)));
-                }
-            }
-            if line.watched().await {
-                continue;
-            }
-            if !line.sleep(deadline).await? {
-                work.seats = None;
-                return Ok(None);
-            }
-        }
+        n: usize,
+        waiter: Option<u64>,
+    ) -> Result<Vec<Entry>> {
+        self.check_open()?;
+        work.check_live()?;
+        let taken = rd.take(&queue.core, &mut work.rd, n, waiter).await;
+        self.arm_deadline(work);
+        taken
+    }
+}
+
+impl super::server_calls::TakeInto for Redis {
+    fn take_into<'l>(
+        &'l self,
+        engine: &'l Engine,
+        queue: &'l QueueRef,
+        work: &'l mut Work,
+        n: usize,
+        waiter: Option<u64>,
+    ) -> super::line::BoxFuture<'l, Result<Vec<Entry>>> {
+        Box::pin(engine.take_on_redis(self, queue, work, n, waiter))
     }
 }

@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{oneshot, Notify};
 
-use super::line::{wait_for, watched, Granted, Host, Seats, Turn};
-use super::{Engine, Entry, QueueRef};
+use super::line::{wait_for, watched, BoxFuture, Granted, Host, Seats, Turn};
+use super::{Engine, Entry, QueueRef, Work};
 use crate::error::Result;
 
 impl Engine {
@@ -26,17 +26,12 @@ impl Engine {
         if !wait {
             self.check_open()?;
             for &(index, queue) in queues {
-                let id = host.key(&queue.core)?;
-                let turn = host.line().try_turn(id);
-                if turn == Turn::Wait {
-                    continue;
-                }
-                let granted = host.lease(&queue.core, n, ttl, None).await?;
-                if !granted.is_empty() {
-                    if turn == (Turn::Taken { sure: false }) {
-                        host.line().pass_on(id);
+                let look = host.lease(&queue.core, n, ttl, None);
+                match self.in_turn(host, queue, look).await? {
+                    Some(granted) if !granted.is_empty() => {
+                        return Ok(Some((index, queue, granted)))
                     }
-                    return Ok(Some((index, queue, granted)));
+                    _ => {}
                 }
             }
             return Ok(None);
@@ -78,19 +73,72 @@ impl Engine {
     where
         F: std::future::Future<Output = Result<Vec<Entry>>>,
     {
+        let taken = self.in_turn(host, queue, look).await?.unwrap_or_default();
+        for entry in &taken {
+            each(entry)?;
+        }
+        Ok(taken.len())
+    }
+
+    /// `look` (a take or a lease of `queue` that is not a waiter's) when this store's line
+    /// gives it the turn; `None`, without polling `look`, when a woken waiter ahead has it.
+    /// A look that took items on a turn that was not surely its own passes the turn on.
+    async fn in_turn<T>(
+        &self,
+        host: &dyn Host,
+        queue: &QueueRef,
+        look: impl std::future::Future<Output = Result<Vec<T>>>,
+    ) -> Result<Option<Vec<T>>> {
         let id = host.key(&queue.core)?;
         let turn = host.line().try_turn(id);
         if turn == Turn::Wait {
-            return Ok(0);
+            return Ok(None);
         }
         let taken = look.await?;
         if turn == (Turn::Taken { sure: false }) && !taken.is_empty() {
             host.line().pass_on(id);
         }
-        for entry in &taken {
-            each(entry)?;
+        Ok(Some(taken))
+    }
+
+    /// A server engine's waiting take: in the line of each of `queues` (see `Waiters`),
+    /// `look`s (a take of one item, with the waiter's ticket) in each queue in order where no
+    /// woken waiter is ahead of it; if none has an item, sleeps until a commit to any of them
+    /// wakes it, the fallback poll or `deadline`, and looks again. What it found: the
+    /// queue's index in the caller's list, the queue and the item (`take::Found`).
+    pub(crate) async fn wait_in_line<'a>(
+        &self,
+        host: &impl TakeInto,
+        queues: Vec<(usize, &'a QueueRef)>,
+        work: &mut Work,
+        deadline: Option<Instant>,
+    ) -> Result<Option<(usize, &'a QueueRef, Entry)>> {
+        let refs: Vec<&QueueRef> = queues.iter().map(|(_, q)| *q).collect();
+        let mut line = self.join_lines(host, refs)?;
+        // Noted by the transaction: should this future be leaked, its places are left
+        // when the transaction ends or is used again.
+        work.seats = Some(Box::new(line.seats().clone()));
+        let ticket = Some(line.seats().ticket());
+        loop {
+            for (i, &(index, queue)) in queues.iter().enumerate() {
+                if !line.may_look(i) {
+                    continue;
+                }
+                let taken = host.take_into(self, queue, work, 1, ticket).await?;
+                if let Some(entry) = taken.into_iter().next() {
+                    line.took(i);
+                    work.seats = None;
+                    return Ok(Some((index, queue, entry)));
+                }
+            }
+            if line.watched().await {
+                continue;
+            }
+            if !line.sleep(deadline).await? {
+                work.seats = None;
+                return Ok(None);
+            }
         }
-        Ok(taken.len())
     }
 
     /// Puts a consumer in the line of each of `queues` (one queue, or a queue set), with
@@ -144,6 +192,21 @@ impl Engine {
             },
         })
     }
+}
+
+/// A server engine's take into a transaction, as a waiting consumer's look makes it (see
+/// [`Engine::wait_in_line`]).
+pub(crate) trait TakeInto: Host {
+    /// Up to `n` items at the head of `queue` into `work`'s transaction, for the waiting
+    /// consumer with ticket `waiter`.
+    fn take_into<'l>(
+        &'l self,
+        engine: &'l Engine,
+        queue: &'l QueueRef,
+        work: &'l mut Work,
+        n: usize,
+        waiter: Option<u64>,
+    ) -> BoxFuture<'l, Result<Vec<Entry>>>;
 }
 
 /// A consumer waiting on a server engine: its place in the line of each of its queues (one

@@ -16,7 +16,6 @@ use std::future::Future;
 use std::pin::Pin;
 
 #[cfg(feature = "postgres")]
-#[cfg(feature = "postgres")]
 use super::postgres::Postgres;
 
 #[cfg(any(feature = "postgres", feature = "redis"))]
@@ -104,12 +103,12 @@ impl Engine {
         let state = match &self.flavor {
             #[cfg(feature = "postgres")]
             Flavor::Postgres(pg) => State::Remote {
-                looking: Box::pin(self.wait_on_postgres(pg, queues, work, deadline)),
+                looking: Box::pin(self.wait_in_line(pg, queues, work, deadline)),
                 got: None,
             },
             #[cfg(feature = "redis")]
             Flavor::Redis(rd) => State::Remote {
-                looking: Box::pin(self.wait_on_redis(rd, queues, work, deadline)),
+                looking: Box::pin(self.wait_in_line(rd, queues, work, deadline)),
                 got: None,
             },
             _ => State::Core {
@@ -321,43 +320,18 @@ impl Engine {
         self.arm_deadline(work);
         taken
     }
+}
 
-    /// PostgreSQL's waiting take: in the line of each queue (see `Waiters`), looks in each
-    /// queue in order where no woken waiter is ahead of it; if none has an item, sleeps
-    /// until a commit to any of them wakes it, the fallback poll or `deadline`, and looks
-    /// again.
-    async fn wait_on_postgres<'a>(
-        &self,
-        pg: &Postgres,
-        queues: Vec<(usize, &'a QueueRef)>,
-        work: &mut Work,
-        deadline: Option<Instant>,
-    ) -> Result<Option<Found<'a>>> {
-        let refs: Vec<&QueueRef> = queues.iter().map(|(_, q)| *q).collect();
-        let mut line = self.join_lines(pg, refs)?;
-        // Noted by the transaction: should this future be leaked, its places are left
-        // when the transaction ends or is used again.
-        work.seats = Some(Box::new(line.seats().clone()));
-        let ticket = Some(line.seats().ticket());
-        loop {
-            for (i, &(index, queue)) in queues.iter().enumerate() {
-                if !line.may_look(i) {
-                    continue;
-                }
-                let taken = self.take_on_postgres(pg, queue, work, 1, ticket).await?;
-                if let Some(entry) = taken.into_iter().next() {
-                    line.took(i);
-                    work.seats = None;
-                    return Ok(Some((index, queue, entry)));
-                }
-            }
-            if line.watched().await {
-                continue;
-            }
-            if !line.sleep(deadline).await? {
-                work.seats = None;
-                return Ok(None);
-            }
-        }
+#[cfg(feature = "postgres")]
+impl super::server_calls::TakeInto for Postgres {
+    fn take_into<'l>(
+        &'l self,
+        engine: &'l Engine,
+        queue: &'l QueueRef,
+        work: &'l mut Work,
+        n: usize,
+        waiter: Option<u64>,
+    ) -> super::line::BoxFuture<'l, Result<Vec<Entry>>> {
+        Box::pin(engine.take_on_postgres(self, queue, work, n, waiter))
     }
 }

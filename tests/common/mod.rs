@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 pub mod certs;
 pub mod engines;
+pub mod movers;
 #[path = "../pg/mod.rs"]
 pub mod pg;
 mod raw_sled;

@@ -744,13 +744,6 @@ mod cases {
     /// at a time, in transactions it commits, aborts or drops at random, and reports each
     /// commit on stdout, until it is killed.
     pub(crate) fn worker(url: &str) {
-        use rand::{Rng, SeedableRng};
-        use std::io::Write;
-        let seed = std::env::var(WORKER_SEED_VAR)
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(0);
-        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
         let store = Store::builder()
             .postgres(url)
             .postgres_schema("multiproc")
@@ -761,30 +754,13 @@ mod cases {
             store.blocking_queue::<u64>("a").unwrap(),
             store.blocking_queue::<u64>("b").unwrap(),
         ];
-        let mut out = std::io::stdout();
-        loop {
-            let from = rng.gen_range(0..2);
-            let mut tx = store.begin();
-            let mut taken = Vec::new();
-            for _ in 0..rng.gen_range(1..=4) {
-                match queues[from].blocking_try_dequeue(&mut tx).unwrap() {
-                    Some(item) => taken.push(item),
-                    None => break,
-                }
-            }
-            for item in &taken {
-                queues[1 - from].enqueue(&mut tx, item).unwrap();
-            }
-            match rng.gen_range(0..16) {
-                0 => tx.blocking_abort().unwrap(),
-                1 => drop(tx),
-                _ => {
-                    tx.blocking_commit().unwrap();
-                    writeln!(out, "c").unwrap();
-                    out.flush().unwrap();
-                }
-            }
-        }
+        let seed = crate::common::movers::seed(WORKER_SEED_VAR);
+        crate::common::movers::move_forever(
+            &store,
+            &queues,
+            seed,
+            crate::common::movers::OnFailure::Panic,
+        )
     }
 
     /// Several worker processes (this binary, re-executed) move items between two queues of
@@ -796,56 +772,28 @@ mod cases {
         server: &PgServer,
     ) {
         use rand::{Rng, SeedableRng};
-        use std::io::{BufRead, BufReader};
-        use std::process::{Child, Command, Stdio};
-        use std::sync::mpsc;
 
         let store = store(server, "multiproc");
         let a = store.blocking_queue::<u64>("a").unwrap();
         let b = store.blocking_queue::<u64>("b").unwrap();
         fill(&store, &a, 0..MOVED);
         let url = format!("{} application_name=rq-worker", server.url());
-        let (commits, reported) = mpsc::channel::<()>();
-        let spawn = |seed: u64| -> Child {
-            let mut child = Command::new(std::env::current_exe().unwrap())
-                .env(WORKER_VAR, &url)
-                .env(WORKER_SEED_VAR, seed.to_string())
-                .stdout(Stdio::piped())
-                .spawn()
-                .expect("start a worker");
-            let stdout = child.stdout.take().unwrap();
-            let commits = commits.clone();
-            std::thread::spawn(move || {
-                for line in BufReader::new(stdout).lines() {
-                    if line.is_err() || commits.send(()).is_err() {
-                        return;
-                    }
-                }
-            });
-            child
-        };
         let mut rng = rand::rngs::StdRng::seed_from_u64(11);
-        let mut workers: Vec<Child> = (0..4).map(&spawn).collect();
+        let mut workers =
+            crate::common::movers::Workers::start(4, WORKER_VAR, &url, WORKER_SEED_VAR);
         let kills = 20;
         let mut seen = 0;
         for round in 0..kills {
             // Kill after a random number of commits by any worker: the kill lands anywhere
             // in some worker's transaction.
-            for _ in 0..rng.gen_range(20..150) {
-                reported
-                    .recv_timeout(std::time::Duration::from_secs(60))
-                    .expect("the workers commit");
-                seen += 1;
-            }
+            let commits: u32 = rng.gen_range(20..150);
+            workers.wait_commits(commits);
+            seen += commits;
             let victim = rng.gen_range(0..workers.len());
-            workers[victim].kill().unwrap();
-            workers[victim].wait().unwrap();
-            workers[victim] = spawn(100 + round);
+            workers.kill(victim);
+            workers.replace(victim, 100 + round);
         }
-        for mut worker in workers {
-            worker.kill().unwrap();
-            worker.wait().unwrap();
-        }
+        workers.kill_all();
         // The server rolls back a dead client's transaction when it sees its socket close;
         // wait (bounded) until no worker session is left, so nothing is still held.
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);

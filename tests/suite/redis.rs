@@ -1,17 +1,17 @@
 //! The Redis engine's own tests, each on a server of its own (`tests/redis/mod.rs`): the
-//! hold on a dequeued item that ends without its client, scripts loaded again, a server
+//! hold on a dequeued item that ends without its client, functions loaded again, a server
 //! killed with SIGKILL and restarted from its append-only file, keys of the store tampered
 //! with, URLs that are not Redis, a server that is down or wants a password, and one that
 //! does not fsync every write; TLS with a private authority; worker processes and the server
-//! killed with SIGKILL. The
-//! behaviour tests run on Redis through the conformance
-//! suite (`tests/common/engines.rs`).
+//! killed with SIGKILL. The behaviour tests run on Redis through the conformance suite
+//! (`tests/common/engines.rs`).
 
 use std::time::{Duration, Instant};
 
 use reliable_queue::{Builder, Error, ManualClock, Store};
 
 use crate::common::engines::Case;
+use crate::common::movers::{self, OnFailure, Workers};
 use crate::common::redis::{RedisServer, Reply};
 
 pub(crate) fn cases() -> Vec<Case> {
@@ -375,13 +375,6 @@ pub(crate) const WORKER: (&str, fn(&str)) = (WORKER_VAR, worker);
 /// on stdout, until it is killed. A call that fails (the server is down, or restarting) is
 /// left behind with its transaction, and the worker goes on.
 fn worker(url: &str) {
-    use rand::{Rng, SeedableRng};
-    use std::io::Write;
-    let seed = std::env::var(WORKER_SEED_VAR)
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let store = eventually("worker: connect", || {
         Store::builder()
             .url(url)
@@ -393,31 +386,12 @@ fn worker(url: &str) {
         eventually("worker: queue a", || store.blocking_queue::<u64>("a")),
         eventually("worker: queue b", || store.blocking_queue::<u64>("b")),
     ];
-    let mut out = std::io::stdout();
-    loop {
-        let from = rng.gen_range(0..2);
-        let mut tx = store.begin();
-        let mut taken = Vec::new();
-        for _ in 0..rng.gen_range(1..=4) {
-            match queues[from].blocking_try_dequeue(&mut tx) {
-                Ok(Some(item)) => taken.push(item),
-                _ => break,
-            }
-        }
-        for item in &taken {
-            queues[1 - from].enqueue(&mut tx, item).unwrap();
-        }
-        match rng.gen_range(0..16) {
-            0 => drop(tx.blocking_abort()),
-            1 => drop(tx),
-            _ => {
-                if tx.blocking_commit().is_ok() {
-                    writeln!(out, "c").unwrap();
-                    out.flush().unwrap();
-                }
-            }
-        }
-    }
+    movers::move_forever(
+        &store,
+        &queues,
+        movers::seed(WORKER_SEED_VAR),
+        OnFailure::GoOn,
+    )
 }
 
 /// TLS (rustls) with a private authority: the server, given a certificate signed by a test
@@ -510,9 +484,6 @@ fn tls_connections_verify_the_server(server: &RedisServer) {
 /// none twice.
 fn processes_and_the_server_killed_with_sigkill_lose_and_duplicate_nothing(server: &RedisServer) {
     use rand::{Rng, SeedableRng};
-    use std::io::{BufRead, BufReader};
-    use std::process::{Child, Command, Stdio};
-    use std::sync::mpsc;
 
     let store = builder(server).namespace("multiproc").open().unwrap();
     let a = store.blocking_queue::<u64>("a").unwrap();
@@ -522,50 +493,23 @@ fn processes_and_the_server_killed_with_sigkill_lose_and_duplicate_nothing(serve
     }
     tx.blocking_commit().unwrap();
     store.blocking_close().unwrap();
-    let url = server.url().to_owned();
-    let (commits, reported) = mpsc::channel::<()>();
-    let spawn = |seed: u64| -> Child {
-        let mut child = Command::new(std::env::current_exe().unwrap())
-            .env(WORKER_VAR, &url)
-            .env(WORKER_SEED_VAR, seed.to_string())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("start a worker");
-        let stdout = child.stdout.take().unwrap();
-        let commits = commits.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                if line.is_err() || commits.send(()).is_err() {
-                    return;
-                }
-            }
-        });
-        child
-    };
     let mut rng = rand::rngs::StdRng::seed_from_u64(17);
-    let mut workers: Vec<Child> = (0..4).map(&spawn).collect();
+    let mut workers = Workers::start(4, WORKER_VAR, server.url(), WORKER_SEED_VAR);
     let (kills, mut server_kills, mut seen) = (20, 0, 0);
     for round in 0..kills {
-        for _ in 0..rng.gen_range(20..150) {
-            reported
-                .recv_timeout(Duration::from_secs(60))
-                .expect("the workers commit");
-            seen += 1;
-        }
+        let commits: u32 = rng.gen_range(20..150);
+        workers.wait_commits(commits);
+        seen += commits;
         let victim = rng.gen_range(0..workers.len());
-        workers[victim].kill().unwrap();
-        workers[victim].wait().unwrap();
+        workers.kill(victim);
         if round % 4 == 3 {
             server.kill_9();
             server.restart();
             server_kills += 1;
         }
-        workers[victim] = spawn(100 + round);
+        workers.replace(victim, 100 + round);
     }
-    for mut worker in workers {
-        worker.kill().unwrap();
-        worker.wait().unwrap();
-    }
+    workers.kill_all();
     // The dead workers' holds end WORKER_HOLD after their last dequeues; a count takes
     // back what has ended. Bounded.
     let store = builder(server).namespace("multiproc").open().unwrap();

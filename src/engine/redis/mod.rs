@@ -264,75 +264,48 @@ impl fmt::Debug for Redis {
     }
 }
 
-/// The functions of the library (see `scripts.rs`), loaded when a server lacks them.
-struct Scripts {
-    queue: Script,
-    take: Script,
-    give_back: Script,
-    commit: Script,
-    count: Script,
-    stats: Script,
-    reclaim: Script,
-    browse: Script,
-    lease: Script,
-    unlease: Script,
-    drop_lease: Script,
-    fail: Script,
-    release: Script,
-    extend: Script,
-    set_policy: Script,
-    next_due: Script,
-    dead_letters: Script,
-    dead_work: Script,
+/// `Scripts`: each function of the library (see `scripts.rs`) under its name, the field
+/// and the function's name alike, with its body's constant in `scripts.rs`.
+macro_rules! functions {
+    ($($name:ident: $body:ident),* $(,)?) => {
+        /// The functions of the library (see `scripts.rs`), loaded when a server lacks them.
+        struct Scripts {
+            $($name: Script,)*
+        }
+
+        impl Scripts {
+            fn new() -> Scripts {
+                let functions = [$((stringify!($name), scripts::$body)),*];
+                let (code, digest) =
+                    scripts::library(&functions, &policy_text(RetryPolicy::default()), EXPIRED);
+                let code: Arc<str> = code.into();
+                Scripts {
+                    $($name: Script::new(&code, &digest, stringify!($name)),)*
+                }
+            }
+        }
+    };
 }
 
-impl Scripts {
-    fn new() -> Scripts {
-        use scripts as s;
-        let functions = [
-            ("queue", s::QUEUE),
-            ("take", s::TAKE),
-            ("give_back", s::GIVE_BACK),
-            ("commit", s::COMMIT),
-            ("count", s::COUNT),
-            ("stats", s::STATS),
-            ("reclaim", s::RECLAIM),
-            ("browse", s::BROWSE),
-            ("lease", s::LEASE),
-            ("unlease", s::UNLEASE),
-            ("drop_lease", s::DROP_LEASE),
-            ("fail", s::FAIL),
-            ("release", s::RELEASE),
-            ("extend", s::EXTEND),
-            ("set_policy", s::SET_POLICY),
-            ("next_due", s::NEXT_DUE),
-            ("dead_letters", s::DEAD_LETTERS),
-            ("dead_work", s::DEAD_WORK),
-        ];
-        let (code, digest) = s::library(&functions, &policy_text(RetryPolicy::default()), EXPIRED);
-        let code: Arc<str> = code.into();
-        let f = |name| Script::new(&code, &digest, name);
-        Scripts {
-            queue: f("queue"),
-            take: f("take"),
-            give_back: f("give_back"),
-            commit: f("commit"),
-            count: f("count"),
-            stats: f("stats"),
-            reclaim: f("reclaim"),
-            browse: f("browse"),
-            lease: f("lease"),
-            unlease: f("unlease"),
-            drop_lease: f("drop_lease"),
-            fail: f("fail"),
-            release: f("release"),
-            extend: f("extend"),
-            set_policy: f("set_policy"),
-            next_due: f("next_due"),
-            dead_letters: f("dead_letters"),
-            dead_work: f("dead_work"),
-        }
-    }
+functions! {
+    queue: QUEUE,
+    take: TAKE,
+    give_back: GIVE_BACK,
+    commit: COMMIT,
+    count: COUNT,
+    stats: STATS,
+    reclaim: RECLAIM,
+    browse: BROWSE,
+    lease: LEASE,
+    unlease: UNLEASE,
+    drop_lease: DROP_LEASE,
+    fail: FAIL,
+    release: RELEASE,
+    extend: EXTEND,
+    set_policy: SET_POLICY,
+    next_due: NEXT_DUE,
+    dead_letters: DEAD_LETTERS,
+    dead_work: DEAD_WORK,
 }
 
 /// A retry policy as the store keeps it: `max attempts,initial ms,max ms,jitter ‰`.
