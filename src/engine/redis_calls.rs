@@ -1,5 +1,5 @@
-//! How the seam's operations map onto the Redis engine (`impl Engine`): the commit and the
-//! take (the waiting take is the server engines' `wait_in_line`). The handles reach these only through the engine's
+//! How the seam's operations map onto the Redis engine (`impl Engine`): the commit, and the
+//! take the server engines' shared takes call (`server_calls.rs`). The handles reach these only through the engine's
 //! operations, which choose them by the store's engine.
 
 use std::sync::Arc;
@@ -106,51 +106,16 @@ impl Engine {
         }
         done
     }
-
-    /// Redis's [`take`](Engine::take): this store's waiters first (a waiter woken for an
-    /// item and still to look has it: see `Waiters`), then the script.
-    pub(crate) async fn take_from_redis(
-        &self,
-        rd: &Redis,
-        queue: &QueueRef,
-        work: &mut Work,
-        n: usize,
-        each: impl FnMut(&Entry) -> Result<()>,
-    ) -> Result<usize> {
-        work.withdraw_leaked();
-        self.check_open()?;
-        work.check_live()?;
-        let look = self.take_on_redis(rd, queue, work, n, None);
-        self.take_in_turn(rd, queue, look, each).await
-    }
-
-    /// Redis's take: up to `n` items at the head of `queue` into `work`'s transaction
-    /// (`waiter`: the ticket of the waiting consumer that looks), and its deadline armed.
-    async fn take_on_redis(
-        &self,
-        rd: &Redis,
-        queue: &QueueRef,
-        work: &mut Work,
-        n: usize,
-        waiter: Option<u64>,
-    ) -> Result<Vec<Entry>> {
-        self.check_open()?;
-        work.check_live()?;
-        let taken = rd.take(&queue.core, &mut work.rd, n, waiter).await;
-        self.arm_deadline(work);
-        taken
-    }
 }
 
 impl super::server_calls::TakeInto for Redis {
     fn take_into<'l>(
         &'l self,
-        engine: &'l Engine,
-        queue: &'l QueueRef,
+        core: &'l crate::core::QueueCore,
         work: &'l mut Work,
         n: usize,
         waiter: Option<u64>,
-    ) -> super::line::BoxFuture<'l, Result<Vec<Entry>>> {
-        Box::pin(engine.take_on_redis(self, queue, work, n, waiter))
+    ) -> impl std::future::Future<Output = Result<Vec<Entry>>> + Send + 'l {
+        self.take(core, &mut work.rd, n, waiter)
     }
 }

@@ -6,8 +6,9 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{oneshot, Notify};
 
-use super::line::{wait_for, watched, BoxFuture, Granted, Host, Seats, Turn};
+use super::line::{wait_for, watched, Granted, Host, Seats, Turn};
 use super::{Engine, Entry, QueueRef, Work};
+use crate::core::QueueCore;
 use crate::error::Result;
 
 impl Engine {
@@ -60,10 +61,44 @@ impl Engine {
         }
     }
 
+    /// A server engine's [`take`](Engine::take): this store's waiters first (a waiter woken
+    /// for an item and still to look has it: see `Waiters`), then the engine's take.
+    pub(crate) async fn take_from_server(
+        &self,
+        host: &impl TakeInto,
+        queue: &QueueRef,
+        work: &mut Work,
+        n: usize,
+        each: impl FnMut(&Entry) -> Result<()>,
+    ) -> Result<usize> {
+        work.withdraw_leaked();
+        self.check_open()?;
+        work.check_live()?;
+        let look = self.take_on_server(host, queue, work, n, None);
+        self.take_in_turn(host, queue, look, each).await
+    }
+
+    /// The engine's take of up to `n` items of `queue` into `work`, between the checks that
+    /// the store and the transaction are open and the arming of the transaction's deadline.
+    async fn take_on_server(
+        &self,
+        host: &impl TakeInto,
+        queue: &QueueRef,
+        work: &mut Work,
+        n: usize,
+        waiter: Option<u64>,
+    ) -> Result<Vec<Entry>> {
+        self.check_open()?;
+        work.check_live()?;
+        let taken = host.take_into(&queue.core, work, n, waiter).await;
+        self.arm_deadline(work);
+        taken
+    }
+
     /// A server engine's take that is not a waiter's: this store's waiters first (a waiter
     /// woken for an item and still to look has it: see `Waiters`), then `look` (not polled
     /// when a waiter ahead has the turn); each item it took is handed to `each`.
-    pub(crate) async fn take_in_turn<F>(
+    async fn take_in_turn<F>(
         &self,
         host: &dyn Host,
         queue: &QueueRef,
@@ -124,7 +159,7 @@ impl Engine {
                 if !line.may_look(i) {
                     continue;
                 }
-                let taken = host.take_into(self, queue, work, 1, ticket).await?;
+                let taken = self.take_on_server(host, queue, work, 1, ticket).await?;
                 if let Some(entry) = taken.into_iter().next() {
                     line.took(i);
                     work.seats = None;
@@ -194,19 +229,18 @@ impl Engine {
     }
 }
 
-/// A server engine's take into a transaction, as a waiting consumer's look makes it (see
-/// [`Engine::wait_in_line`]).
+/// A server engine's own take into a transaction: what the shared takes
+/// ([`Engine::take_from_server`], [`Engine::wait_in_line`]) call.
 pub(crate) trait TakeInto: Host {
-    /// Up to `n` items at the head of `queue` into `work`'s transaction, for the waiting
-    /// consumer with ticket `waiter`.
+    /// Up to `n` items at the head of `core`'s queue into `work`'s transaction on the server,
+    /// in queue order (`waiter`: the ticket of the waiting consumer that looks).
     fn take_into<'l>(
         &'l self,
-        engine: &'l Engine,
-        queue: &'l QueueRef,
+        core: &'l QueueCore,
         work: &'l mut Work,
         n: usize,
         waiter: Option<u64>,
-    ) -> BoxFuture<'l, Result<Vec<Entry>>>;
+    ) -> impl std::future::Future<Output = Result<Vec<Entry>>> + Send + 'l;
 }
 
 /// A consumer waiting on a server engine: its place in the line of each of its queues (one

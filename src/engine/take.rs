@@ -43,11 +43,11 @@ impl Engine {
         #[cfg(feature = "postgres")]
         if let Flavor::Postgres(pg) = &self.flavor {
             // Boxed: the embedded engines' take must not carry the statement's future.
-            return Box::pin(self.take_from_postgres(pg, queue, work, n, each)).await;
+            return Box::pin(self.take_from_server(pg, queue, work, n, each)).await;
         }
         #[cfg(feature = "redis")]
         if let Flavor::Redis(rd) = &self.flavor {
-            return Box::pin(self.take_from_redis(rd, queue, work, n, each)).await;
+            return Box::pin(self.take_from_server(rd, queue, work, n, each)).await;
         }
         self.take_now(queue, work, n, each)
     }
@@ -286,52 +286,14 @@ fn poll_core<'a>(
 }
 
 #[cfg(feature = "postgres")]
-impl Engine {
-    /// PostgreSQL's [`take`](Engine::take): this process's waiters first (a waiter woken
-    /// for an item and still to look has it: see `Waiters`), then the statement.
-    async fn take_from_postgres(
-        &self,
-        pg: &Postgres,
-        queue: &QueueRef,
-        work: &mut Work,
-        n: usize,
-        each: impl FnMut(&Entry) -> Result<()>,
-    ) -> Result<usize> {
-        work.withdraw_leaked();
-        self.check_open()?;
-        work.check_live()?;
-        let look = self.take_on_postgres(pg, queue, work, n, None);
-        self.take_in_turn(pg, queue, look, each).await
-    }
-
-    /// PostgreSQL's take: up to `n` items at the head of `queue` into `work`'s database
-    /// transaction, in queue order.
-    async fn take_on_postgres(
-        &self,
-        pg: &Postgres,
-        queue: &QueueRef,
-        work: &mut Work,
-        n: usize,
-        waiter: Option<u64>,
-    ) -> Result<Vec<Entry>> {
-        self.check_open()?;
-        work.check_live()?;
-        let taken = pg.try_dequeue(&queue.core, &mut work.pg, n, waiter).await;
-        self.arm_deadline(work);
-        taken
-    }
-}
-
-#[cfg(feature = "postgres")]
 impl super::server_calls::TakeInto for Postgres {
     fn take_into<'l>(
         &'l self,
-        engine: &'l Engine,
-        queue: &'l QueueRef,
+        core: &'l crate::core::QueueCore,
         work: &'l mut Work,
         n: usize,
         waiter: Option<u64>,
-    ) -> super::line::BoxFuture<'l, Result<Vec<Entry>>> {
-        Box::pin(engine.take_on_postgres(self, queue, work, n, waiter))
+    ) -> impl Future<Output = Result<Vec<Entry>>> + Send + 'l {
+        self.try_dequeue(core, &mut work.pg, n, waiter)
     }
 }
