@@ -29,6 +29,10 @@ pub(crate) fn cases() -> Vec<Case> {
             acknowledged_commits_survive_kill_9_of_the_server_and_the_store_reconnects,
         ),
         Case::redis(
+            "concurrent_calls_go_to_the_server_in_groups_and_each_fails_alone",
+            concurrent_calls_go_to_the_server_in_groups_and_each_fails_alone,
+        ),
+        Case::redis(
             "tampered_keys_give_a_typed_error_and_lose_nothing",
             tampered_keys_give_a_typed_error_and_lose_nothing,
         ),
@@ -290,6 +294,122 @@ fn tampered_keys_give_a_typed_error_and_lose_nothing(server: &RedisServer) {
             ..
         })
     ));
+}
+
+/// The takes and commits of many transactions at once go to the server in groups (fewer
+/// function calls than calls), and every item moves once. In a group, each call has its own
+/// answer: a take from a queue whose list was tampered with fails alone, and the takes
+/// around it hold their items, counted once each.
+fn concurrent_calls_go_to_the_server_in_groups_and_each_fails_alone(server: &RedisServer) {
+    const THREADS: u32 = 32;
+    const MOVES: u32 = 20;
+    let store = builder(server).open().unwrap();
+    let a = store.blocking_queue::<u32>("a").unwrap();
+    let b = store.blocking_queue::<u32>("b").unwrap();
+    let mut tx = store.begin();
+    for i in 0..THREADS * MOVES {
+        a.enqueue(&mut tx, i).unwrap();
+    }
+    tx.blocking_commit().unwrap();
+    let fcalls = |server: &RedisServer| -> u64 {
+        let Reply::Bulk(Some(info)) = server.command(&[b"INFO", b"commandstats"]) else {
+            panic!("INFO answered no text");
+        };
+        let info = String::from_utf8(info).unwrap();
+        let line = info.lines().find(|l| l.starts_with("cmdstat_fcall:"));
+        line.and_then(|l| l.split(['=', ',']).nth(1)?.parse().ok())
+            .expect("FCALL's count in INFO commandstats")
+    };
+    let before = fcalls(server);
+    std::thread::scope(|s| {
+        for _ in 0..THREADS {
+            s.spawn(|| {
+                for _ in 0..MOVES {
+                    let mut tx = store.begin();
+                    let item = a.blocking_try_dequeue(&mut tx).unwrap().expect("an item");
+                    b.enqueue(&mut tx, item).unwrap();
+                    tx.blocking_commit().unwrap();
+                }
+            });
+        }
+    });
+    let calls = fcalls(server) - before;
+    let ops = u64::from(2 * THREADS * MOVES);
+    eprintln!("{ops} takes and commits of {THREADS} threads: {calls} function calls");
+    assert!(
+        calls < ops,
+        "{calls} function calls for {ops} takes and commits"
+    );
+    assert_eq!(a.blocking_count().unwrap(), 0);
+    let mut tx = store.begin();
+    let mut moved: Vec<u32> =
+        std::iter::from_fn(|| b.blocking_try_dequeue(&mut tx).unwrap()).collect();
+    tx.blocking_commit().unwrap();
+    moved.sort_unstable();
+    assert_eq!(moved, (0..THREADS * MOVES).collect::<Vec<_>>());
+
+    // One group by hand: takes from queue "c" (number 3) around a take from "d" (4), whose
+    // ready list is a string.
+    let c = store.blocking_queue::<u32>("c").unwrap();
+    store.blocking_queue::<u32>("d").unwrap();
+    let mut tx = store.begin();
+    for i in [7, 8, 9] {
+        c.enqueue(&mut tx, i).unwrap();
+    }
+    tx.blocking_commit().unwrap();
+    server.command(&[b"SET", b"rq:{t}:q:4:ready", b"x"]);
+    fn find_batch(reply: &Reply) -> Option<Vec<u8>> {
+        match reply {
+            Reply::Bulk(Some(name)) if name.ends_with(b"_batch") => Some(name.clone()),
+            Reply::Array(parts) => parts.iter().find_map(find_batch),
+            _ => None,
+        }
+    }
+    let batch = find_batch(&server.command(&[b"FUNCTION", b"LIST"])).expect("the batch function");
+    let take = |q: &'static [u8], token: &'static [u8]| -> [&'static [u8]; 8] {
+        [b"take", b"6", q, b"1", token, b"60000", b"0", b"0"]
+    };
+    let mut args: Vec<&[u8]> = vec![b"FCALL", &batch, b"1", b"rq:{t}:queues", b"rq:{t}:", b"0"];
+    args.extend([b"test".as_slice(), b"3"]);
+    args.extend(take(b"3", b"aaaa"));
+    args.extend(take(b"4", b"bbbb"));
+    args.extend(take(b"3", b"cccc"));
+    let Reply::Array(answers) = server.command(&args) else {
+        panic!("the batch function answered no list");
+    };
+    let taken = |answer: &Reply| match answer {
+        Reply::Array(parts) => match parts.as_slice() {
+            [Reply::Int(_), Reply::Bulk(Some(ok)), Reply::Bulk(Some(id)), Reply::Bulk(Some(_))]
+                if ok == b"ok" =>
+            {
+                id.clone()
+            }
+            other => panic!("a take answered {other:?}"),
+        },
+        other => panic!("a take answered {other:?}"),
+    };
+    assert_eq!(answers.len(), 3);
+    let (first, second) = (taken(&answers[0]), taken(&answers[2]));
+    assert_ne!(first, second);
+    assert!(
+        matches!(&answers[1], Reply::Error(e) if e.contains("WRONGTYPE")),
+        "the take from the tampered queue: {:?}",
+        answers[1]
+    );
+    let entry = |id: &[u8]| [b"3:".as_slice(), id].concat();
+    for (token, id) in [(b"rq:{t}:tx:aaaa", &first), (b"rq:{t}:tx:cccc", &second)] {
+        assert_eq!(
+            server.command(&[b"LRANGE", token, b"0", b"-1"]),
+            Reply::Array(vec![Reply::Bulk(Some(entry(id)))])
+        );
+    }
+    assert_eq!(
+        server.command(&[b"HGET", b"rq:{t}:held", b"3"]),
+        Reply::Bulk(Some(b"2".to_vec()))
+    );
+    assert_eq!(server.command(&[b"ZCARD", b"rq:{t}:holds"]), Reply::Int(2));
+    assert_eq!(c.blocking_stats().unwrap().held, 2);
+    assert_eq!(c.blocking_count().unwrap(), 1);
 }
 
 /// A URL no engine serves, a socket nobody listens on, a server that wants a password.

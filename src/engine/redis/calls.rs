@@ -155,7 +155,14 @@ impl Redis {
             args.push(ttl.to_string().into_bytes());
         }
         let got = match self
-            .script("commit", |s| &s.commit, args, super::ignore)
+            .batcher
+            .call(
+                &self.calls,
+                "commit",
+                super::batch::Kind::Commit,
+                args,
+                super::ignore,
+            )
             .await
         {
             Ok(got) => got,

@@ -30,6 +30,7 @@
 //!
 //! [`DEFAULT_HOLD_TIMEOUT`]: crate::config::DEFAULT_HOLD_TIMEOUT
 
+mod batch;
 pub(crate) mod calls;
 mod scripts;
 
@@ -248,6 +249,8 @@ pub(crate) struct Redis {
     returner: Arc<Returner>,
     /// The calls running on the store's runtime, which a close lets finish.
     calls: Arc<Calls>,
+    /// The takes and commits waiting to be sent, in groups.
+    batcher: Arc<batch::Batcher>,
     /// How long a transaction's first dequeue holds its items when it has no deadline.
     hold_ms: u64,
     poll_interval: Duration,
@@ -306,6 +309,7 @@ functions! {
     next_due: NEXT_DUE,
     dead_letters: DEAD_LETTERS,
     dead_work: DEAD_WORK,
+    batch: BATCH,
 }
 
 /// A retry policy as the store keeps it: `max attempts,initial ms,max ms,jitter ‰`.
@@ -531,6 +535,7 @@ impl Redis {
                 calls: Arc::clone(&calls),
             }),
             calls,
+            batcher: Arc::default(),
             hold_ms: u64::try_from(config.hold_timeout.as_millis()).unwrap_or(u64::MAX),
             poll_interval: config.poll_interval,
             opened: Arc::new(Mutex::new(Vec::new())),
@@ -556,7 +561,11 @@ impl Redis {
             store.poll_interval,
             store.clock.clone(),
         ));
-        store.background.lock().extend([subscribe, reclaim]);
+        let groups = store.rt.spawn(batch::send_groups(
+            Arc::clone(&store.batcher),
+            Arc::clone(&store.returner),
+        ));
+        store.background.lock().extend([subscribe, reclaim, groups]);
         Ok(store)
     }
 
@@ -783,9 +792,11 @@ impl Redis {
         // Until the answer is read here: see `RedisSlot::pending`.
         slot.pending = Some(took_rx);
         let got = self
-            .script(
+            .batcher
+            .call(
+                &self.calls,
                 "dequeue",
-                |s| &s.take,
+                batch::Kind::Take,
                 args,
                 move |got| {
                     let ids: Vec<u64> = match got {
@@ -954,6 +965,7 @@ impl Redis {
         for task in self.background.lock().drain(..) {
             task.abort();
         }
+        self.batcher.close();
         self.waiters.wake_all();
         drop(self.stop.lock().take());
         let thread = self.thread.lock().take();

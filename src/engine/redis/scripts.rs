@@ -59,7 +59,19 @@ pub(super) const RECORD: usize = 1 + 8 + 8 + 8 + 4;
 const COMMON: &str = r#"
 -- Set by `begin` as each call starts: its arguments, the prefix, the time, the calling store.
 local ARGV, p, NOW, FROM
+-- Writes put off to the call's end (`finish`), where each is one command per key however
+-- many of the calls of a batch made it: the held counts, the wake-ups, a commit's records
+-- of consumed items, the end of its hold (its list, its entry in `<p>holds`), a take's
+-- entry there, and the plain enqueues (records and ready lists; `reclaim` writes a queue's
+-- before anything reads its ready list). Nothing in a call reads what it put off: a
+-- transaction has one call at a time, and the keys put off are its own or only counted.
+-- Also the queues `reclaim` looked at in this call, which it does not look at again.
+local LATER
 local function begin(args)
+  LATER = {
+    held = {}, heldq = {}, wakes = {}, wakeq = {}, gone = {}, goneq = {}, del = {},
+    zrem = {}, zadd = {}, runs = {}, runq = {}, reclaimed = {}
+  }
   ARGV = args
   p = args[1]
   NOW = tonumber(args[2])
@@ -96,8 +108,17 @@ local function policy(q)
   if not m then m, i, x, j = string.match(DEFAULT_POLICY, '^(%d+),(%d+),(%d+),(%d+)$') end
   return tonumber(m), tonumber(i), tonumber(x), tonumber(j)
 end
-local function wake(q) redis.call('PUBLISH', p .. 'wake', q .. ':' .. FROM) end
-local function wake_every_store(q) redis.call('PUBLISH', p .. 'wake', q .. ':') end
+local function publish(m)
+  if not LATER.wakes[m] then LATER.wakes[m] = true; LATER.wakeq[#LATER.wakeq + 1] = m end
+end
+local function wake(q) publish(q .. ':' .. FROM) end
+local function wake_every_store(q) publish(q .. ':') end
+-- `n` more (or fewer) of queue q's items are held.
+local function held_add(q, n)
+  local h = LATER.held
+  if not h[q] then h[q] = 0; LATER.heldq[#LATER.heldq + 1] = q end
+  h[q] = h[q] + n
+end
 local function new_id() return redis.call('INCR', p .. 'seq') end
 -- The key of item `id`, if it has one, is free again.
 local function free_key(q, id)
@@ -151,6 +172,41 @@ local function hmget(key, fields)
   end
   return out
 end
+-- Item `id` (record `rec`) goes to the tail of queue q, with the other plain enqueues of
+-- the call (see LATER).
+local function add_run(q, id, rec)
+  local r = LATER.runs[q]
+  if not r then
+    r = {ids = {}, pairs = {}}
+    LATER.runs[q] = r
+    LATER.runq[#LATER.runq + 1] = q
+  end
+  r.ids[#r.ids + 1] = id
+  r.pairs[#r.pairs + 1] = id
+  r.pairs[#r.pairs + 1] = rec
+end
+-- Writes queue q's plain enqueues put off so far.
+local function flush(q)
+  local r = LATER.runs[q]
+  if r then
+    LATER.runs[q] = nil
+    multi('HSET', qkey(q, 'items'), r.pairs)
+    multi('RPUSH', qkey(q, 'ready'), r.ids)
+  end
+end
+-- The writes put off (LATER), at the end of a call.
+local function finish()
+  local l = LATER
+  for _, q in ipairs(l.runq) do flush(q) end
+  for _, q in ipairs(l.goneq) do multi('HDEL', qkey(q, 'items'), l.gone[q]) end
+  for _, q in ipairs(l.heldq) do
+    if l.held[q] ~= 0 then redis.call('HINCRBY', p .. 'held', q, l.held[q]) end
+  end
+  for i = 1, #l.del, CHUNK do redis.call('DEL', unpack(l.del, i, math.min(i + CHUNK - 1, #l.del))) end
+  multi('ZREM', p .. 'holds', l.zrem)
+  multi('ZADD', p .. 'holds', l.zadd)
+  for _, m in ipairs(l.wakeq) do redis.call('PUBLISH', p .. 'wake', m) end
+end
 -- Puts the ids in `ids` back at the head of queue q's ready list, lowest id first.
 local function to_head(q, ids)
   table.sort(ids, function(a, b) return tonumber(a) > tonumber(b) end)
@@ -177,7 +233,7 @@ local function give_back(token, everyone)
   local order, ids = by_queue(redis.call('LRANGE', tx, 0, -1))
   for _, q in ipairs(order) do
     to_head(q, ids[q])
-    redis.call('HINCRBY', p .. 'held', q, -#ids[q])
+    held_add(q, -#ids[q])
     if everyone then wake_every_store(q) else wake(q) end
   end
   redis.call('DEL', tx)
@@ -187,6 +243,8 @@ end
 -- The items of transactions whose hold ended by NOW go back (at most 100 transactions a
 -- call).
 local function reclaim_holds()
+  if LATER.reclaimed[''] then return end
+  LATER.reclaimed[''] = true
   local ended = redis.call('ZRANGEBYSCORE', p .. 'holds', '-inf', NOW, 'LIMIT', 0, 100)
   for _, t in ipairs(ended) do give_back(t, true) end
 end
@@ -195,7 +253,10 @@ end
 -- that fell due (to the tail, in due order), by NOW; at most 1000 of each a call. Wakes
 -- every store's waiters if any came.
 local function reclaim(q)
+  flush(q)
   reclaim_holds()
+  if LATER.reclaimed[q] then return end
+  LATER.reclaimed[q] = true
   local came = false
   local ended = redis.call('ZRANGEBYSCORE', qkey(q, 'leased'), '-inf', NOW, 'LIMIT', 0, 1000)
   if #ended > 0 then
@@ -312,8 +373,9 @@ for i, id in ipairs(ids) do
 end
 if #entries > 0 then
   multi('RPUSH', p .. 'tx:' .. token, entries)
-  redis.call('ZADD', p .. 'holds', ends, token)
-  redis.call('HINCRBY', p .. 'held', q, #entries)
+  LATER.zadd[#LATER.zadd + 1] = ends
+  LATER.zadd[#LATER.zadd + 1] = token
+  held_add(q, #entries)
 end
 return out
 "#;
@@ -338,7 +400,7 @@ for _, e in ipairs(redis.call('LRANGE', tx, 0, -1)) do
 end
 for _, q in ipairs(queues) do
   to_head(q, back[q])
-  redis.call('HINCRBY', p .. 'held', q, -#back[q])
+  held_add(q, -#back[q])
   wake(q)
 end
 if redis.call('EXISTS', tx) == 0 then redis.call('ZREM', p .. 'holds', token) end
@@ -395,11 +457,13 @@ if #held > 0 then
     if redis.call('EXISTS', qkey(q, 'keyof')) == 1 then
       for _, id in ipairs(ids[q]) do free_key(q, id) end
     end
-    multi('HDEL', qkey(q, 'items'), ids[q])
-    redis.call('HINCRBY', p .. 'held', q, -#ids[q])
+    local gone = LATER.gone[q]
+    if not gone then gone = {}; LATER.gone[q] = gone; LATER.goneq[#LATER.goneq + 1] = q end
+    for _, id in ipairs(ids[q]) do gone[#gone + 1] = id end
+    held_add(q, -#ids[q])
   end
-  redis.call('DEL', tx)
-  redis.call('ZREM', p .. 'holds', token)
+  LATER.del[#LATER.del + 1] = tx
+  LATER.zrem[#LATER.zrem + 1] = token
 end
 local function due_of(s)
   if string.sub(s, 1, 1) == '+' then return NOW + tonumber(string.sub(s, 2)) end
@@ -416,27 +480,14 @@ local woken, order = {}, {}
 local function came(q)
   if not woken[q] then woken[q] = true; order[#order + 1] = q end
 end
--- Plain enqueues, a run per queue: written together when the queue's ready list is next
--- written another way, or at the end.
-local runs = {}
-local function flush(q)
-  local r = runs[q]
-  if r and #r.ids > 0 then
-    multi('HSET', qkey(q, 'items'), r.pairs)
-    multi('RPUSH', qkey(q, 'ready'), r.ids)
-    runs[q] = nil
-  end
-end
+-- Plain enqueues are put off (add_run): written together when the queue's ready list is
+-- next written another way, or at the end.
 for i = 0, m - 1 do
   local at = 7 + 5 * i
   local kind, q = ARGV[at], ARGV[at + 1]
   if kind ~= 'a' then id = id + 1 end
   if kind == 'e' then
-    local r = runs[q]
-    if not r then r = {ids = {}, pairs = {}}; runs[q] = r end
-    r.ids[#r.ids + 1] = id
-    r.pairs[#r.pairs + 1] = id
-    r.pairs[#r.pairs + 1] = ARGV[at + 2]
+    add_run(q, id, ARGV[at + 2])
     came(q)
   elseif kind == 'f' then
     local key = ARGV[at + 4]
@@ -477,7 +528,6 @@ for i = 0, m - 1 do
     end
   end
 end
-for _, q in ipairs(order) do flush(q) end
 local out = {'ok', 0}
 local lq = ARGV[7 + 5 * m]
 if lq and lq ~= '' then
@@ -714,9 +764,35 @@ if not purge and #ids > 0 then wake_every_store(q) end
 return {'ok', #ids}
 "#;
 
+/// Runs the calls `ARGV[5..]` of other functions, `ARGV[4]` of them, one after the other at
+/// one time, with their writes put off to the end of all (see `LATER`): each is the
+/// function's name (as in `BODIES`), the number of its own arguments and those arguments.
+/// Returns the answer of each, in order, or in its place the error that stopped it (what it
+/// wrote before that stays written, as for a call of its own).
+pub(super) const BATCH: &str = r#"
+local outer, at, out = ARGV, 5, {}
+for i = 1, tonumber(outer[4]) do
+  local body, k = BODIES[outer[at]], tonumber(outer[at + 1])
+  local sub = {outer[1], outer[2], outer[3]}
+  for j = 1, k do sub[3 + j] = outer[at + 1 + j] end
+  at = at + 2 + k
+  ARGV = sub
+  local ok, r = pcall(body)
+  if ok then
+    out[i] = r
+  elseif type(r) == 'table' and r.err then
+    out[i] = r
+  else
+    out[i] = {err = 'ERR ' .. tostring(r)}
+  end
+end
+ARGV = outer
+return out
+"#;
+
 /// The library as loaded: the constants this build gives it, the shared part, then each
-/// function of `functions` (a name and its body) registered as `rq_<digest>_<name>`; and
-/// the digest. The digest is of everything but the names, which it is part of.
+/// function of `functions` (a name and its body) as `BODIES[name]`, registered as
+/// `rq_<digest>_<name>` which runs it between `begin` and `finish`; and the digest. The digest is of everything but the names, which it is part of.
 pub(super) fn library(
     functions: &[(&str, &str)],
     default_policy: &str,
@@ -734,10 +810,14 @@ pub(super) fn library(
         digested.push_str(&format!("-- {name}\n{own}\n"));
     }
     let digest = redis::Script::new(&digested).get_hash()[..16].to_owned();
-    let mut code = format!("#!lua name=rq_{digest}\n{shared}");
+    let mut code = format!("#!lua name=rq_{digest}\n{shared}local BODIES = {{}}\n");
     for (name, own) in functions {
+        code.push_str(&format!("BODIES['{name}'] = function()\n{own}\nend\n"));
+    }
+    for (name, _) in functions {
         code.push_str(&format!(
-            "redis.register_function('rq_{digest}_{name}', function(_, args)\nbegin(args)\n{own}\nend)\n"
+            "redis.register_function('rq_{digest}_{name}', function(_, args)\n\
+             begin(args)\nlocal r = BODIES['{name}']()\nfinish()\nreturn r\nend)\n"
         ));
     }
     (code, digest)
