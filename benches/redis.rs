@@ -16,8 +16,9 @@
 //!   and `b` (8 items per client in each at the start): take the head item of one queue (the
 //!   other when it is empty), put it on the other, commit. Clients are tasks on a tokio
 //!   runtime with two worker threads.
-//!   - `reliable-queue`: `try_dequeue`, `enqueue`, `commit` (two scripts: the take, the
-//!     commit).
+//!   - `reliable-queue`: `try_dequeue`, `enqueue`, `commit` (two function calls, the take
+//!     and the commit, which the store groups with its other transactions' calls; the bench
+//!     prints the `FCALL`s per move and their cost from `INFO commandstats`).
 //!   - `redis-rs by hand`: the reliable-queue pattern of a processing list: `LMOVE a
 //!     inprogress:<client> LEFT RIGHT` (the item is safe in the client's list while it is
 //!     worked on), then `MULTI; LREM inprogress:<client> 1 item; RPUSH b item; EXEC` (its

@@ -12,16 +12,17 @@
 
 use std::sync::Arc;
 
+use redis::aio::ConnectionManager;
 use redis::{RedisError, RedisResult, Value};
 use tokio::sync::{oneshot, Notify, Semaphore};
 
-use super::scripts::Script;
-use super::{fail, now_arg, Returner, Scripts};
+use super::scripts::{now_arg, Script};
+use crate::clock::Clock;
 use crate::engine::line::{Call, Calls};
 use crate::error::{Error, Result};
 use crate::sync::process::Mutex;
 
-/// How many groups may be at the server at once: one being run while the next is sent.
+/// How many groups may be at the server at once (1, 2 and 4 measured: BENCHMARKS.md §16).
 const IN_FLIGHT: usize = 4;
 
 /// A group takes calls until their arguments reach this many (a call with more goes
@@ -45,12 +46,25 @@ impl Kind {
         }
     }
 
-    fn script(self, scripts: &Scripts) -> &Script {
+    fn script(self, to: &Sender) -> &Script {
         match self {
-            Kind::Take => &scripts.take,
-            Kind::Commit => &scripts.commit,
+            Kind::Take => &to.take,
+            Kind::Commit => &to.commit,
         }
     }
+}
+
+/// Where the groups go: the store's connection and catalog key, the functions, and the
+/// arguments every function gets first (the prefix, the time, the store's name).
+pub(super) struct Sender {
+    pub(super) conn: ConnectionManager,
+    pub(super) take: Script,
+    pub(super) commit: Script,
+    pub(super) batch: Script,
+    pub(super) key: Arc<str>,
+    pub(super) prefix: Arc<str>,
+    pub(super) instance: Arc<str>,
+    pub(super) clock: Clock,
 }
 
 /// What a call's task does with its answer before its caller gets it (see
@@ -67,37 +81,36 @@ struct Job {
     _call: Call,
 }
 
-/// The calls waiting to be sent; `None` once the store closed.
+/// The calls waiting to be sent (`None` once the store closed), and where they go.
 pub(super) struct Batcher {
     jobs: Mutex<Option<Vec<Job>>>,
     ready: Notify,
-}
-
-impl Default for Batcher {
-    fn default() -> Self {
-        Batcher {
-            jobs: Mutex::new(Some(Vec::new())),
-            ready: Notify::new(),
-        }
-    }
+    to: Sender,
 }
 
 impl Batcher {
+    pub(super) fn new(to: Sender) -> Batcher {
+        Batcher {
+            jobs: Mutex::new(Some(Vec::new())),
+            ready: Notify::new(),
+            to,
+        }
+    }
+
     /// Runs call `kind` with `args` (after the prefix, time and store every function gets)
     /// in the next group; `then` sees the answer first. The call runs on to its end when the
     /// caller's future is dropped.
     ///
     /// # Errors
     ///
-    /// [`Error::Closed`] once the store closed; the call's own error as `Error::Redis`.
+    /// [`Error::Closed`] once the store closed; the call's own answer or error inside.
     pub(super) async fn call(
         &self,
         calls: &Arc<Calls>,
-        operation: &'static str,
         kind: Kind,
         args: Vec<Vec<u8>>,
         then: impl FnOnce(&RedisResult<Value>) + Send + 'static,
-    ) -> Result<Value> {
+    ) -> Result<RedisResult<Value>> {
         let (answer, answered) = oneshot::channel();
         let job = Job {
             kind,
@@ -112,7 +125,7 @@ impl Batcher {
         }
         self.ready.notify_one();
         match answered.await {
-            Ok(got) => got.map_err(|e| fail(operation, e)),
+            Ok(got) => Ok(got),
             // Dropped unsent: the store closed.
             Err(_) => Err(Error::Closed),
         }
@@ -151,7 +164,7 @@ impl Batcher {
 
 /// The store's sender (a task on its runtime): sends each group when fewer than
 /// [`IN_FLIGHT`] are at the server; ends when the store closes.
-pub(super) async fn send_groups(batcher: Arc<Batcher>, to: Arc<Returner>) {
+pub(super) async fn send_groups(batcher: Arc<Batcher>) {
     let room = Arc::new(Semaphore::new(IN_FLIGHT));
     loop {
         let Ok(permit) = Arc::clone(&room).acquire_owned().await else {
@@ -160,9 +173,9 @@ pub(super) async fn send_groups(batcher: Arc<Batcher>, to: Arc<Returner>) {
         let Some(jobs) = batcher.next().await else {
             return;
         };
-        let to = Arc::clone(&to);
+        let batcher = Arc::clone(&batcher);
         tokio::spawn(async move {
-            send(&to, jobs).await;
+            send(&batcher.to, jobs).await;
             drop(permit);
         });
     }
@@ -170,12 +183,12 @@ pub(super) async fn send_groups(batcher: Arc<Batcher>, to: Arc<Returner>) {
 
 /// Sends `jobs` (one call of its own function, or several in one call of `batch`) and hands
 /// each its answer.
-async fn send(to: &Returner, jobs: Vec<Job>) {
+async fn send(to: &Sender, jobs: Vec<Job>) {
     let mut conn = to.conn.clone();
     let now = now_arg(&to.clock);
     let answers: Vec<RedisResult<Value>> = match jobs.as_slice() {
         [job] => {
-            let mut call = job.kind.script(&to.scripts).key(&to.key);
+            let mut call = job.kind.script(to).key(&to.key);
             call.arg(&*to.prefix).arg(now).arg(&*to.instance);
             for a in &job.args {
                 call.arg(a.as_slice());
@@ -183,7 +196,7 @@ async fn send(to: &Returner, jobs: Vec<Job>) {
             vec![call.invoke_async(&mut conn).await]
         }
         _ => {
-            let mut call = to.scripts.batch.key(&to.key);
+            let mut call = to.batch.key(&to.key);
             call.arg(&*to.prefix)
                 .arg(now)
                 .arg(&*to.instance)

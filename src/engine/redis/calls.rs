@@ -156,14 +156,9 @@ impl Redis {
         }
         let got = match self
             .batcher
-            .call(
-                &self.calls,
-                "commit",
-                super::batch::Kind::Commit,
-                args,
-                super::ignore,
-            )
+            .call(&self.calls, super::batch::Kind::Commit, args, super::ignore)
             .await
+            .and_then(|got| got.map_err(|e| super::fail("commit", e)))
         {
             Ok(got) => got,
             // The script may have run, and the answer been lost: the items are given back if

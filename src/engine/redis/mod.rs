@@ -44,7 +44,7 @@ use std::time::Duration;
 use redis::aio::ConnectionManager;
 use redis::{AsyncCommands, Value};
 
-use scripts::Script;
+use scripts::{now_arg, Script};
 use tokio::runtime::Handle;
 use tokio::sync::oneshot;
 
@@ -332,15 +332,6 @@ fn policy_of(text: &str) -> RetryPolicy {
     }
 }
 
-/// The time the scripts take: an injected clock's, else 0 (the server's).
-fn now_arg(clock: &Clock) -> u64 {
-    if clock.is_manual() {
-        clock.now()
-    } else {
-        0
-    }
-}
-
 /// A [`Redis::script`] caller that needs nothing of the answer in the call's task.
 fn ignore(_: &redis::RedisResult<Value>) {}
 
@@ -535,7 +526,16 @@ impl Redis {
                 calls: Arc::clone(&calls),
             }),
             calls,
-            batcher: Arc::default(),
+            batcher: Arc::new(batch::Batcher::new(batch::Sender {
+                conn: conn.clone(),
+                take: scripts.take.clone(),
+                commit: scripts.commit.clone(),
+                batch: scripts.batch.clone(),
+                key: Arc::clone(&catalog_key),
+                prefix: Arc::clone(&prefix),
+                instance: Arc::clone(&instance),
+                clock: clock.clone(),
+            })),
             hold_ms: u64::try_from(config.hold_timeout.as_millis()).unwrap_or(u64::MAX),
             poll_interval: config.poll_interval,
             opened: Arc::new(Mutex::new(Vec::new())),
@@ -561,10 +561,9 @@ impl Redis {
             store.poll_interval,
             store.clock.clone(),
         ));
-        let groups = store.rt.spawn(batch::send_groups(
-            Arc::clone(&store.batcher),
-            Arc::clone(&store.returner),
-        ));
+        let groups = store
+            .rt
+            .spawn(batch::send_groups(Arc::clone(&store.batcher)));
         store.background.lock().extend([subscribe, reclaim, groups]);
         Ok(store)
     }
@@ -793,28 +792,23 @@ impl Redis {
         slot.pending = Some(took_rx);
         let got = self
             .batcher
-            .call(
-                &self.calls,
-                "dequeue",
-                batch::Kind::Take,
-                args,
-                move |got| {
-                    let ids: Vec<u64> = match got {
-                        Ok(Value::Array(parts)) => parts
-                            .get(2..)
-                            .unwrap_or_default()
-                            .chunks(2)
-                            .filter_map(|pair| pair.first().and_then(int))
-                            .collect(),
-                        _ => Vec::new(),
-                    };
-                    if let Some(ticket) = waiter {
-                        waiters.looked(q, ticket, !ids.is_empty());
-                    }
-                    let _ = took_tx.send(ids);
-                },
-            )
-            .await;
+            .call(&self.calls, batch::Kind::Take, args, move |got| {
+                let ids: Vec<u64> = match got {
+                    Ok(Value::Array(parts)) => parts
+                        .get(2..)
+                        .unwrap_or_default()
+                        .chunks(2)
+                        .filter_map(|pair| pair.first().and_then(int))
+                        .collect(),
+                    _ => Vec::new(),
+                };
+                if let Some(ticket) = waiter {
+                    waiters.looked(q, ticket, !ids.is_empty());
+                }
+                let _ = took_tx.send(ids);
+            })
+            .await
+            .and_then(|got| got.map_err(|e| fail("dequeue", e)));
         slot.pending = None;
         if got.is_err() {
             slot.failed = true;

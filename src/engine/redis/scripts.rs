@@ -823,7 +823,17 @@ pub(super) fn library(
     (code, digest)
 }
 
+/// The time the functions take (`ARGV[2]`): an injected clock's, else 0 (the server's).
+pub(super) fn now_arg(clock: &crate::clock::Clock) -> u64 {
+    if clock.is_manual() {
+        clock.now()
+    } else {
+        0
+    }
+}
+
 /// One function of the library, as the engine calls it.
+#[derive(Clone)]
 pub(super) struct Script {
     library: Arc<str>,
     function: String,
