@@ -102,10 +102,9 @@ impl Redis {
         self.settle_pending(&mut slot).await?;
         let now = self.clock.now();
         let count = enqueues.len() + changes.len();
-        let mut args = Vec::with_capacity(6 + 5 * count);
+        let mut args = Vec::with_capacity(5 + 5 * count);
         args.push(token_arg(slot.token));
         args.push(slot.held.to_string().into_bytes());
-        args.push(slot.ends.to_string().into_bytes());
         args.push(count.to_string().into_bytes());
         let mut woken = Vec::with_capacity(enqueues.len());
         let mut push = |kind: &str, q: i32, a: Vec<u8>, b: Vec<u8>, c: Vec<u8>| {

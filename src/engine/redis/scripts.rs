@@ -65,13 +65,12 @@ local ARGV, p, NOW, FROM
 -- entry there, and the plain enqueues (records and ready lists; `reclaim` writes a queue's
 -- before anything reads its ready list). Nothing in a call reads what it put off: a
 -- transaction has one call at a time, and the keys put off are its own or only counted.
--- Also the queues `reclaim` looked at in this call, which it does not look at again, whether
--- a queue has keyed items, and the last id given out (read once, written at the end).
+-- Also the queues `reclaim` looked at in this call, which it does not look at again.
 local LATER
 local function begin(args)
   LATER = {
     held = {}, heldq = {}, wakes = {}, wakeq = {}, gone = {}, goneq = {}, del = {},
-    zrem = {}, zadd = {}, runs = {}, runq = {}, reclaimed = {}, keyed = {}, seq = false
+    zrem = {}, zadd = {}, runs = {}, runq = {}, reclaimed = {}
   }
   ARGV = args
   p = args[1]
@@ -120,24 +119,7 @@ local function held_add(q, n)
   if not h[q] then h[q] = 0; LATER.heldq[#LATER.heldq + 1] = q end
   h[q] = h[q] + n
 end
--- `n` new ids; returns the first. The last one given out is read once a call and written at
--- its end.
-local function new_ids(n)
-  if not LATER.seq then LATER.seq = tonumber(redis.call('GET', p .. 'seq') or '0') end
-  LATER.seq = LATER.seq + n
-  LATER.seqdirty = true
-  return LATER.seq - n + 1
-end
-local function new_id() return new_ids(1) end
--- Whether an item of queue q has a key (read once a call; true once this call gave one).
-local function keyed(q)
-  local k = LATER.keyed[q]
-  if k == nil then
-    k = redis.call('EXISTS', qkey(q, 'keyof')) == 1
-    LATER.keyed[q] = k
-  end
-  return k
-end
+local function new_id() return redis.call('INCR', p .. 'seq') end
 -- The key of item `id`, if it has one, is free again.
 local function free_key(q, id)
   local k = redis.call('HGET', qkey(q, 'keyof'), id)
@@ -215,8 +197,6 @@ end
 -- The writes put off (LATER), at the end of a call.
 local function finish()
   local l = LATER
-  -- The ids first: those given out may be written already (a keyed or delayed enqueue).
-  if l.seqdirty then redis.call('SET', p .. 'seq', l.seq) end
   for _, q in ipairs(l.runq) do flush(q) end
   for _, q in ipairs(l.goneq) do multi('HDEL', qkey(q, 'items'), l.gone[q]) end
   for _, q in ipairs(l.heldq) do
@@ -428,9 +408,8 @@ return queues
 "#;
 
 /// Commits transaction `ARGV[4]` (its token; empty: it took nothing), which holds `ARGV[5]`
-/// items until `ARGV[6]` (its hold's end, as its takes answered): every item it holds is
-/// consumed; then the `ARGV[7]` changes that follow, five arguments each (a kind, the queue,
-/// three more), in order:
+/// items: every item it holds is consumed; then the `ARGV[6]` changes that follow, five
+/// arguments each (a kind, the queue, three more), in order:
 ///
 /// - `e`, q, record: an enqueue at the tail;
 /// - `f`, q, record, due (ms; `+<ms>`: that long after now), key (empty: none): an enqueue
@@ -440,27 +419,33 @@ return queues
 /// - `i`, q, record, due, reason: an imported item (its attempts and times in its record),
 ///   with a reason a dead letter.
 ///
-/// New items get the next ids, in order. Then, if `ARGV[8 + 5 * n]` names a queue, up to
-/// `ARGV[9 + 5 * n]` of its items are leased for `ARGV[10 + 5 * n]` ms.
+/// New items get the next ids, in order. Then, if `ARGV[7 + 5 * n]` names a queue, up to
+/// `ARGV[8 + 5 * n]` of its items are leased for `ARGV[9 + 5 * n]` ms.
 ///
 /// Returns `{'ok', deadline, token, record, ...}` (the leases), `{'expired'}` when the
 /// transaction's hold ended (its items were given back, or are now), `{'lease', token}` when
 /// an acknowledged lease is not running: then nothing applies, and what the transaction held
 /// is given back.
 pub(super) const COMMIT: &str = r#"
-local token, expect, ends, m = ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+local token, expect, m = ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6])
 local tx = p .. 'tx:' .. token
 local held = {}
 if token ~= '' then
   held = redis.call('LRANGE', tx, 0, -1)
-  -- Given back already (the list is gone, or another take's is there), or due to be.
-  if #held ~= expect or (#held > 0 and ends <= NOW) then
+  if #held ~= expect then
     give_back(token, false)
     return {'expired'}
   end
+  if #held > 0 then
+    local score = redis.call('ZSCORE', p .. 'holds', token)
+    if not score or tonumber(score) <= NOW then
+      give_back(token, false)
+      return {'expired'}
+    end
+  end
 end
 for i = 0, m - 1 do
-  local at = 8 + 5 * i
+  local at = 7 + 5 * i
   if ARGV[at] == 'a' and not running(ARGV[at + 1], ARGV[at + 2]) then
     if #held > 0 then give_back(token, false) end
     return {'lease', ARGV[at + 2]}
@@ -469,7 +454,7 @@ end
 if #held > 0 then
   local order, ids = by_queue(held)
   for _, q in ipairs(order) do
-    if keyed(q) then
+    if redis.call('EXISTS', qkey(q, 'keyof')) == 1 then
       for _, id in ipairs(ids[q]) do free_key(q, id) end
     end
     local gone = LATER.gone[q]
@@ -484,13 +469,13 @@ local function due_of(s)
   if string.sub(s, 1, 1) == '+' then return NOW + tonumber(string.sub(s, 2)) end
   return tonumber(s)
 end
--- The new items' ids, given out in order.
+-- The new items' ids, given out in order from one INCRBY.
 local fresh = 0
 for i = 0, m - 1 do
-  if ARGV[8 + 5 * i] ~= 'a' then fresh = fresh + 1 end
+  if ARGV[7 + 5 * i] ~= 'a' then fresh = fresh + 1 end
 end
 local id = 0
-if fresh > 0 then id = new_ids(fresh) - 1 end
+if fresh > 0 then id = redis.call('INCRBY', p .. 'seq', fresh) - fresh end
 local woken, order = {}, {}
 local function came(q)
   if not woken[q] then woken[q] = true; order[#order + 1] = q end
@@ -498,7 +483,7 @@ end
 -- Plain enqueues are put off (add_run): written together when the queue's ready list is
 -- next written another way, or at the end.
 for i = 0, m - 1 do
-  local at = 8 + 5 * i
+  local at = 7 + 5 * i
   local kind, q = ARGV[at], ARGV[at + 1]
   if kind ~= 'a' then id = id + 1 end
   if kind == 'e' then
@@ -511,7 +496,6 @@ for i = 0, m - 1 do
       if key ~= '' then
         redis.call('HSET', qkey(q, 'keys'), key, id)
         redis.call('HSET', qkey(q, 'keyof'), id, key)
-        LATER.keyed[q] = true
       end
       local due = due_of(ARGV[at + 3])
       if due > NOW then
@@ -545,11 +529,11 @@ for i = 0, m - 1 do
   end
 end
 local out = {'ok', 0}
-local lq = ARGV[8 + 5 * m]
+local lq = ARGV[7 + 5 * m]
 if lq and lq ~= '' then
   reclaim(lq)
-  out[2] = NOW + tonumber(ARGV[10 + 5 * m])
-  local missing = lease(lq, tonumber(ARGV[9 + 5 * m]), tonumber(ARGV[10 + 5 * m]), out)
+  out[2] = NOW + tonumber(ARGV[9 + 5 * m])
+  local missing = lease(lq, tonumber(ARGV[8 + 5 * m]), tonumber(ARGV[9 + 5 * m]), out)
   if missing then out[1] = 'missing:' .. missing end
 end
 for _, q in ipairs(order) do wake(q) end
@@ -808,9 +792,7 @@ return out
 
 /// The library as loaded: the constants this build gives it, the shared part, then each
 /// function of `functions` (a name and its body) as `BODIES[name]`, registered as
-/// `rq_<digest>_<name>` which runs it between `begin` and `finish` (`finish` also after an
-/// error, which then stops the call: what the body wrote or put off before it stays, as
-/// each of its commands would have); and the digest. The digest is of everything but the names, which it is part of.
+/// `rq_<digest>_<name>` which runs it between `begin` and `finish`; and the digest. The digest is of everything but the names, which it is part of.
 pub(super) fn library(
     functions: &[(&str, &str)],
     default_policy: &str,
@@ -835,8 +817,7 @@ pub(super) fn library(
     for (name, _) in functions {
         code.push_str(&format!(
             "redis.register_function('rq_{digest}_{name}', function(_, args)\n\
-             begin(args)\nlocal ok, r = pcall(BODIES['{name}'])\nfinish()\n\
-             if not ok then error(r, 0) end\nreturn r\nend)\n"
+             begin(args)\nlocal r = BODIES['{name}']()\nfinish()\nreturn r\nend)\n"
         ));
     }
     (code, digest)
