@@ -792,7 +792,9 @@ return out
 
 /// The library as loaded: the constants this build gives it, the shared part, then each
 /// function of `functions` (a name and its body) as `BODIES[name]`, registered as
-/// `rq_<digest>_<name>` which runs it between `begin` and `finish`; and the digest. The digest is of everything but the names, which it is part of.
+/// `rq_<digest>_<name>` which runs it between `begin` and `finish` (`finish` also after an
+/// error, which then stops the call: what the body wrote or put off before it stays, as
+/// each of its commands would have); and the digest. The digest is of everything but the names, which it is part of.
 pub(super) fn library(
     functions: &[(&str, &str)],
     default_policy: &str,
@@ -817,7 +819,8 @@ pub(super) fn library(
     for (name, _) in functions {
         code.push_str(&format!(
             "redis.register_function('rq_{digest}_{name}', function(_, args)\n\
-             begin(args)\nlocal r = BODIES['{name}']()\nfinish()\nreturn r\nend)\n"
+             begin(args)\nlocal ok, r = pcall(BODIES['{name}'])\nfinish()\n\
+             if not ok then error(r, 0) end\nreturn r\nend)\n"
         ));
     }
     (code, digest)
