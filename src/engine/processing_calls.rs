@@ -343,7 +343,9 @@ impl Engine {
 
     /// Buffers an enqueue of `entry` in `work` due after `delay` ms (or at `entry.not_before`
     /// when that is set), and with `key` one that a live item of the same key in the queue
-    /// refuses: false then (the duplicate is not buffered).
+    /// refuses: false then (the duplicate is not buffered). An item that this transaction
+    /// dequeued does not refuse it (the commit consumes that item, an abort drops the enqueue),
+    /// unless the transaction buffered an enqueue with the key already.
     pub(crate) fn enqueue_entry(
         &self,
         queue: &QueueRef,
@@ -355,7 +357,10 @@ impl Engine {
         work.check_live()?;
         if let Some(key) = key {
             if !queue.core.reserve_key(key) {
-                return Ok(false);
+                if !succeeds_own(queue, work, key) {
+                    return Ok(false);
+                }
+                queue.core.add_key(key.into());
             }
             entry.key = Some(key.into());
         }
@@ -892,4 +897,18 @@ impl BuryExpired for Engine {
             }
         }
     }
+}
+
+/// Whether `work` dequeued an item of `queue` with `key` (held in this process: the embedded
+/// engines) and has no enqueue with that key buffered: an enqueue with the key then takes
+/// the held item's place at commit (a job that schedules its successor).
+fn succeeds_own(queue: &QueueRef, work: &Work, key: &[u8]) -> bool {
+    let mine = |core: &Arc<crate::core::QueueCore>| Arc::ptr_eq(core, &queue.core);
+    work.dequeued
+        .iter()
+        .any(|(core, e)| mine(core) && e.key.as_deref() == Some(key))
+        && !work.moves.iter().any(|m| {
+            mine(&m.proc.core)
+                && matches!(&m.kind, MoveKind::Enqueue { entry, .. } if entry.key.as_deref() == Some(key))
+        })
 }

@@ -1321,6 +1321,46 @@ fn p11_an_enqueue_whose_key_is_in_the_queue_is_a_no_op_and_says_so(engine: &'sta
         }
         tx.blocking_commit().unwrap();
         assert_eq!(q.blocking_count().unwrap(), 2, "{name}");
+        common::drain(&store, &q);
+        // A transaction that dequeues a keyed item may enqueue its successor with the key (a
+        // job that schedules its next run): once, and an abort brings the old item back and
+        // drops the new one.
+        let unique = |tx: &mut reliable_queue::Transaction, item: u64, key: &[u8]| {
+            q.enqueue_unique(tx, item, key, Duration::ZERO).unwrap()
+        };
+        let mut tx = store.begin();
+        assert_eq!(unique(&mut tx, 7, b"s"), Enqueued, "{name}");
+        tx.blocking_commit().unwrap();
+        for commit in [false, true] {
+            let mut tx = store.begin();
+            assert_eq!(q.blocking_try_dequeue(&mut tx).unwrap(), Some(7), "{name}");
+            assert_eq!(unique(&mut tx, 8, b"s"), Enqueued, "{name}: its successor");
+            assert_eq!(unique(&mut tx, 9, b"s"), Duplicate, "{name}: one successor");
+            let mut other = store.begin();
+            assert_eq!(
+                unique(&mut other, 9, b"s"),
+                Duplicate,
+                "{name}: not for others"
+            );
+            drop(other);
+            if commit {
+                tx.blocking_commit().unwrap();
+            } else {
+                tx.blocking_abort().unwrap();
+            }
+        }
+        assert_eq!(
+            common::drain(&store, &q),
+            vec![8],
+            "{name}: the successor alone"
+        );
+        let mut tx = store.begin();
+        assert_eq!(
+            unique(&mut tx, 10, b"s"),
+            Enqueued,
+            "{name}: and its key freed"
+        );
+        drop(tx);
     }
 }
 
