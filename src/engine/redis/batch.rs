@@ -22,7 +22,7 @@ use crate::engine::line::{Call, Calls};
 use crate::error::{Error, Result};
 use crate::sync::process::Mutex;
 
-/// How many groups may be at the server at once (1, 2 and 4 measured: BENCHMARKS.md §16).
+/// How many groups may be at the server at once (1 to 16 measured: BENCHMARKS.md §16).
 const IN_FLIGHT: usize = 4;
 
 /// A group takes calls until their arguments reach this many (a call with more goes
