@@ -385,6 +385,8 @@ fn main() {
     };
     for clients in [1usize, 16, 64] {
         let moves = if quick { 2_000 } else { 20_000 };
+        // `post` is only written with the `postgres` feature.
+        #[cfg_attr(not(feature = "postgres"), allow(unused_mut))]
         let (mut engine, mut hand, mut sled, mut post) = (vec![], vec![], vec![], vec![]);
         let (mut engine_cpu, mut hand_cpu) = (vec![], vec![]);
         for _ in 0..rounds {
@@ -428,6 +430,8 @@ fn main() {
         );
     }
     let txs = if quick { 200 } else { 2_000 };
+    // `post` is only written with the `postgres` feature.
+    #[cfg_attr(not(feature = "postgres"), allow(unused_mut))]
     let (mut engine, mut hand, mut sled, mut post) = (vec![], vec![], vec![], vec![]);
     let (mut engine_cpu, mut hand_cpu) = (vec![], vec![]);
     let items = (txs * BATCH as u64) as f64;
