@@ -286,36 +286,6 @@ async fn baseline_batches(url: &str, txs: u64) -> Duration {
     start.elapsed()
 }
 
-/// CPU seconds the Redis server has used (`INFO cpu`: its threads, user and system).
-fn server_cpu(server: &redis_server::RedisServer) -> f64 {
-    let redis_server::Reply::Bulk(Some(info)) = server.command(&[b"INFO", b"cpu"]) else {
-        return 0.0;
-    };
-    String::from_utf8_lossy(&info)
-        .lines()
-        .filter_map(|l| {
-            let (k, v) = l.trim().split_once(':')?;
-            matches!(k, "used_cpu_sys" | "used_cpu_user").then(|| v.parse::<f64>().ok())?
-        })
-        .sum()
-}
-
-/// FCALL's calls and µs so far (`INFO commandstats`).
-fn fcall_stats(server: &redis_server::RedisServer) -> (u64, u64) {
-    let redis_server::Reply::Bulk(Some(info)) = server.command(&[b"INFO", b"commandstats"]) else {
-        return (0, 0);
-    };
-    let info = String::from_utf8_lossy(&info);
-    let Some(line) = info.lines().find(|l| l.starts_with("cmdstat_fcall:")) else {
-        return (0, 0);
-    };
-    let field = |name: &str| {
-        line.split([':', ','])
-            .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('=')?.parse().ok())
-    };
-    (field("calls").unwrap_or(0), field("usec").unwrap_or(0))
-}
-
 fn median(mut xs: Vec<f64>) -> f64 {
     xs.sort_by(f64::total_cmp);
     xs[xs.len() / 2]
@@ -369,10 +339,10 @@ fn main() {
     println!("| --- | --- | --- | --- | --- | --- | --- |");
     // Redis's CPU time over a run, per unit of work, in µs.
     let cpu_per = |units: f64, run: &mut dyn FnMut() -> Duration| {
-        let before = server_cpu(&server);
-        let (calls0, usec0) = fcall_stats(&server);
+        let before = server.cpu_seconds();
+        let (calls0, usec0) = server.fcall_stats().unwrap_or((0, 0));
         let d = run();
-        let (calls1, usec1) = fcall_stats(&server);
+        let (calls1, usec1) = server.fcall_stats().unwrap_or((0, 0));
         if calls1 > calls0 {
             eprintln!(
                 "  FCALL: {} calls, {:.2} per unit, {:.1} µs each",
@@ -381,7 +351,7 @@ fn main() {
                 (usec1 - usec0) as f64 / (calls1 - calls0) as f64
             );
         }
-        (d, (server_cpu(&server) - before) * 1e6 / units)
+        (d, (server.cpu_seconds() - before) * 1e6 / units)
     };
     for clients in [1usize, 16, 64] {
         let moves = if quick { 2_000 } else { 20_000 };

@@ -16,7 +16,7 @@ use super::proc::{
 use super::timers::BuryExpired;
 use super::{Engine, Flavor, QueueRef, Work};
 use crate::clock::{known_time, system_time};
-use crate::core::Entry;
+use crate::core::{Entry, QueueCore};
 use crate::error::{Error, Result};
 use crate::processing::{check_delay, ItemState, QueueStats, Replay, RetryPolicy};
 
@@ -903,7 +903,7 @@ impl BuryExpired for Engine {
 /// engines) and has no enqueue with that key buffered: an enqueue with the key then takes
 /// the held item's place at commit (a job that schedules its successor).
 fn succeeds_own(queue: &QueueRef, work: &Work, key: &[u8]) -> bool {
-    let mine = |core: &Arc<crate::core::QueueCore>| Arc::ptr_eq(core, &queue.core);
+    let mine = |core: &Arc<QueueCore>| Arc::ptr_eq(core, &queue.core);
     work.dequeued
         .iter()
         .any(|(core, e)| mine(core) && e.key.as_deref() == Some(key))

@@ -159,6 +159,36 @@ impl RedisServer {
         stream.write_all(&out).unwrap();
         read_reply(&mut BufReader::new(stream))
     }
+
+    /// The text of `INFO <section>` (empty if the server answers something else).
+    fn info(&self, section: &str) -> String {
+        match self.command(&[b"INFO", section.as_bytes()]) {
+            Reply::Bulk(Some(info)) => String::from_utf8_lossy(&info).into_owned(),
+            _ => String::new(),
+        }
+    }
+
+    /// CPU seconds the server has used (`INFO cpu`: its threads, user and system).
+    pub fn cpu_seconds(&self) -> f64 {
+        self.info("cpu")
+            .lines()
+            .filter_map(|l| {
+                let (k, v) = l.trim().split_once(':')?;
+                matches!(k, "used_cpu_sys" | "used_cpu_user").then(|| v.parse::<f64>().ok())?
+            })
+            .sum()
+    }
+
+    /// `FCALL`'s calls and µs so far (`INFO commandstats`); `None` before the first.
+    pub fn fcall_stats(&self) -> Option<(u64, u64)> {
+        let info = self.info("commandstats");
+        let line = info.lines().find(|l| l.starts_with("cmdstat_fcall:"))?;
+        let field = |name: &str| {
+            line.split([':', ','])
+                .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('=')?.parse().ok())
+        };
+        Some((field("calls")?, field("usec")?))
+    }
 }
 
 /// A reply of the server, as far as the tests read them.

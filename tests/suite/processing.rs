@@ -1186,26 +1186,31 @@ fn a_lease_acked_in_a_transaction_that_does_not_commit_is_given_back(engine: &'s
 
 fn p11_an_enqueue_whose_key_is_in_the_queue_is_a_no_op_and_says_so(engine: &'static Engine) {
     use reliable_queue::Enqueued::{Duplicate, Enqueued};
+    fn unique(
+        q: &reliable_queue::ReliableConcurrentQueue<u64>,
+        tx: &mut reliable_queue::Transaction,
+        item: u64,
+        key: &[u8],
+    ) -> reliable_queue::Enqueued {
+        q.enqueue_unique(tx, item, key, Duration::ZERO).unwrap()
+    }
     let clock = clock();
     {
         let (name, store, dir) = open(engine, &clock);
         let q = store.blocking_queue::<u64>("q").unwrap();
         q.blocking_set_retry_policy(no_jitter(1)).unwrap();
-        let unique = |tx: &mut reliable_queue::Transaction, item: u64, key: &[u8]| {
-            q.enqueue_unique(tx, item, key, Duration::ZERO).unwrap()
-        };
         // Buffered by an open transaction: reserved; an abort frees it.
         let mut a = store.begin();
-        assert_eq!(unique(&mut a, 1, b"k"), Enqueued, "{name}");
+        assert_eq!(unique(&q, &mut a, 1, b"k"), Enqueued, "{name}");
         let mut b = store.begin();
         assert_eq!(
-            unique(&mut b, 2, b"k"),
+            unique(&q, &mut b, 2, b"k"),
             Duplicate,
             "{name}: buffered elsewhere"
         );
         drop(a);
         assert_eq!(
-            unique(&mut b, 2, b"k"),
+            unique(&q, &mut b, 2, b"k"),
             Enqueued,
             "{name}: freed by the abort"
         );
@@ -1214,7 +1219,7 @@ fn p11_an_enqueue_whose_key_is_in_the_queue_is_a_no_op_and_says_so(engine: &'sta
             // A key already in the database: the call cannot know without a round trip, so
             // it answers `Enqueued` and the commit inserts nothing for it (P11's no-op).
             let mut tx = store.begin();
-            assert_eq!(unique(&mut tx, 3, b"k"), Enqueued, "{name}");
+            assert_eq!(unique(&q, &mut tx, 3, b"k"), Enqueued, "{name}");
             tx.blocking_commit().unwrap();
             assert_eq!(
                 q.blocking_count().unwrap(),
@@ -1242,7 +1247,7 @@ fn p11_an_enqueue_whose_key_is_in_the_queue_is_a_no_op_and_says_so(engine: &'sta
             );
             let lease = q.blocking_lease(TTL).unwrap();
             let mut tx = store.begin();
-            unique(&mut tx, 3, b"k");
+            unique(&q, &mut tx, 3, b"k");
             tx.blocking_commit().unwrap();
             assert_eq!(
                 q.blocking_stats().unwrap().visible,
@@ -1254,17 +1259,17 @@ fn p11_an_enqueue_whose_key_is_in_the_queue_is_a_no_op_and_says_so(engine: &'sta
         // Visible, held, leased, delayed: all count as in the queue.
         let mut tx = store.begin();
         if !engine.on_server() {
-            assert_eq!(unique(&mut tx, 3, b"k"), Duplicate, "{name}: visible");
+            assert_eq!(unique(&q, &mut tx, 3, b"k"), Duplicate, "{name}: visible");
             let mut held = store.begin();
             assert_eq!(q.blocking_try_dequeue(&mut held).unwrap(), Some(2));
-            assert_eq!(unique(&mut tx, 3, b"k"), Duplicate, "{name}: held");
+            assert_eq!(unique(&q, &mut tx, 3, b"k"), Duplicate, "{name}: held");
             held.blocking_abort().unwrap();
             let lease = q.blocking_lease(TTL).unwrap();
-            assert_eq!(unique(&mut tx, 3, b"k"), Duplicate, "{name}: leased");
+            assert_eq!(unique(&q, &mut tx, 3, b"k"), Duplicate, "{name}: leased");
             lease.blocking_fail("to the dead letters").unwrap();
         }
         assert_eq!(
-            unique(&mut tx, 3, b"k"),
+            unique(&q, &mut tx, 3, b"k"),
             Enqueued,
             "{name}: a dead letter frees its key"
         );
@@ -1325,20 +1330,25 @@ fn p11_an_enqueue_whose_key_is_in_the_queue_is_a_no_op_and_says_so(engine: &'sta
         // A transaction that dequeues a keyed item may enqueue its successor with the key (a
         // job that schedules its next run): once, and an abort brings the old item back and
         // drops the new one.
-        let unique = |tx: &mut reliable_queue::Transaction, item: u64, key: &[u8]| {
-            q.enqueue_unique(tx, item, key, Duration::ZERO).unwrap()
-        };
         let mut tx = store.begin();
-        assert_eq!(unique(&mut tx, 7, b"s"), Enqueued, "{name}");
+        assert_eq!(unique(&q, &mut tx, 7, b"s"), Enqueued, "{name}");
         tx.blocking_commit().unwrap();
         for commit in [false, true] {
             let mut tx = store.begin();
             assert_eq!(q.blocking_try_dequeue(&mut tx).unwrap(), Some(7), "{name}");
-            assert_eq!(unique(&mut tx, 8, b"s"), Enqueued, "{name}: its successor");
-            assert_eq!(unique(&mut tx, 9, b"s"), Duplicate, "{name}: one successor");
+            assert_eq!(
+                unique(&q, &mut tx, 8, b"s"),
+                Enqueued,
+                "{name}: its successor"
+            );
+            assert_eq!(
+                unique(&q, &mut tx, 9, b"s"),
+                Duplicate,
+                "{name}: one successor"
+            );
             let mut other = store.begin();
             assert_eq!(
-                unique(&mut other, 9, b"s"),
+                unique(&q, &mut other, 9, b"s"),
                 Duplicate,
                 "{name}: not for others"
             );
@@ -1356,7 +1366,7 @@ fn p11_an_enqueue_whose_key_is_in_the_queue_is_a_no_op_and_says_so(engine: &'sta
         );
         let mut tx = store.begin();
         assert_eq!(
-            unique(&mut tx, 10, b"s"),
+            unique(&q, &mut tx, 10, b"s"),
             Enqueued,
             "{name}: and its key freed"
         );

@@ -311,14 +311,11 @@ fn concurrent_calls_go_to_the_server_in_groups_and_each_fails_alone(server: &Red
         a.enqueue(&mut tx, i).unwrap();
     }
     tx.blocking_commit().unwrap();
-    let fcalls = |server: &RedisServer| -> u64 {
-        let Reply::Bulk(Some(info)) = server.command(&[b"INFO", b"commandstats"]) else {
-            panic!("INFO answered no text");
-        };
-        let info = String::from_utf8(info).unwrap();
-        let line = info.lines().find(|l| l.starts_with("cmdstat_fcall:"));
-        line.and_then(|l| l.split(['=', ',']).nth(1)?.parse().ok())
-            .expect("FCALL's count in INFO commandstats")
+    let fcalls = |server: &RedisServer| {
+        let (calls, _) = server
+            .fcall_stats()
+            .expect("FCALL's count in INFO commandstats");
+        calls
     };
     let before = fcalls(server);
     std::thread::scope(|s| {
@@ -341,10 +338,7 @@ fn concurrent_calls_go_to_the_server_in_groups_and_each_fails_alone(server: &Red
         "{calls} function calls for {ops} takes and commits"
     );
     assert_eq!(a.blocking_count().unwrap(), 0);
-    let mut tx = store.begin();
-    let mut moved: Vec<u32> =
-        std::iter::from_fn(|| b.blocking_try_dequeue(&mut tx).unwrap()).collect();
-    tx.blocking_commit().unwrap();
+    let mut moved = crate::common::drain(&store, &b);
     moved.sort_unstable();
     assert_eq!(moved, (0..THREADS * MOVES).collect::<Vec<_>>());
 
@@ -568,9 +562,7 @@ fn tls_connections_verify_the_server(server: &RedisServer) {
     let mut tx = store.begin();
     q.enqueue(&mut tx, 7).unwrap();
     tx.blocking_commit().unwrap();
-    let mut tx = store.begin();
-    assert_eq!(q.blocking_try_dequeue(&mut tx).unwrap(), Some(7));
-    tx.blocking_commit().unwrap();
+    assert_eq!(crate::common::drain(&store, &q), vec![7]);
     store.blocking_close().unwrap();
 
     let refused_at_connect = |builder: Builder| {

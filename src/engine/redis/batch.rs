@@ -12,12 +12,10 @@
 
 use std::sync::Arc;
 
-use redis::aio::ConnectionManager;
 use redis::{RedisError, RedisResult, Value};
 use tokio::sync::{oneshot, Notify, Semaphore};
 
-use super::scripts::{now_arg, Script};
-use crate::clock::Clock;
+use super::scripts::{Caller, Script, Scripts};
 use crate::engine::line::{Call, Calls};
 use crate::error::{Error, Result};
 use crate::sync::process::Mutex;
@@ -30,50 +28,13 @@ const IN_FLIGHT: usize = 4;
 const MAX_ARGS: usize = 4096;
 const MAX_CALLS: usize = 256;
 
-/// The calls that go in groups.
-#[derive(Clone, Copy, Debug)]
-pub(super) enum Kind {
-    Take,
-    Commit,
-}
-
-impl Kind {
-    /// The function's name in the library (its `BODIES`).
-    fn name(self) -> &'static str {
-        match self {
-            Kind::Take => "take",
-            Kind::Commit => "commit",
-        }
-    }
-
-    fn script(self, to: &Sender) -> &Script {
-        match self {
-            Kind::Take => &to.take,
-            Kind::Commit => &to.commit,
-        }
-    }
-}
-
-/// Where the groups go: the store's connection and catalog key, the functions, and the
-/// arguments every function gets first (the prefix, the time, the store's name).
-pub(super) struct Sender {
-    pub(super) conn: ConnectionManager,
-    pub(super) take: Script,
-    pub(super) commit: Script,
-    pub(super) batch: Script,
-    pub(super) key: Arc<str>,
-    pub(super) prefix: Arc<str>,
-    pub(super) instance: Arc<str>,
-    pub(super) clock: Clock,
-}
-
 /// What a call's task does with its answer before its caller gets it (see
 /// `Redis::script`).
 type Then = Box<dyn FnOnce(&RedisResult<Value>) + Send>;
 
 /// One call waiting for its group.
 struct Job {
-    kind: Kind,
+    which: fn(&Scripts) -> &Script,
     args: Vec<Vec<u8>>,
     then: Then,
     answer: oneshot::Sender<RedisResult<Value>>,
@@ -85,20 +46,20 @@ struct Job {
 pub(super) struct Batcher {
     jobs: Mutex<Option<Vec<Job>>>,
     ready: Notify,
-    to: Sender,
+    caller: Arc<Caller>,
 }
 
 impl Batcher {
-    pub(super) fn new(to: Sender) -> Batcher {
+    pub(super) fn new(caller: Arc<Caller>) -> Batcher {
         Batcher {
             jobs: Mutex::new(Some(Vec::new())),
             ready: Notify::new(),
-            to,
+            caller,
         }
     }
 
-    /// Runs call `kind` with `args` (after the prefix, time and store every function gets)
-    /// in the next group; `then` sees the answer first. The call runs on to its end when the
+    /// Runs function `which` with `args` (after the prefix, time and store every function
+    /// gets) in the next group; `then` sees the answer first. The call runs on to its end when the
     /// caller's future is dropped.
     ///
     /// # Errors
@@ -107,13 +68,13 @@ impl Batcher {
     pub(super) async fn call(
         &self,
         calls: &Arc<Calls>,
-        kind: Kind,
+        which: fn(&Scripts) -> &Script,
         args: Vec<Vec<u8>>,
         then: impl FnOnce(&RedisResult<Value>) + Send + 'static,
     ) -> Result<RedisResult<Value>> {
         let (answer, answered) = oneshot::channel();
         let job = Job {
-            kind,
+            which,
             args,
             then: Box::new(then),
             answer,
@@ -175,7 +136,7 @@ pub(super) async fn send_groups(batcher: Arc<Batcher>) {
         };
         let batcher = Arc::clone(&batcher);
         tokio::spawn(async move {
-            send(&batcher.to, jobs).await;
+            send(&batcher.caller, jobs).await;
             drop(permit);
         });
     }
@@ -183,26 +144,22 @@ pub(super) async fn send_groups(batcher: Arc<Batcher>) {
 
 /// Sends `jobs` (one call of its own function, or several in one call of `batch`) and hands
 /// each its answer.
-async fn send(to: &Sender, jobs: Vec<Job>) {
-    let mut conn = to.conn.clone();
-    let now = now_arg(&to.clock);
+async fn send(caller: &Caller, jobs: Vec<Job>) {
+    let mut conn = caller.conn.clone();
     let answers: Vec<RedisResult<Value>> = match jobs.as_slice() {
         [job] => {
-            let mut call = job.kind.script(to).key(&to.key);
-            call.arg(&*to.prefix).arg(now).arg(&*to.instance);
+            let mut call = caller.call(job.which);
             for a in &job.args {
                 call.arg(a.as_slice());
             }
             vec![call.invoke_async(&mut conn).await]
         }
         _ => {
-            let mut call = to.batch.key(&to.key);
-            call.arg(&*to.prefix)
-                .arg(now)
-                .arg(&*to.instance)
-                .arg(jobs.len());
+            let mut call = caller.call(|s| &s.batch);
+            call.arg(jobs.len());
             for job in &jobs {
-                call.arg(job.kind.name()).arg(job.args.len());
+                let name = (job.which)(&caller.scripts).name();
+                call.arg(name).arg(job.args.len());
                 for a in &job.args {
                     call.arg(a.as_slice());
                 }

@@ -100,7 +100,7 @@ impl Redis {
         slot.check()?;
         // What a dequeue took for a caller that never read its answer goes back first.
         self.settle_pending(&mut slot).await?;
-        let now = self.clock.now();
+        let now = self.caller.clock.now();
         let count = enqueues.len() + changes.len();
         let mut args = Vec::with_capacity(5 + 5 * count);
         args.push(token_arg(slot.token));
@@ -156,7 +156,7 @@ impl Redis {
         }
         let got = match self
             .batcher
-            .call(&self.calls, super::batch::Kind::Commit, args, super::ignore)
+            .call(&self.calls, |s| &s.commit, args, super::ignore)
             .await
             .and_then(|got| got.map_err(|e| super::fail("commit", e)))
         {
@@ -372,14 +372,10 @@ impl Redis {
         };
         let returner = Arc::clone(&self.returner);
         self.rt.spawn(async move {
-            let mut conn = returner.conn.clone();
+            let mut conn = returner.caller.conn.clone();
             let dropped: redis::RedisResult<Value> = returner
-                .scripts
-                .drop_lease
-                .key(&returner.key)
-                .arg(&*returner.prefix)
-                .arg(super::now_arg(&returner.clock))
-                .arg(&*returner.instance)
+                .caller
+                .call(|s| &s.drop_lease)
                 .arg(q)
                 .arg(token)
                 .invoke_async(&mut conn)

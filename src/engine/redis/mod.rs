@@ -41,10 +41,9 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
 use redis::{AsyncCommands, Value};
 
-use scripts::{now_arg, Script};
+use scripts::{Caller, Script, Scripts};
 use tokio::runtime::Handle;
 use tokio::sync::oneshot;
 
@@ -114,14 +113,9 @@ impl Drop for RedisSlot {
 /// with the tokens of the store's transactions that may hold items (given back at close).
 struct Returner {
     rt: Handle,
-    conn: ConnectionManager,
-    scripts: Arc<Scripts>,
-    key: Arc<str>,
-    prefix: Arc<str>,
+    caller: Arc<Caller>,
     open: Mutex<HashSet<u64>>,
     waiters: Arc<Waiters>,
-    instance: Arc<str>,
-    clock: Clock,
     calls: Arc<Calls>,
 }
 
@@ -131,14 +125,10 @@ impl Returner {
     /// This store's waiters on the queues whose items came back are woken (the other stores'
     /// through the wake channel).
     async fn give_back(&self, token: u64) -> redis::RedisResult<()> {
-        let mut conn = self.conn.clone();
+        let mut conn = self.caller.conn.clone();
         let queues: Vec<i32> = self
-            .scripts
-            .give_back
-            .key(&self.key)
-            .arg(&*self.prefix)
-            .arg(now_arg(&self.clock))
-            .arg(&*self.instance)
+            .caller
+            .call(|s| &s.give_back)
             .arg(token_arg(token))
             .invoke_async(&mut conn)
             .await?;
@@ -230,13 +220,12 @@ pub(crate) struct Redis {
     /// Ends the runtime's thread (at close).
     stop: Mutex<Option<oneshot::Sender<()>>>,
     thread: Mutex<Option<JoinHandle<()>>>,
-    /// The subscription and the reclaim pass: ended at close.
+    /// The subscription, the reclaim pass and the sender of groups: ended at close.
     background: Mutex<Vec<tokio::task::JoinHandle<()>>>,
-    conn: ConnectionManager,
-    /// `rq:{<namespace>}:`, and the catalog key every script names.
-    prefix: Arc<str>,
-    catalog_key: Arc<str>,
-    scripts: Arc<Scripts>,
+    /// The connection and the functions: the key prefix (`rq:{<namespace>}:`), the catalog
+    /// key every function names, this store's name in its commits' wake-ups (so that the
+    /// subscription skips its own), the clock.
+    caller: Arc<Caller>,
     /// The queues this process has opened: their local cores (for the handles) and their
     /// numbers on the server.
     catalog: Catalog,
@@ -244,8 +233,6 @@ pub(crate) struct Redis {
     /// This store's waiting consumers, in a line per queue (by number): woken by this
     /// store's commits and, for the others', by the subscription.
     waiters: Arc<Waiters>,
-    /// This store's name in its commits' wake-ups, so that the subscription skips its own.
-    instance: Arc<str>,
     returner: Arc<Returner>,
     /// The calls running on the store's runtime, which a close lets finish.
     calls: Arc<Calls>,
@@ -256,60 +243,14 @@ pub(crate) struct Redis {
     poll_interval: Duration,
     /// The numbers of the queues opened, for the reclaim pass.
     opened: Arc<Mutex<Vec<i32>>>,
-    clock: Clock,
 }
 
 impl fmt::Debug for Redis {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Redis")
-            .field("prefix", &self.prefix)
+            .field("prefix", &self.caller.prefix)
             .finish_non_exhaustive()
     }
-}
-
-/// `Scripts`: each function of the library (see `scripts.rs`) under its name, the field
-/// and the function's name alike, with its body's constant in `scripts.rs`.
-macro_rules! functions {
-    ($($name:ident: $body:ident),* $(,)?) => {
-        /// The functions of the library (see `scripts.rs`), loaded when a server lacks them.
-        struct Scripts {
-            $($name: Script,)*
-        }
-
-        impl Scripts {
-            fn new() -> Scripts {
-                let functions = [$((stringify!($name), scripts::$body)),*];
-                let (code, digest) =
-                    scripts::library(&functions, &policy_text(RetryPolicy::default()), EXPIRED);
-                let code: Arc<str> = code.into();
-                Scripts {
-                    $($name: Script::new(&code, &digest, stringify!($name)),)*
-                }
-            }
-        }
-    };
-}
-
-functions! {
-    queue: QUEUE,
-    take: TAKE,
-    give_back: GIVE_BACK,
-    commit: COMMIT,
-    count: COUNT,
-    stats: STATS,
-    reclaim: RECLAIM,
-    browse: BROWSE,
-    lease: LEASE,
-    unlease: UNLEASE,
-    drop_lease: DROP_LEASE,
-    fail: FAIL,
-    release: RELEASE,
-    extend: EXTEND,
-    set_policy: SET_POLICY,
-    next_due: NEXT_DUE,
-    dead_letters: DEAD_LETTERS,
-    dead_work: DEAD_WORK,
-    batch: BATCH,
 }
 
 /// A retry policy as the store keeps it: `max attempts,initial ms,max ms,jitter ‰`.
@@ -497,49 +438,36 @@ impl Redis {
         // The line's commands are for a listener that watches queues; the subscription
         // watches them all.
         let (waiters, _commands) = Waiters::new();
-        let scripts = Arc::new(Scripts::new());
-        let instance: Arc<str> = format!("{:016x}", new_token()).into();
+        let caller = Arc::new(Caller {
+            conn,
+            key: catalog_key,
+            prefix,
+            instance: format!("{:016x}", new_token()).into(),
+            clock,
+            scripts: Scripts::new(&policy_text(RetryPolicy::default()), EXPIRED),
+        });
         let calls = Arc::new(Calls::default());
         let store = Redis {
             rt: rt.clone(),
             stop: Mutex::new(Some(stop)),
             thread: Mutex::new(Some(thread)),
             background: Mutex::new(Vec::new()),
-            conn: conn.clone(),
-            prefix: Arc::clone(&prefix),
-            catalog_key: Arc::clone(&catalog_key),
-            scripts: Arc::clone(&scripts),
+            caller: Arc::clone(&caller),
             catalog: Catalog::default(),
             numbers: Mutex::new(HashMap::new()),
             waiters: Arc::clone(&waiters),
-            instance: Arc::clone(&instance),
             returner: Arc::new(Returner {
                 rt: rt.clone(),
-                conn: conn.clone(),
-                scripts: Arc::clone(&scripts),
-                key: Arc::clone(&catalog_key),
-                prefix: Arc::clone(&prefix),
+                caller: Arc::clone(&caller),
                 open: Mutex::new(HashSet::new()),
                 waiters: Arc::clone(&waiters),
-                instance: Arc::clone(&instance),
-                clock: clock.clone(),
                 calls: Arc::clone(&calls),
             }),
             calls,
-            batcher: Arc::new(batch::Batcher::new(batch::Sender {
-                conn: conn.clone(),
-                take: scripts.take.clone(),
-                commit: scripts.commit.clone(),
-                batch: scripts.batch.clone(),
-                key: Arc::clone(&catalog_key),
-                prefix: Arc::clone(&prefix),
-                instance: Arc::clone(&instance),
-                clock: clock.clone(),
-            })),
+            batcher: Arc::new(batch::Batcher::new(caller)),
             hold_ms: u64::try_from(config.hold_timeout.as_millis()).unwrap_or(u64::MAX),
             poll_interval: config.poll_interval,
             opened: Arc::new(Mutex::new(Vec::new())),
-            clock,
         };
         let checked = store.check_server(config.require_fsync).await;
         if let Err(e) = checked {
@@ -548,18 +476,14 @@ impl Redis {
         }
         let subscribe = store.rt.spawn(subscribe(
             client,
-            format!("{}wake", store.prefix),
+            format!("{}wake", store.caller.prefix),
             Arc::clone(&store.waiters),
-            Arc::clone(&store.instance),
+            Arc::clone(&store.caller.instance),
         ));
         let reclaim = store.rt.spawn(reclaim_pass(
-            store.conn.clone(),
-            Arc::clone(&store.scripts),
-            Arc::clone(&store.catalog_key),
-            Arc::clone(&store.prefix),
+            Arc::clone(&store.caller),
             Arc::clone(&store.opened),
             store.poll_interval,
-            store.clock.clone(),
         ));
         let groups = store
             .rt
@@ -571,9 +495,9 @@ impl Redis {
     /// Checks the key layout's version (writing it for a new store) and whether the server
     /// writes every command to its append-only file before it answers.
     async fn check_server(&self, require_fsync: bool) -> Result<()> {
-        let mut conn = self.conn.clone();
-        let version_key = format!("{}version", self.prefix);
-        let namespace = self.prefix.to_string();
+        let mut conn = self.caller.conn.clone();
+        let version_key = format!("{}version", self.caller.prefix);
+        let namespace = self.caller.prefix.to_string();
         let (found, fsync) = self
             .run(async move {
                 let _: bool = conn
@@ -669,19 +593,13 @@ impl Redis {
         args: Vec<Vec<u8>>,
         then: impl FnOnce(&redis::RedisResult<Value>) + Send + 'static,
     ) -> Result<Value> {
-        let mut conn = self.conn.clone();
-        let scripts = Arc::clone(&self.scripts);
-        let key = Arc::clone(&self.catalog_key);
-        let prefix = Arc::clone(&self.prefix);
-        let (now, instance) = (now_arg(&self.clock), Arc::clone(&self.instance));
+        let caller = Arc::clone(&self.caller);
         self.run(async move {
-            let script = which(&scripts);
-            let mut call = script.key(&key);
-            call.arg(&*prefix).arg(now).arg(&*instance);
+            let mut call = caller.call(which);
             for a in &args {
                 call.arg(a.as_slice());
             }
-            let got = call.invoke_async(&mut conn).await;
+            let got = call.invoke_async(&mut caller.conn.clone()).await;
             then(&got);
             got.map_err(|e| fail(operation, e))
         })
@@ -747,8 +665,8 @@ impl Redis {
 
     /// Names of every queue of the store on the server, sorted.
     pub(crate) async fn list_queues(&self) -> Result<Vec<String>> {
-        let mut conn = self.conn.clone();
-        let key = Arc::clone(&self.catalog_key);
+        let mut conn = self.caller.conn.clone();
+        let key = Arc::clone(&self.caller.key);
         let mut names: Vec<String> = self
             .run(async move { conn.hkeys(&*key).await.map_err(|e| fail("list", e)) })
             .await?;
@@ -792,21 +710,26 @@ impl Redis {
         slot.pending = Some(took_rx);
         let got = self
             .batcher
-            .call(&self.calls, batch::Kind::Take, args, move |got| {
-                let ids: Vec<u64> = match got {
-                    Ok(Value::Array(parts)) => parts
-                        .get(2..)
-                        .unwrap_or_default()
-                        .chunks(2)
-                        .filter_map(|pair| pair.first().and_then(int))
-                        .collect(),
-                    _ => Vec::new(),
-                };
-                if let Some(ticket) = waiter {
-                    waiters.looked(q, ticket, !ids.is_empty());
-                }
-                let _ = took_tx.send(ids);
-            })
+            .call(
+                &self.calls,
+                |s| &s.take,
+                args,
+                move |got| {
+                    let ids: Vec<u64> = match got {
+                        Ok(Value::Array(parts)) => parts
+                            .get(2..)
+                            .unwrap_or_default()
+                            .chunks(2)
+                            .filter_map(|pair| pair.first().and_then(int))
+                            .collect(),
+                        _ => Vec::new(),
+                    };
+                    if let Some(ticket) = waiter {
+                        waiters.looked(q, ticket, !ids.is_empty());
+                    }
+                    let _ = took_tx.send(ids);
+                },
+            )
             .await
             .and_then(|got| got.map_err(|e| fail("dequeue", e)));
         slot.pending = None;
@@ -1034,23 +957,15 @@ async fn subscribe(
 /// Every `interval`: takes back the items whose hold ended in the queues this store opened
 /// (of clients that died, or of transactions whose hold ended), so that they come back
 /// without waiting for a dequeue on their queue.
-async fn reclaim_pass(
-    mut conn: ConnectionManager,
-    scripts: Arc<Scripts>,
-    key: Arc<str>,
-    prefix: Arc<str>,
-    opened: Arc<Mutex<Vec<i32>>>,
-    interval: Duration,
-    clock: Clock,
-) {
+async fn reclaim_pass(caller: Arc<Caller>, opened: Arc<Mutex<Vec<i32>>>, interval: Duration) {
+    let mut conn = caller.conn.clone();
     loop {
         tokio::time::sleep(interval).await;
         let queues = opened.lock().clone();
         if queues.is_empty() {
             continue;
         }
-        let mut call = scripts.reclaim.key(&key);
-        call.arg(&*prefix).arg(now_arg(&clock)).arg("");
+        let mut call = caller.call(|s| &s.reclaim);
         for q in queues {
             call.arg(q);
         }

@@ -49,6 +49,10 @@
 
 use std::sync::Arc;
 
+use redis::aio::ConnectionManager;
+
+use crate::clock::Clock;
+
 /// A record, as the scripts read and rewrite it: a version byte (2), the enqueue time, the
 /// first and the latest attempt's time (ms, big-endian u64 each), the attempts (big-endian
 /// u32), then the enveloped item ([`super::record`]).
@@ -172,26 +176,29 @@ local function hmget(key, fields)
   end
   return out
 end
+-- The list put off for queue q in `map` (LATER's), made and q noted in `order` the first
+-- time.
+local function listed(map, order, q)
+  local l = map[q]
+  if not l then l = {}; map[q] = l; order[#order + 1] = q end
+  return l
+end
 -- Item `id` (record `rec`) goes to the tail of queue q, with the other plain enqueues of
--- the call (see LATER).
+-- the call (see LATER): id, record, id, record, ...
 local function add_run(q, id, rec)
-  local r = LATER.runs[q]
-  if not r then
-    r = {ids = {}, pairs = {}}
-    LATER.runs[q] = r
-    LATER.runq[#LATER.runq + 1] = q
-  end
-  r.ids[#r.ids + 1] = id
-  r.pairs[#r.pairs + 1] = id
-  r.pairs[#r.pairs + 1] = rec
+  local r = listed(LATER.runs, LATER.runq, q)
+  r[#r + 1] = id
+  r[#r + 1] = rec
 end
 -- Writes queue q's plain enqueues put off so far.
 local function flush(q)
   local r = LATER.runs[q]
   if r then
     LATER.runs[q] = nil
-    multi('HSET', qkey(q, 'items'), r.pairs)
-    multi('RPUSH', qkey(q, 'ready'), r.ids)
+    local ids = {}
+    for i = 1, #r, 2 do ids[#ids + 1] = r[i] end
+    multi('HSET', qkey(q, 'items'), r)
+    multi('RPUSH', qkey(q, 'ready'), ids)
   end
 end
 -- The writes put off (LATER), at the end of a call.
@@ -457,8 +464,7 @@ if #held > 0 then
     if redis.call('EXISTS', qkey(q, 'keyof')) == 1 then
       for _, id in ipairs(ids[q]) do free_key(q, id) end
     end
-    local gone = LATER.gone[q]
-    if not gone then gone = {}; LATER.gone[q] = gone; LATER.goneq[#LATER.goneq + 1] = q end
+    local gone = listed(LATER.gone, LATER.goneq, q)
     for _, id in ipairs(ids[q]) do gone[#gone + 1] = id end
     held_add(q, -#ids[q])
   end
@@ -794,12 +800,9 @@ return out
 /// function of `functions` (a name and its body) as `BODIES[name]`, registered as
 /// `rq_<digest>_<name>` which runs it between `begin` and `finish` (`finish` also after an
 /// error, which then stops the call: what the body wrote or put off before it stays, as
-/// each of its commands would have); and the digest. The digest is of everything but the names, which it is part of.
-pub(super) fn library(
-    functions: &[(&str, &str)],
-    default_policy: &str,
-    expired: &str,
-) -> (String, String) {
+/// each of its commands would have); and the digest. The digest is of everything but the
+/// names, which it is part of.
+fn library(functions: &[(&str, &str)], default_policy: &str, expired: &str) -> (String, String) {
     let mut shared = format!(
         "local DEFAULT_POLICY = '{default_policy}'\nlocal EXPIRED = '{}'\n\
          local MAX_ATTEMPTS = {}\n",
@@ -826,19 +829,87 @@ pub(super) fn library(
     (code, digest)
 }
 
-/// The time the functions take (`ARGV[2]`): an injected clock's, else 0 (the server's).
-pub(super) fn now_arg(clock: &crate::clock::Clock) -> u64 {
-    if clock.is_manual() {
-        clock.now()
-    } else {
-        0
+/// `Scripts`: each function of the library under its name, the field and the function's
+/// name alike, with its body's constant above.
+macro_rules! functions {
+    ($($name:ident: $body:ident),* $(,)?) => {
+        /// The functions of the library, loaded when a server lacks them.
+        pub(super) struct Scripts {
+            $(pub(super) $name: Script,)*
+        }
+
+        impl Scripts {
+            /// The library with `default_policy` (as the store keeps policies) for queues
+            /// without one, and `expired` as the reason of an expired lease's burial.
+            pub(super) fn new(default_policy: &str, expired: &str) -> Scripts {
+                let functions = [$((stringify!($name), $body)),*];
+                let (code, digest) = library(&functions, default_policy, expired);
+                let code: Arc<str> = code.into();
+                Scripts {
+                    $($name: Script::new(&code, &digest, stringify!($name)),)*
+                }
+            }
+        }
+    };
+}
+
+functions! {
+    queue: QUEUE,
+    take: TAKE,
+    give_back: GIVE_BACK,
+    commit: COMMIT,
+    count: COUNT,
+    stats: STATS,
+    reclaim: RECLAIM,
+    browse: BROWSE,
+    lease: LEASE,
+    unlease: UNLEASE,
+    drop_lease: DROP_LEASE,
+    fail: FAIL,
+    release: RELEASE,
+    extend: EXTEND,
+    set_policy: SET_POLICY,
+    next_due: NEXT_DUE,
+    dead_letters: DEAD_LETTERS,
+    dead_work: DEAD_WORK,
+    batch: BATCH,
+}
+
+/// What calls a store's functions: its connection, its catalog key (every function's one
+/// key), the functions, and what every call passes first (`ARGV[1..3]`: the prefix, the time,
+/// the store's name).
+pub(super) struct Caller {
+    pub(super) conn: ConnectionManager,
+    pub(super) key: Arc<str>,
+    pub(super) prefix: Arc<str>,
+    pub(super) instance: Arc<str>,
+    pub(super) clock: Clock,
+    pub(super) scripts: Scripts,
+}
+
+impl Caller {
+    /// A call of function `which`, its first three arguments given.
+    pub(super) fn call(&self, which: fn(&Scripts) -> &Script) -> Invocation<'_> {
+        let mut call = which(&self.scripts).key(&self.key);
+        call.arg(&*self.prefix).arg(self.now()).arg(&*self.instance);
+        call
+    }
+
+    /// The time the functions take (`ARGV[2]`): an injected clock's, else 0 (the
+    /// server's).
+    fn now(&self) -> u64 {
+        if self.clock.is_manual() {
+            self.clock.now()
+        } else {
+            0
+        }
     }
 }
 
 /// One function of the library, as the engine calls it.
-#[derive(Clone)]
 pub(super) struct Script {
     library: Arc<str>,
+    name: &'static str,
     function: String,
 }
 
@@ -850,15 +921,21 @@ pub(super) struct Invocation<'a> {
 
 impl Script {
     /// Function `name` of the library whose code is `library` and digest `digest`.
-    pub(super) fn new(library: &Arc<str>, digest: &str, name: &str) -> Script {
+    fn new(library: &Arc<str>, digest: &str, name: &'static str) -> Script {
         Script {
             library: Arc::clone(library),
+            name,
             function: format!("rq_{digest}_{name}"),
         }
     }
 
+    /// Its name in the library's `BODIES` (as `batch` calls it).
+    pub(super) fn name(&self) -> &'static str {
+        self.name
+    }
+
     /// A call with `key` as its one key.
-    pub(super) fn key(&self, key: &str) -> Invocation<'_> {
+    fn key(&self, key: &str) -> Invocation<'_> {
         let mut cmd = redis::cmd("FCALL");
         cmd.arg(&self.function).arg(1).arg(key);
         Invocation { script: self, cmd }
