@@ -15,7 +15,11 @@
 //!    The store is reused across iterations, so its files are in the OS page cache: a cold
 //!    process, but warm files.
 //! 3. Printed alongside: the memory per queued item, from the first of those opens: resident
-//!    set size (`/proc/self/statm`) after the open minus before it, divided by the item count.
+//!    set size (`/proc/self/statm`) after the open minus before it, divided by the item count;
+//!    and the same after a steady churn in that process, as a store that runs for a while holds
+//!    it: `RQ_BENCH_CHURN=<n>` (200,000 by default, 0 for none) times a one-item dequeue
+//!    transaction then a one-item enqueue transaction, so the backlog stays the same
+//!    (reliable-queue with `Durability::Buffered` for the churn, so that it takes seconds).
 //!
 //! Peers: `reliable-queue` (`Store::open`: replays its log), `persistent-queue` over
 //! `SledStore` (its `Builder::open` scans every entry; built with its `None` policy plus a
@@ -33,7 +37,8 @@ use criterion::{BenchmarkGroup, Criterion, SamplingMode};
 mod common;
 
 use common::{
-    dir_size, fresh_dir, item, mib, rss_bytes, selected, Ours, Peer, Pq, Producer, Queue, RawSled,
+    dir_size, fresh_dir, item, mib, rss_bytes, selected, Consumer, Ours, Peer, Pq, Producer, Queue,
+    RawSled,
 };
 
 /// Set in the environment of a child process: `<job> <peer> <items> <dir>`.
@@ -90,7 +95,8 @@ fn reopen(group: &mut BenchmarkGroup<'_, WallTime>, name: &str, items: u64) {
         mib(apparent),
         mib(allocated),
     );
-    let (first_open, grown) = open_in_child(name, items, dir.path());
+    let out = run_child("open-churn", name, items, dir.path());
+    let (first_open, grown) = opened(&out);
     println!(
         "figure recovery/{}/{name} memory per queued item: {:.1} bytes \
          (RSS +{:.1} MiB after open; payload {} bytes; first open {:.2} s)",
@@ -100,6 +106,20 @@ fn reopen(group: &mut BenchmarkGroup<'_, WallTime>, name: &str, items: u64) {
         common::ITEM_SIZE,
         first_open.as_secs_f64(),
     );
+    if let Some(line) = out.lines().find(|l| l.starts_with("churned ")) {
+        let mut fields = line.split_whitespace().skip(1);
+        let transactions: u64 = fields.next().expect("count").parse().expect("a number");
+        let grown: u64 = fields.next().expect("bytes").parse().expect("a number");
+        let seconds: f64 = fields.next().expect("seconds").parse().expect("a number");
+        println!(
+            "figure recovery/{}/{name} memory per queued item after churn: {:.1} bytes \
+             (RSS +{:.1} MiB over the open's start after {transactions} one-item dequeue and \
+             enqueue transaction pairs in {seconds:.1} s; backlog unchanged)",
+            label(items),
+            grown as f64 / items as f64,
+            mib(grown),
+        );
+    }
     group.bench_function(name, |b| {
         b.iter_custom(|iters| {
             (0..iters)
@@ -112,7 +132,11 @@ fn reopen(group: &mut BenchmarkGroup<'_, WallTime>, name: &str, items: u64) {
 /// Opens the store in a new child process; returns the time the open took there and how much
 /// the child's resident set grew with it.
 fn open_in_child(peer: &str, items: u64, dir: &Path) -> (Duration, u64) {
-    let out = run_child("open", peer, items, dir);
+    opened(&run_child("open", peer, items, dir))
+}
+
+/// The open's time and resident-set growth from a child's output.
+fn opened(out: &str) -> (Duration, u64) {
     let line = out
         .lines()
         .find(|l| l.starts_with("opened "))
@@ -150,9 +174,13 @@ fn child(job: &str) {
         ("build", OURS) => build(&Ours::SYNC, items, dir),
         ("build", PQ) => build(&Pq::SLED_UNSYNCED, items, dir),
         ("build", _) => build(&RawSled, items, dir),
-        ("open", OURS) => open(&Ours::SYNC, items, dir),
-        ("open", PQ) => open(&Pq::SLED_GROUP, items, dir),
-        ("open", _) => open(&RawSled, items, dir),
+        ("open", OURS) => drop(open(&Ours::SYNC, items, dir)),
+        ("open", PQ) => drop(open(&Pq::SLED_GROUP, items, dir)),
+        ("open", _) => drop(open(&RawSled, items, dir)),
+        // Buffered: the churn's commits need not wait for the disk (the memory is the same).
+        ("open-churn", OURS) => churn(&Ours::BUFFERED, items, dir),
+        ("open-churn", PQ) => churn(&Pq::SLED_GROUP, items, dir),
+        ("open-churn", _) => churn(&RawSled, items, dir),
         (other, _) => panic!("unknown child job {other:?}"),
     }
 }
@@ -171,7 +199,9 @@ fn build<P: Peer>(peer: &P, items: u64, dir: &Path) {
     assert_eq!(queue.len(), items);
 }
 
-fn open<P: Peer>(peer: &P, items: u64, dir: &Path) {
+/// Opens the store and prints `opened <seconds> <RSS growth>`; returns the queue and the RSS
+/// before the open.
+fn open<P: Peer>(peer: &P, items: u64, dir: &Path) -> (P::Queue, u64) {
     let before = rss_bytes().expect("read /proc/self/statm");
     let began = Instant::now();
     let queue = peer.open(dir);
@@ -182,6 +212,37 @@ fn open<P: Peer>(peer: &P, items: u64, dir: &Path) {
         "opened {} {}",
         opened.as_secs_f64(),
         after.saturating_sub(before)
+    );
+    (queue, before)
+}
+
+/// [`open`], then a steady churn: `RQ_BENCH_CHURN` times a one-item dequeue transaction then
+/// a one-item enqueue transaction (the backlog stays `items`); prints `churned <pairs> <RSS
+/// growth over the open's start> <seconds>`.
+fn churn<P: Peer>(peer: &P, items: u64, dir: &Path) {
+    let (queue, before) = open(peer, items, dir);
+    let transactions: u64 = std::env::var("RQ_BENCH_CHURN")
+        .map(|n| n.parse().expect("RQ_BENCH_CHURN: a transaction count"))
+        .unwrap_or(200_000);
+    if transactions == 0 {
+        return;
+    }
+    let (mut producer, mut consumer) = (queue.producer(), queue.consumer());
+    let item = item();
+    let began = Instant::now();
+    for _ in 0..transactions {
+        consumer.recv(1);
+        producer.send(&item, 1);
+    }
+    let took = began.elapsed();
+    queue.sync();
+    assert_eq!(queue.len(), items, "the churn keeps the backlog");
+    let after = rss_bytes().expect("read /proc/self/statm");
+    println!(
+        "churned {} {} {}",
+        transactions,
+        after.saturating_sub(before),
+        took.as_secs_f64()
     );
 }
 
