@@ -224,6 +224,15 @@ impl Proc {
         (expired, watch)
     }
 
+    /// Whether lease `token` is running (whatever its deadline) on an item with `key`.
+    pub(crate) fn lease_has_key(&self, token: u64, key: &[u8]) -> bool {
+        self.leases
+            .lock()
+            .running
+            .get(&token)
+            .is_some_and(|l| l.entry.key.as_deref() == Some(key))
+    }
+
     /// Ends lease `token` whatever its deadline (its holder gave it up).
     pub(crate) fn take_lease(&self, token: u64) -> Option<Leased> {
         self.leases.lock().running.remove(&token)

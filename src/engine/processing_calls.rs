@@ -899,14 +899,23 @@ impl BuryExpired for Engine {
     }
 }
 
-/// Whether `work` dequeued an item of `queue` with `key` (held in this process: the embedded
-/// engines) and has no enqueue with that key buffered: an enqueue with the key then takes
-/// the held item's place at commit (a job that schedules its successor).
+/// Whether `work` dequeued an item of `queue` with `key`, or acknowledged a lease of one
+/// (held in this process: the embedded engines), and has no enqueue with that key buffered:
+/// an enqueue with the key then takes that item's place at commit (a job that schedules its
+/// successor).
 fn succeeds_own(queue: &QueueRef, work: &Work, key: &[u8]) -> bool {
     let mine = |core: &Arc<QueueCore>| Arc::ptr_eq(core, &queue.core);
-    work.dequeued
+    let acked = || {
+        work.moves.iter().any(|m| match m.kind {
+            MoveKind::Ack { token, .. } => mine(&m.proc.core) && m.proc.lease_has_key(token, key),
+            _ => false,
+        })
+    };
+    (work
+        .dequeued
         .iter()
         .any(|(core, e)| mine(core) && e.key.as_deref() == Some(key))
+        || acked())
         && !work.moves.iter().any(|m| {
             mine(&m.proc.core)
                 && matches!(&m.kind, MoveKind::Enqueue { entry, .. } if entry.key.as_deref() == Some(key))

@@ -85,9 +85,10 @@ where
     /// freed if its transaction does not commit). The key is free again once the item leaves
     /// the queue: a committed dequeue, an ack, a move to the dead letters (a replayed dead
     /// letter brings its key back, even if another item has it meanwhile). A transaction that
-    /// dequeued the item with the key may enqueue one successor with it (a job scheduling its
-    /// next run): its commit consumes the old item and keeps the new one; an abort brings the
-    /// old one back and drops the new one. With `delay`, the
+    /// dequeued the item with the key, or acknowledged ([`Lease::ack`](crate::Lease::ack)) a
+    /// lease of it, may then enqueue one successor with it (a job scheduling its next run):
+    /// its commit consumes the old item and keeps the new one; an abort brings the old one
+    /// back and drops the new one. With `delay`, the
     /// item is also delayed, as by [`enqueue_after`](Self::enqueue_after).
     ///
     /// # Errors

@@ -1370,7 +1370,43 @@ fn p11_an_enqueue_whose_key_is_in_the_queue_is_a_no_op_and_says_so(engine: &'sta
             Enqueued,
             "{name}: and its key freed"
         );
-        drop(tx);
+        tx.blocking_commit().unwrap();
+        // So may a transaction that acknowledges a leased keyed item, after the ack (before
+        // it the leased item still holds the key: the embedded engines say so at once, the
+        // server engines' commit finds the key taken).
+        for commit in [false, true] {
+            let lease = q.blocking_lease(TTL).unwrap();
+            assert_eq!(*lease.item(), 10, "{name}");
+            let mut tx = store.begin();
+            if !engine.on_server() {
+                assert_eq!(
+                    unique(&q, &mut tx, 11, b"s"),
+                    Duplicate,
+                    "{name}: before the ack"
+                );
+            }
+            lease.ack(&mut tx).unwrap();
+            assert_eq!(
+                unique(&q, &mut tx, 11, b"s"),
+                Enqueued,
+                "{name}: the leased item's successor"
+            );
+            assert_eq!(
+                unique(&q, &mut tx, 12, b"s"),
+                Duplicate,
+                "{name}: one successor of a lease"
+            );
+            if commit {
+                tx.blocking_commit().unwrap();
+            } else {
+                tx.blocking_abort().unwrap();
+            }
+        }
+        assert_eq!(
+            common::drain(&store, &q),
+            vec![11],
+            "{name}: the lease's successor alone"
+        );
     }
 }
 

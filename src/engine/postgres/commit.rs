@@ -172,9 +172,38 @@ pub(super) async fn finish(
         .map_err(commit_error)
 }
 
-/// Writes a commit's delayed and keyed enqueues and its acks on `client`, inside its open
+/// Writes a commit's acks and its delayed and keyed enqueues on `client`, inside its open
 /// transaction: an ack of a lease no longer live fails with [`Error::LeaseExpired`].
 async fn write_extra(client: &Object, sql: &Sql, extra: &Extra, now: Option<i64>) -> Result<()> {
+    // Acks first: a keyed enqueue after them may take the key of an item they remove (a job
+    // that schedules its successor), as on every engine.
+    if !extra.acks.is_empty() {
+        let tokens: Vec<i64> = extra.acks.iter().map(|(t, _)| *t).collect();
+        let statement = client
+            .prepare_cached(&sql.proc.ack)
+            .await
+            .map_err(|e| pg("commit", e))?;
+        let rows = client
+            .query(&statement, &[&tokens, &now])
+            .await
+            .map_err(|e| pg("commit", e))?;
+        debug_assert!(
+            rows.iter()
+                .all(|r| r.try_get::<_, i64>(0).is_ok_and(|t| tokens.contains(&t))),
+            "an ack deletes only the leases it names"
+        );
+        if rows.len() != tokens.len() {
+            let live: Vec<i64> = rows.iter().filter_map(|r| r.try_get(0).ok()).collect();
+            let expired = extra.acks.iter().find(|(t, _)| !live.contains(t));
+            // Else a token was named twice, and the live lease would be reported as ended.
+            debug_assert!(expired.is_some(), "a commit acknowledges each lease once");
+            let (token, queue) = expired.cloned().unwrap_or_else(|| extra.acks[0].clone());
+            return Err(Error::LeaseExpired {
+                queue,
+                token: ms(token),
+            });
+        }
+    }
     if !extra.fresh.is_empty() {
         let mut queues = Vec::with_capacity(extra.fresh.len());
         let mut payloads = Vec::with_capacity(extra.fresh.len());
@@ -242,33 +271,6 @@ async fn write_extra(client: &Object, sql: &Sql, extra: &Extra, now: Option<i64>
             usize::try_from(written).is_ok_and(|written| written == rows.len()),
             "an import writes one row per item"
         );
-    }
-    if !extra.acks.is_empty() {
-        let tokens: Vec<i64> = extra.acks.iter().map(|(t, _)| *t).collect();
-        let statement = client
-            .prepare_cached(&sql.proc.ack)
-            .await
-            .map_err(|e| pg("commit", e))?;
-        let rows = client
-            .query(&statement, &[&tokens, &now])
-            .await
-            .map_err(|e| pg("commit", e))?;
-        debug_assert!(
-            rows.iter()
-                .all(|r| r.try_get::<_, i64>(0).is_ok_and(|t| tokens.contains(&t))),
-            "an ack deletes only the leases it names"
-        );
-        if rows.len() != tokens.len() {
-            let live: Vec<i64> = rows.iter().filter_map(|r| r.try_get(0).ok()).collect();
-            let expired = extra.acks.iter().find(|(t, _)| !live.contains(t));
-            // Else a token was named twice, and the live lease would be reported as ended.
-            debug_assert!(expired.is_some(), "a commit acknowledges each lease once");
-            let (token, queue) = expired.cloned().unwrap_or_else(|| extra.acks[0].clone());
-            return Err(Error::LeaseExpired {
-                queue,
-                token: ms(token),
-            });
-        }
     }
     Ok(())
 }
