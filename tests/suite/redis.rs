@@ -422,7 +422,14 @@ fn bad_urls_a_server_that_is_down_and_one_that_wants_a_password(server: &RedisSe
         .url(&format!("redis+unix://{}", nobody.display()))
         .open()
     {
-        Err(Error::Redis { operation, .. }) => assert_eq!(operation, "connect"),
+        Err(e @ Error::Redis { operation, .. }) => {
+            assert_eq!(operation, "connect");
+            let said = e.to_string();
+            assert!(
+                said.contains(&nobody.display().to_string()),
+                "the error names the server: {said}"
+            );
+        }
         other => panic!("a server that is down: {other:?}"),
     }
     assert!(matches!(
@@ -441,6 +448,17 @@ fn bad_urls_a_server_that_is_down_and_one_that_wants_a_password(server: &RedisSe
         })
     ));
     let with_password = format!("{}?pass=s3cret", server.url());
+    let wrong_password = format!("{}?pass=wrong-s3cret", server.url());
+    match Store::builder().url(&wrong_password).namespace("t").open() {
+        Err(e @ Error::Redis { .. }) => {
+            let said = e.to_string();
+            assert!(
+                said.contains("cannot connect to the Redis server at") && !said.contains("wrong"),
+                "the server named, the password not: {said}"
+            );
+        }
+        other => panic!("a wrong password: {other:?}"),
+    }
     let store = Store::builder()
         .url(&with_password)
         .namespace("t")

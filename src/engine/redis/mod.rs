@@ -277,6 +277,37 @@ fn policy_of(text: &str) -> RetryPolicy {
 fn ignore(_: &redis::RedisResult<Value>) {}
 
 /// A client failure as the crate's error.
+/// A connection to `server` that could not be made or checked: the server's address (host
+/// and port, or the socket's path; never the URL's password) before the client's error.
+#[derive(Debug)]
+struct ConnectTo {
+    server: String,
+    source: redis::RedisError,
+}
+
+impl std::fmt::Display for ConnectTo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "cannot connect to the Redis server at {}", self.server)
+    }
+}
+
+impl std::error::Error for ConnectTo {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.source)
+    }
+}
+
+/// [`fail`] of a connection to `server` (see [`ConnectTo`]).
+fn connect_failed(server: &str, e: redis::RedisError) -> Error {
+    Error::Redis {
+        operation: "connect",
+        source: Arc::new(ConnectTo {
+            server: server.to_owned(),
+            source: e,
+        }),
+    }
+}
+
 fn fail(operation: &'static str, e: redis::RedisError) -> Error {
     Error::Redis {
         operation,
@@ -401,8 +432,10 @@ impl Redis {
             .map_err(Error::storage)?;
         let prefix: Arc<str> = format!("rq:{{{}}}:", config.namespace).into();
         let catalog_key: Arc<str> = format!("{prefix}queues").into();
+        let server = client.get_connection_info().addr().to_string();
         let connecting = {
             let client = client.clone();
+            let server = server.clone();
             rt.spawn(async move {
                 let settings = redis::aio::ConnectionManagerConfig::new()
                     .set_connection_timeout(Some(CONNECT_TIMEOUT))
@@ -413,12 +446,17 @@ impl Redis {
                     client.get_connection_manager_with_config(settings),
                 )
                 .await
-                .map_err(|_| damaged("connect", "the server did not answer in 10 s".to_owned()))?
-                .map_err(|e| fail("connect", e))?;
+                .map_err(|_| {
+                    damaged(
+                        "connect",
+                        format!("the Redis server at {server} did not answer in 10 s"),
+                    )
+                })?
+                .map_err(|e| connect_failed(&server, e))?;
                 let _: () = redis::cmd("PING")
                     .query_async(&mut conn)
                     .await
-                    .map_err(|e| fail("connect", e))?;
+                    .map_err(|e| connect_failed(&server, e))?;
                 Ok::<_, Error>(conn)
             })
         };
