@@ -79,6 +79,9 @@ pub(crate) struct Config {
     pub(crate) require_fsync: bool,
     /// [`Builder::tls_root_certificates`](crate::Builder::tls_root_certificates).
     pub(crate) tls_roots: Option<Vec<u8>>,
+    /// [`Builder::redis_create`](crate::Builder::redis_create).
+    #[cfg(feature = "redis")]
+    pub(crate) redis_create: bool,
 }
 
 /// Default limit on one encoded item: 4 MiB.
@@ -116,6 +119,8 @@ impl Default for Config {
             namespace: None,
             require_fsync: false,
             tls_roots: None,
+            #[cfg(feature = "redis")]
+            redis_create: true,
         }
     }
 }
@@ -207,6 +212,7 @@ impl Config {
                 ns.clone_into(&mut redis.namespace);
             }
             redis.require_fsync = c.require_fsync;
+            redis.create = c.redis_create;
             redis.tls_roots.clone_from(&c.tls_roots);
             redis.hold_timeout = c
                 .transaction_timeout
@@ -303,6 +309,9 @@ pub(crate) struct RedisConfig {
     pub(crate) poll_interval: Duration,
     /// Certificates (PEM) trusted for `rediss://` instead of the system's roots.
     pub(crate) tls_roots: Option<Vec<u8>>,
+    /// May connect write the layout's version key of a new store (else a namespace without
+    /// one is [`Error::SchemaMissing`](crate::Error::SchemaMissing)).
+    pub(crate) create: bool,
 }
 
 #[cfg(feature = "redis")]
@@ -326,6 +335,7 @@ impl RedisConfig {
             hold_timeout: DEFAULT_HOLD_TIMEOUT,
             poll_interval: Duration::from_secs(1),
             tls_roots: None,
+            create: true,
         }
     }
 

@@ -295,9 +295,11 @@ pub enum Error {
     /// The database has no schema for this store, and the store was told not to create one
     /// ([`Builder::postgres_migrate`](crate::Builder::postgres_migrate)`(false)`, as `rq`'s
     /// reading commands do): a mistyped schema or database, or a store never started with a
-    /// role allowed to create it. Nothing was changed.
+    /// role allowed to create it. On Redis: the namespace holds no store and
+    /// [`Builder::redis_create`](crate::Builder::redis_create)`(false)` was given. Nothing was
+    /// changed.
     SchemaMissing {
-        /// The PostgreSQL schema (namespace) looked for.
+        /// The PostgreSQL schema (namespace) looked for; on Redis the namespace.
         schema: String,
     },
 
@@ -504,8 +506,9 @@ impl fmt::Display for Error {
             ),
             Error::SchemaMissing { schema } => write!(
                 f,
-                "no reliable-queue schema {schema:?} in this database (a mistyped schema or \
-                 database? a store connected once with a role allowed to create it makes it)"
+                "no reliable-queue schema {schema:?} in this database (a mistyped schema, \
+                 namespace or database? a store connected once with the right to create it \
+                 makes it)"
             ),
             Error::Unsupported { operation, engine } => {
                 write!(f, "{operation} is not available on the {engine} engine yet")

@@ -494,10 +494,12 @@ fn run(cli: &Cli) -> Res<ExitCode> {
 /// Opens the store the options name. A sled store must exist unless `create`.
 fn open(cli: &Cli, create: bool) -> Res<Store> {
     if let Some(url) = &cli.redis {
+        // As on PostgreSQL below: only a command that writes items may start a store.
         return Ok(Store::builder()
             .max_item_size(ITEM_LIMIT)
             .url(url)
             .namespace(&cli.schema)
+            .redis_create(create)
             .open()?);
     }
     match (&cli.store, &cli.postgres) {

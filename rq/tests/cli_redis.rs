@@ -403,6 +403,28 @@ fn two_imports_of_one_export_at_once_take_every_item_once(server: &RedisServer) 
     }
 }
 
+/// Reading commands against a namespace that holds no store (a typo) say so and write
+/// nothing on the server; the commands that write items may start a store.
+fn reading_commands_name_a_missing_namespace_and_write_nothing(server: &RedisServer) {
+    let typo = namespace(server, "cli_typo");
+    for command in [
+        &["stats"][..],
+        &["browse", "jobs"],
+        &["dead-letters", "list", "jobs"],
+    ] {
+        fails(
+            &with(redis_args(server, &typo), command),
+            None,
+            "no reliable-queue schema \"cli_typo\"",
+        );
+    }
+    let pattern = format!("rq:{{{typo}}}:*");
+    match server.command(&[b"KEYS", pattern.as_bytes()]) {
+        Reply::Array(keys) => assert!(keys.is_empty(), "keys written: {keys:?}"),
+        other => panic!("KEYS: {other:?}"),
+    }
+}
+
 /// Reading commands on a Redis URL nobody listens on (a Unix socket that is not there, a
 /// TCP port nobody holds): an error naming the failed connect, exit code 1, no panic, and
 /// no file written by the export.
@@ -464,6 +486,10 @@ fn main() -> ExitCode {
             (
                 "commands_work_beside_a_live_store",
                 commands_work_beside_a_live_store,
+            ),
+            (
+                "reading_commands_name_a_missing_namespace_and_write_nothing",
+                reading_commands_name_a_missing_namespace_and_write_nothing,
             ),
             (
                 "one_store_moved_through_every_engine_is_the_same_at_every_step",

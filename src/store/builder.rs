@@ -521,6 +521,32 @@ impl Builder {
         self
     }
 
+    /// Whether [`connect`](Builder::connect) may start a new store in the Redis namespace
+    /// (write its key layout's version; `true` by default). With `false` connect writes
+    /// nothing: for a tool that only looks (`rq stats`), where a mistyped namespace must be
+    /// an error, not a new empty store. An existing store is connected either way.
+    ///
+    /// # Errors
+    ///
+    /// With `false`, at connect: [`Error::SchemaMissing`](crate::Error::SchemaMissing) when
+    /// the namespace holds no store.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let store = reliable_queue::Store::builder()
+    ///     .url("redis://cache.internal:6379")
+    ///     .namespace("jobs")
+    ///     .redis_create(false)
+    ///     .open()?;
+    /// # Ok::<(), reliable_queue::Error>(())
+    /// ```
+    #[cfg(feature = "redis")]
+    pub fn redis_create(mut self, create: bool) -> Self {
+        self.config.redis_create = create;
+        self
+    }
+
     /// Whether [`connect`](Builder::connect) may create the store's schema, or migrate an
     /// older one to this build's version (`true` by default). A schema already at this
     /// build's version is only read either way, so a role without the privilege to create

@@ -507,7 +507,9 @@ impl Redis {
             poll_interval: config.poll_interval,
             opened: Arc::new(Mutex::new(Vec::new())),
         };
-        let checked = store.check_server(config.require_fsync).await;
+        let checked = store
+            .check_server(config.require_fsync, config.create, &config.namespace)
+            .await;
         if let Err(e) = checked {
             store.stop();
             return Err(e);
@@ -530,18 +532,22 @@ impl Redis {
         Ok(store)
     }
 
-    /// Checks the key layout's version (writing it for a new store) and whether the server
+    /// Checks the key layout's version (writing it for a new store when `create`; else a
+    /// store missing from `namespace` is [`Error::SchemaMissing`]) and whether the server
     /// writes every command to its append-only file before it answers.
-    async fn check_server(&self, require_fsync: bool) -> Result<()> {
+    async fn check_server(&self, require_fsync: bool, create: bool, namespace: &str) -> Result<()> {
+        let missing = namespace.to_owned();
         let mut conn = self.caller.conn.clone();
         let version_key = format!("{}version", self.caller.prefix);
         let namespace = self.caller.prefix.to_string();
         let (found, fsync) = self
             .run(async move {
-                let _: bool = conn
-                    .set_nx(&version_key, LAYOUT_VERSION)
-                    .await
-                    .map_err(|e| fail("connect", e))?;
+                if create {
+                    let _: bool = conn
+                        .set_nx(&version_key, LAYOUT_VERSION)
+                        .await
+                        .map_err(|e| fail("connect", e))?;
+                }
                 let found: Option<String> = conn
                     .get(&version_key)
                     .await
@@ -558,10 +564,10 @@ impl Redis {
                 Ok((found, fsync))
             })
             .await?;
-        let found = found
-            .as_deref()
-            .and_then(|v| v.parse::<i64>().ok())
-            .unwrap_or(-1);
+        let Some(found) = found else {
+            return Err(Error::SchemaMissing { schema: missing });
+        };
+        let found = found.parse::<i64>().unwrap_or(-1);
         if found != LAYOUT_VERSION {
             return Err(Error::SchemaVersion {
                 schema: namespace,
