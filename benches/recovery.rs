@@ -16,8 +16,9 @@
 //!    process, but warm files.
 //! 3. Printed alongside: the memory per queued item, from the first of those opens: resident
 //!    set size (`/proc/self/statm`) after the open minus before it, divided by the item count;
-//!    and the same after a steady churn in that process, as a store that runs for a while holds
-//!    it: `RQ_BENCH_CHURN=<n>` (200,000 by default, 0 for none) times a one-item dequeue
+//!    and, after the timed opens (it changes the store), the same in one more child that opens
+//!    the store and then churns it, as a store that runs for a while holds it:
+//!    `RQ_BENCH_CHURN=<n>` (200,000 by default, 0 for none) times a one-item dequeue
 //!    transaction then a one-item enqueue transaction, so the backlog stays the same
 //!    (reliable-queue with `Durability::Buffered` for the churn, so that it takes seconds).
 //!
@@ -95,8 +96,7 @@ fn reopen(group: &mut BenchmarkGroup<'_, WallTime>, name: &str, items: u64) {
         mib(apparent),
         mib(allocated),
     );
-    let out = run_child("open-churn", name, items, dir.path());
-    let (first_open, grown) = opened(&out);
+    let (first_open, grown) = open_in_child(name, items, dir.path());
     println!(
         "figure recovery/{}/{name} memory per queued item: {:.1} bytes \
          (RSS +{:.1} MiB after open; payload {} bytes; first open {:.2} s)",
@@ -106,6 +106,15 @@ fn reopen(group: &mut BenchmarkGroup<'_, WallTime>, name: &str, items: u64) {
         common::ITEM_SIZE,
         first_open.as_secs_f64(),
     );
+    group.bench_function(name, |b| {
+        b.iter_custom(|iters| {
+            (0..iters)
+                .map(|_| open_in_child(name, items, dir.path()).0)
+                .sum()
+        })
+    });
+    // Last: the churn changes the store the opens above timed.
+    let out = run_child("open-churn", name, items, dir.path());
     if let Some(line) = out.lines().find(|l| l.starts_with("churned ")) {
         let mut fields = line.split_whitespace().skip(1);
         let transactions: u64 = fields.next().expect("count").parse().expect("a number");
@@ -120,13 +129,6 @@ fn reopen(group: &mut BenchmarkGroup<'_, WallTime>, name: &str, items: u64) {
             mib(grown),
         );
     }
-    group.bench_function(name, |b| {
-        b.iter_custom(|iters| {
-            (0..iters)
-                .map(|_| open_in_child(name, items, dir.path()).0)
-                .sum()
-        })
-    });
 }
 
 /// Opens the store in a new child process; returns the time the open took there and how much
