@@ -11,6 +11,9 @@
 //! cargo bench --features redis,postgres --bench redis -- --quick # 1 round, fewer moves
 //! ```
 //!
+//! With `RQ_BENCH_REDIS_CALLER_RUNTIME=1` the engine runs on the bench's runtime
+//! (`Builder::redis_runtime`) instead of a runtime thread of the store's own.
+//!
 //! Workloads (16-byte items), each side starting from its own empty store:
 //! - `move/{1,16,64}-clients`: each client moves one item at a time between two queues `a`
 //!   and `b` (8 items per client in each at the start): take the head item of one queue (the
@@ -310,7 +313,18 @@ fn main() {
         .build()
         .unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let redis_store = |ns: String| Store::builder().url(&url).namespace(&ns).open().unwrap();
+    // `RQ_BENCH_REDIS_CALLER_RUNTIME=1`: the engine's connection and tasks on the bench's own
+    // runtime (`Builder::redis_runtime`) instead of a runtime thread of the store's own.
+    let on_caller_runtime = std::env::var("RQ_BENCH_REDIS_CALLER_RUNTIME").as_deref() == Ok("1");
+    let redis_store = |ns: String| {
+        let builder = Store::builder().url(&url).namespace(&ns);
+        let builder = if on_caller_runtime {
+            builder.redis_runtime(rt.handle().clone())
+        } else {
+            builder
+        };
+        builder.open().unwrap()
+    };
     let sled_store = || {
         Store::builder()
             .path(dir.path().join(namespace("sled")))
@@ -330,8 +344,13 @@ fn main() {
     };
     println!(
         "machine: {} CPUs; redis-server with appendonly yes, appendfsync always (Unix socket); \
-         {rounds} round(s), medians",
-        std::thread::available_parallelism().map_or(0, |n| n.get())
+         {rounds} round(s), medians; the engine on {}",
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        if on_caller_runtime {
+            "the bench's runtime (redis_runtime)"
+        } else {
+            "a runtime thread of its own"
+        }
     );
     println!(
         "\n| workload | reliable-queue on Redis | redis-rs by hand | ratio | Redis CPU per move or item (engine / by hand) | PostgreSQL | sled |"

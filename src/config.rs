@@ -82,6 +82,9 @@ pub(crate) struct Config {
     /// [`Builder::redis_create`](crate::Builder::redis_create).
     #[cfg(feature = "redis")]
     pub(crate) redis_create: bool,
+    /// [`Builder::redis_runtime`](crate::Builder::redis_runtime).
+    #[cfg(feature = "redis")]
+    pub(crate) redis_runtime: Option<tokio::runtime::Handle>,
 }
 
 /// Default limit on one encoded item: 4 MiB.
@@ -121,6 +124,8 @@ impl Default for Config {
             tls_roots: None,
             #[cfg(feature = "redis")]
             redis_create: true,
+            #[cfg(feature = "redis")]
+            redis_runtime: None,
         }
     }
 }
@@ -213,6 +218,7 @@ impl Config {
             }
             redis.require_fsync = c.require_fsync;
             redis.create = c.redis_create;
+            redis.runtime.clone_from(&c.redis_runtime);
             redis.tls_roots.clone_from(&c.tls_roots);
             redis.hold_timeout = c
                 .transaction_timeout
@@ -312,6 +318,9 @@ pub(crate) struct RedisConfig {
     /// May connect write the layout's version key of a new store (else a namespace without
     /// one is [`Error::SchemaMissing`](crate::Error::SchemaMissing)).
     pub(crate) create: bool,
+    /// The caller's multi-thread tokio runtime, to run the store's connection and tasks on
+    /// instead of a runtime thread of the store's own.
+    pub(crate) runtime: Option<tokio::runtime::Handle>,
 }
 
 #[cfg(feature = "redis")]
@@ -336,6 +345,7 @@ impl RedisConfig {
             poll_interval: Duration::from_secs(1),
             tls_roots: None,
             create: true,
+            runtime: None,
         }
     }
 
@@ -353,6 +363,15 @@ impl RedisConfig {
                 setting: "namespace",
                 expected: "1 to 128 printable ASCII characters, no space, '{' or '}'",
             });
+        }
+        if let Some(handle) = &self.runtime {
+            if handle.runtime_flavor() != tokio::runtime::RuntimeFlavor::MultiThread {
+                return Err(Error::InvalidConfig {
+                    setting: "redis_runtime",
+                    expected: "a handle of a multi-thread tokio runtime (a current-thread \
+                               runtime runs tasks only while its owner polls it)",
+                });
+            }
         }
         Ok(())
     }

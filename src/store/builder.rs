@@ -547,6 +547,42 @@ impl Builder {
         self
     }
 
+    /// Runs the store's Redis connection and background tasks on this tokio runtime (the
+    /// service's own, multi-thread) instead of on a runtime thread of the store's own, as
+    /// [`postgres_runtime`](Builder::postgres_runtime) does on PostgreSQL: each call of an
+    /// async method is then a task on the caller's runtime, without a hop between threads.
+    /// The `blocking_` methods work as before, from threads outside the runtime. Without it
+    /// (the default) the async methods work under any executor.
+    ///
+    /// The runtime must outlive the store: once it shuts down, every call fails with
+    /// [`Error::Redis`](crate::Error::Redis). [`Store::close`](crate::Store::close) ends the
+    /// store's own tasks on it (the subscription, the reclaim pass, the sender of groups); its
+    /// connection closes when the store's last handle (queues, transactions) is dropped.
+    ///
+    /// # Errors
+    ///
+    /// At [`connect`](Builder::connect) or [`open`](Builder::open):
+    /// [`Error::InvalidConfig`](crate::Error::InvalidConfig) (`redis_runtime`) for a
+    /// current-thread runtime, which runs tasks only while its owner polls it.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main]
+    /// # async fn main() -> Result<(), reliable_queue::Error> {
+    /// let store = reliable_queue::Store::builder()
+    ///     .url("redis://cache.internal:6379")
+    ///     .redis_runtime(tokio::runtime::Handle::current())
+    ///     .connect()
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "redis")]
+    pub fn redis_runtime(mut self, runtime: tokio::runtime::Handle) -> Self {
+        self.config.redis_runtime = Some(runtime);
+        self
+    }
+
     /// Whether [`connect`](Builder::connect) may create the store's schema, or migrate an
     /// older one to this build's version (`true` by default). A schema already at this
     /// build's version is only read either way, so a role without the privilege to create

@@ -168,6 +168,15 @@ impl RedisServer {
         }
     }
 
+    /// Clients connected now (`INFO clients`), the one asking among them.
+    pub fn connected_clients(&self) -> u64 {
+        self.info("clients")
+            .lines()
+            .find_map(|l| l.strip_prefix("connected_clients:"))
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
     /// CPU seconds the server has used (`INFO cpu`: its threads, user and system).
     pub fn cpu_seconds(&self) -> f64 {
         self.info("cpu")

@@ -49,6 +49,10 @@ pub(crate) fn cases() -> Vec<Case> {
             tls_connections_verify_the_server,
         ),
         Case::redis(
+            "a_store_on_the_callers_runtime_keeps_every_item_and_ends_its_connections",
+            a_store_on_the_callers_runtime_keeps_every_item_and_ends_its_connections,
+        ),
+        Case::redis(
             "processes_and_the_server_killed_with_sigkill_lose_and_duplicate_nothing",
             processes_and_the_server_killed_with_sigkill_lose_and_duplicate_nothing,
         ),
@@ -57,6 +61,120 @@ pub(crate) fn cases() -> Vec<Case> {
 
 fn builder(server: &RedisServer) -> Builder {
     Store::builder().url(server.url()).namespace("t")
+}
+
+/// `Builder::redis_runtime`: a current-thread runtime is refused; on a multi-thread one the
+/// blocking forms work from a thread outside it, tasks move items with aborts and drops
+/// among the commits and lose or repeat none, a waiting consumer is woken by a commit, and
+/// the store's connections end with it, not with the runtime.
+fn a_store_on_the_callers_runtime_keeps_every_item_and_ends_its_connections(server: &RedisServer) {
+    const ITEMS: u64 = 200;
+    const TASKS: u64 = 8;
+    let single = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    assert!(matches!(
+        builder(server)
+            .redis_runtime(single.handle().clone())
+            .open(),
+        Err(Error::InvalidConfig {
+            setting: "redis_runtime",
+            ..
+        })
+    ));
+    let before = server.connected_clients();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let store = rt.block_on(async {
+        builder(server)
+            .redis_runtime(tokio::runtime::Handle::current())
+            .connect()
+            .await
+            .unwrap()
+    });
+    // The blocking forms, from this thread.
+    let a = store.blocking_queue::<u64>("a").unwrap();
+    let b = store.blocking_queue::<u64>("b").unwrap();
+    let mut tx = store.begin();
+    for i in 0..ITEMS {
+        a.enqueue(&mut tx, i).unwrap();
+    }
+    tx.blocking_commit().unwrap();
+    rt.block_on(async {
+        let waiting = {
+            let (store, q) = (store.clone(), store.queue::<u64>("w").await.unwrap());
+            tokio::spawn(async move {
+                let mut tx = store.begin();
+                let item = q.dequeue(&mut tx).await.unwrap();
+                tx.commit().await.unwrap();
+                item
+            })
+        };
+        let movers: Vec<_> = (0..TASKS)
+            .map(|t| {
+                let (store, a, b) = (store.clone(), a.clone(), b.clone());
+                tokio::spawn(async move {
+                    let (mut moved, mut round) = (0, t);
+                    while moved < ITEMS / TASKS {
+                        round += 1;
+                        let mut tx = store.begin();
+                        let Some(item) = a.try_dequeue(&mut tx).await.unwrap() else {
+                            // The rest are held by other tasks, or on their way back.
+                            drop(tx);
+                            tokio::task::yield_now().await;
+                            continue;
+                        };
+                        b.enqueue(&mut tx, item).unwrap();
+                        match round % 5 {
+                            0 => tx.abort().await.unwrap(),
+                            1 => drop(tx),
+                            _ => {
+                                tx.commit().await.unwrap();
+                                moved += 1;
+                            }
+                        }
+                    }
+                })
+            })
+            .collect();
+        for mover in movers {
+            mover.await.unwrap();
+        }
+        let w = store.queue::<u64>("w").await.unwrap();
+        let mut tx = store.begin();
+        w.enqueue(&mut tx, 7).unwrap();
+        tx.commit().await.unwrap();
+        assert_eq!(waiting.await.unwrap(), 7);
+    });
+    assert_eq!(a.blocking_count().unwrap(), 0);
+    let mut moved = crate::common::drain(&store, &b);
+    moved.sort_unstable();
+    assert_eq!(
+        moved,
+        (0..ITEMS).collect::<Vec<_>>(),
+        "none lost, none twice"
+    );
+    assert!(
+        server.connected_clients() > before,
+        "the store's connections"
+    );
+    store.blocking_close().unwrap();
+    // The subscription ends with the close, the connection with the store's last handle; not
+    // with the runtime, which runs on.
+    drop((a, b));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while server.connected_clients() > before {
+        assert!(
+            Instant::now() < deadline,
+            "the store's connections outlive it"
+        );
+        std::thread::yield_now();
+    }
+    drop(rt);
 }
 
 /// Retries `f` until it succeeds (the store reconnecting after a restart), at most 30 s.

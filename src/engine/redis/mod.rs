@@ -217,7 +217,8 @@ impl RedisSlot {
 /// One connected Redis store.
 pub(crate) struct Redis {
     rt: Handle,
-    /// Ends the runtime's thread (at close).
+    /// Ends the runtime's thread (at close); `None` on the caller's runtime
+    /// (`Builder::redis_runtime`).
     stop: Mutex<Option<oneshot::Sender<()>>>,
     thread: Mutex<Option<JoinHandle<()>>>,
     /// The subscription, the reclaim pass and the sender of groups: ended at close.
@@ -418,18 +419,25 @@ impl Redis {
             None => redis::Client::open(config.url.as_str()),
         }
         .map_err(|e| fail("connect", e))?;
-        let (stop, stopped) = oneshot::channel::<()>();
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(Error::storage)?;
-        let rt = runtime.handle().clone();
-        let thread = std::thread::Builder::new()
-            .name("reliable-queue-redis".into())
-            .spawn(move || {
-                let _ = runtime.block_on(stopped);
-            })
-            .map_err(Error::storage)?;
+        let (rt, stop, thread) = match &config.runtime {
+            // Checked by `validate`: a multi-thread runtime, whose workers run the tasks.
+            Some(handle) => (handle.clone(), None, None),
+            None => {
+                let (stop, stopped) = oneshot::channel::<()>();
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .map_err(Error::storage)?;
+                let rt = runtime.handle().clone();
+                let thread = std::thread::Builder::new()
+                    .name("reliable-queue-redis".into())
+                    .spawn(move || {
+                        let _ = runtime.block_on(stopped);
+                    })
+                    .map_err(Error::storage)?;
+                (rt, Some(stop), Some(thread))
+            }
+        };
         let prefix: Arc<str> = format!("rq:{{{}}}:", config.namespace).into();
         let catalog_key: Arc<str> = format!("{prefix}queues").into();
         let server = client.get_connection_info().addr().to_string();
@@ -460,16 +468,20 @@ impl Redis {
                 Ok::<_, Error>(conn)
             })
         };
+        let failed = |stop: Option<oneshot::Sender<()>>, thread: Option<JoinHandle<()>>| {
+            drop(stop);
+            if let Some(thread) = thread {
+                let _ = thread.join();
+            }
+        };
         let conn = match connecting.await {
             Ok(Ok(conn)) => conn,
             Ok(Err(e)) => {
-                drop(stop);
-                let _ = thread.join();
+                failed(stop, thread);
                 return Err(e);
             }
             Err(e) => {
-                drop(stop);
-                let _ = thread.join();
+                failed(stop, thread);
                 return Err(Error::storage(e));
             }
         };
@@ -487,8 +499,8 @@ impl Redis {
         let calls = Arc::new(Calls::default());
         let store = Redis {
             rt: rt.clone(),
-            stop: Mutex::new(Some(stop)),
-            thread: Mutex::new(Some(thread)),
+            stop: Mutex::new(stop),
+            thread: Mutex::new(thread),
             background: Mutex::new(Vec::new()),
             caller: Arc::clone(&caller),
             catalog: Catalog::default(),
