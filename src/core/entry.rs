@@ -3,49 +3,169 @@
 /// A queue's id in the store's catalog; the log refers to queues by it.
 pub(crate) type QueueId = u32;
 
-/// One item: its id, its delivery metadata, and its enveloped bytes.
+/// One item: its id, its enqueue time, its enveloped bytes and, once it has any, its delivery
+/// metadata.
+///
+/// A plain item (never leased, not delayed, no deduplication key) has no metadata, and the
+/// entry is 40 bytes: the queues hold one per item, so this is most of what an item costs
+/// beside its bytes. The metadata, when set, is behind one box.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Entry {
     /// Unique within the store; assigned in commit order, so it is also the FIFO order.
     pub(crate) id: u64,
-    /// How many times the item has been leased (reserved for the processing layer).
-    pub(crate) attempts: u32,
-    /// Unix time in milliseconds before which the item is not due (0: due now).
-    pub(crate) not_before: u64,
-    /// When it was enqueued and leased (milliseconds since the epoch; 0: unknown or never).
-    pub(crate) times: Times,
+    /// When it was enqueued (milliseconds since the epoch; 0: unknown).
+    pub(crate) enqueued_at: u64,
     /// The enveloped item (see `crate::codec`).
     pub(crate) bytes: Box<[u8]>,
-    /// Its deduplication key, if it was enqueued with one: while the item is in its queue, an
-    /// enqueue with the same key is a no-op (see `QueueCore::reserve_key`).
-    pub(crate) key: Option<Box<[u8]>>,
+    /// Everything else, `None` while all of it is at its default (see [`Meta`]).
+    meta: Option<Box<Meta>>,
 }
 
-/// An item's times, in milliseconds since the Unix epoch (0: unknown, or never).
+/// An entry's delivery metadata (see [`Entry`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Meta {
+    /// How many times the item has been leased.
+    attempts: u32,
+    /// Unix time in milliseconds before which the item is not due (0: due now).
+    not_before: u64,
+    /// When it was first and last leased (milliseconds since the epoch; 0: never).
+    first_attempt: u64,
+    last_attempt: u64,
+    /// Its deduplication key, if it was enqueued with one: while the item is in its queue, an
+    /// enqueue with the same key is a no-op (see `QueueCore::reserve_key`).
+    key: Option<Box<[u8]>>,
+}
+
+/// An entry's times, in milliseconds since the epoch (0: unknown or never).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct Times {
-    /// Commit time of its first enqueue.
     pub(crate) enqueued_at: u64,
-    /// When its first lease was granted.
     pub(crate) first_attempt: u64,
-    /// When its latest lease was granted.
     pub(crate) last_attempt: u64,
 }
 
 impl Entry {
-    /// A fresh item, never leased, due now, committed at `enqueued_at`.
+    /// A plain item: no attempts, due now, no key.
     pub(crate) fn new(id: u64, bytes: Box<[u8]>, enqueued_at: u64) -> Self {
         Entry {
             id,
-            attempts: 0,
-            not_before: 0,
-            times: Times {
-                enqueued_at,
-                first_attempt: 0,
-                last_attempt: 0,
-            },
+            enqueued_at,
             bytes,
-            key: None,
+            meta: None,
         }
+    }
+
+    /// An item with all of its metadata.
+    pub(crate) fn with(
+        id: u64,
+        bytes: Box<[u8]>,
+        attempts: u32,
+        not_before: u64,
+        times: Times,
+        key: Option<Box<[u8]>>,
+    ) -> Self {
+        let mut entry = Entry::new(id, bytes, times.enqueued_at);
+        entry.set_attempts(attempts);
+        entry.set_not_before(not_before);
+        entry.set_times(times);
+        entry.set_key(key);
+        entry
+    }
+
+    /// The metadata, made if there was none.
+    fn meta_mut(&mut self) -> &mut Meta {
+        self.meta.get_or_insert_with(Box::default)
+    }
+
+    /// How many times the item has been leased.
+    pub(crate) fn attempts(&self) -> u32 {
+        self.meta.as_ref().map_or(0, |m| m.attempts)
+    }
+
+    pub(crate) fn set_attempts(&mut self, attempts: u32) {
+        if attempts != 0 || self.meta.is_some() {
+            self.meta_mut().attempts = attempts;
+        }
+    }
+
+    /// Unix time in milliseconds before which the item is not due (0: due now).
+    pub(crate) fn not_before(&self) -> u64 {
+        self.meta.as_ref().map_or(0, |m| m.not_before)
+    }
+
+    pub(crate) fn set_not_before(&mut self, not_before: u64) {
+        if not_before != 0 || self.meta.is_some() {
+            self.meta_mut().not_before = not_before;
+        }
+    }
+
+    /// When it was enqueued and leased.
+    pub(crate) fn times(&self) -> Times {
+        let (first_attempt, last_attempt) = self
+            .meta
+            .as_ref()
+            .map_or((0, 0), |m| (m.first_attempt, m.last_attempt));
+        Times {
+            enqueued_at: self.enqueued_at,
+            first_attempt,
+            last_attempt,
+        }
+    }
+
+    pub(crate) fn set_times(&mut self, times: Times) {
+        self.enqueued_at = times.enqueued_at;
+        if times.first_attempt != 0 || times.last_attempt != 0 || self.meta.is_some() {
+            let meta = self.meta_mut();
+            meta.first_attempt = times.first_attempt;
+            meta.last_attempt = times.last_attempt;
+        }
+    }
+
+    pub(crate) fn set_first_attempt(&mut self, at: u64) {
+        if at != 0 || self.meta.is_some() {
+            self.meta_mut().first_attempt = at;
+        }
+    }
+
+    pub(crate) fn set_last_attempt(&mut self, at: u64) {
+        if at != 0 || self.meta.is_some() {
+            self.meta_mut().last_attempt = at;
+        }
+    }
+
+    /// Its deduplication key, if it has one.
+    pub(crate) fn key(&self) -> Option<&[u8]> {
+        self.meta.as_ref().and_then(|m| m.key.as_deref())
+    }
+
+    pub(crate) fn set_key(&mut self, key: Option<Box<[u8]>>) {
+        if key.is_some() || self.meta.is_some() {
+            self.meta_mut().key = key;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_plain_entry_is_40_bytes_and_keeps_no_metadata() {
+        assert!(std::mem::size_of::<Entry>() <= 40);
+        let mut e = Entry::new(1, Box::new([1]), 5);
+        e.set_attempts(0);
+        e.set_not_before(0);
+        e.set_key(None);
+        e.set_times(Times {
+            enqueued_at: 6,
+            ..Times::default()
+        });
+        assert!(e.meta.is_none());
+        assert_eq!(e.times().enqueued_at, 6);
+        e.set_attempts(2);
+        e.set_key(Some(Box::new(*b"k")));
+        assert_eq!((e.attempts(), e.key()), (2, Some(&b"k"[..])));
+        e.set_key(None);
+        assert_eq!((e.attempts(), e.key()), (2, None));
     }
 }

@@ -100,7 +100,7 @@ impl QueueCore {
     pub(crate) fn new(id: QueueId, name: Arc<str>, ready: VecDeque<Entry>) -> Self {
         let visible = AtomicU64::new(len_u64(ready.len()));
         let mut keys: HashMap<Box<[u8]>, u32> = HashMap::new();
-        for key in ready.iter().filter_map(|e| e.key.clone()) {
+        for key in ready.iter().filter_map(|e| e.key().map(Box::from)) {
             *keys.entry(key).or_insert(0) += 1;
         }
         QueueCore {
@@ -182,7 +182,7 @@ impl QueueCore {
             .lock()
             .ready
             .front()
-            .map_or(0, |e| e.times.enqueued_at)
+            .map_or(0, |e| e.times().enqueued_at)
     }
 
     /// The `limit` visible entries with the lowest ids above `after`, lowest first (`browse`).

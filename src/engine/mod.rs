@@ -134,8 +134,8 @@ impl Engine {
                 for queue in recovered {
                     let proc = Arc::new(Proc::new(queue.core, queue.policy));
                     for entry in queue.delayed {
-                        if let Some(key) = &entry.key {
-                            proc.core.add_key(key.clone());
+                        if let Some(key) = entry.key() {
+                            proc.core.add_key(key.into());
                         }
                         timers.due_at(&proc, entry, now);
                     }

@@ -65,7 +65,7 @@ impl Move {
         let Move { proc, kind } = self;
         let back = match kind {
             MoveKind::Enqueue { entry, .. } => {
-                if let Some(key) = &entry.key {
+                if let Some(key) = entry.key() {
                     proc.core.release_key(key);
                 }
                 None
@@ -74,7 +74,7 @@ impl Move {
                 mut entry, grant, ..
             } => {
                 grant.abandon();
-                entry.attempts = entry.attempts.saturating_sub(1);
+                entry.set_attempts(entry.attempts().saturating_sub(1));
                 Some(entry)
             }
             MoveKind::Retry { entry } | MoveKind::Bury { entry, .. } => Some(entry),
@@ -101,8 +101,8 @@ pub(crate) fn apply(mv: Move, id: u64, now: u64, timers: &Timers, dead_on_disk: 
     match kind {
         MoveKind::Enqueue { mut entry, delay } => {
             entry.id = id;
-            entry.times.enqueued_at = now;
-            entry.not_before = due_after(&entry, delay, now);
+            entry.enqueued_at = now;
+            entry.set_not_before(due_after(&entry, delay, now));
             timers.due_at(&proc, entry, now);
         }
         MoveKind::Retry { mut entry } => {
@@ -112,12 +112,12 @@ pub(crate) fn apply(mv: Move, id: u64, now: u64, timers: &Timers, dead_on_disk: 
         MoveKind::Replay { slot, reset } => {
             let mut entry = slot.entry;
             entry.id = id;
-            entry.not_before = 0;
+            entry.set_not_before(0);
             if reset {
-                entry.attempts = 0;
+                entry.set_attempts(0);
             }
-            if let Some(key) = &entry.key {
-                proc.core.add_key(key.clone());
+            if let Some(key) = entry.key() {
+                proc.core.add_key(key.into());
             }
             proc.core.publish(std::iter::once(entry));
         }
@@ -134,7 +134,7 @@ pub(crate) fn apply(mv: Move, id: u64, now: u64, timers: &Timers, dead_on_disk: 
                 proc.core.restore(std::iter::once(entry));
                 return;
             }
-            let attempt = entry.attempts;
+            let attempt = entry.attempts();
             let watch = proc.insert_lease(id, Leased { entry, deadline });
             *state = GrantState::Granted {
                 token: id,
@@ -148,7 +148,7 @@ pub(crate) fn apply(mv: Move, id: u64, now: u64, timers: &Timers, dead_on_disk: 
         }
         MoveKind::Bury { entry, reason } => bury(&proc, entry, id, reason, dead_on_disk),
         MoveKind::Ack { claimed, .. } => {
-            if let Some(key) = claimed.as_ref().and_then(|l| l.entry.key.as_ref()) {
+            if let Some(key) = claimed.as_ref().and_then(|l| l.entry.key()) {
                 proc.core.release_key(key);
             }
         }
@@ -158,8 +158,8 @@ pub(crate) fn apply(mv: Move, id: u64, now: u64, timers: &Timers, dead_on_disk: 
             reason: None,
         } => {
             entry.id = id;
-            if entry.times.enqueued_at == 0 {
-                entry.times.enqueued_at = now;
+            if entry.times().enqueued_at == 0 {
+                entry.enqueued_at = now;
             }
             timers.due_at(&proc, entry, now);
         }
@@ -167,8 +167,8 @@ pub(crate) fn apply(mv: Move, id: u64, now: u64, timers: &Timers, dead_on_disk: 
             mut entry,
             reason: Some(reason),
         } => {
-            if entry.times.enqueued_at == 0 {
-                entry.times.enqueued_at = now;
+            if entry.times().enqueued_at == 0 {
+                entry.enqueued_at = now;
             }
             bury(&proc, entry, id, reason, dead_on_disk);
         }
@@ -179,9 +179,9 @@ pub(crate) fn apply(mv: Move, id: u64, now: u64, timers: &Timers, dead_on_disk: 
 /// bytes are not kept in memory (the sled engine reads them from its log).
 fn bury(proc: &Arc<Proc>, mut entry: Entry, id: u64, reason: String, dead_on_disk: bool) {
     entry.id = id;
-    entry.not_before = 0;
+    entry.set_not_before(0);
     // A dead letter is not in its queue: its key is free.
-    if let Some(key) = &entry.key {
+    if let Some(key) = entry.key() {
         proc.core.release_key(key);
     }
     if dead_on_disk {
@@ -198,13 +198,13 @@ fn bury(proc: &Arc<Proc>, mut entry: Entry, id: u64, reason: String, dead_on_dis
 /// [`MAX_ATTEMPTS`], as on PostgreSQL (a count above it, written before the maximum was
 /// enforced, is kept as it is: attempts never go down).
 pub(super) fn count_attempt(entry: &mut Entry, now: u64) {
-    if entry.attempts < MAX_ATTEMPTS {
-        entry.attempts = entry.attempts.saturating_add(1);
+    if entry.attempts() < MAX_ATTEMPTS {
+        entry.set_attempts(entry.attempts().saturating_add(1));
     }
-    if entry.times.first_attempt == 0 {
-        entry.times.first_attempt = now;
+    if entry.times().first_attempt == 0 {
+        entry.set_first_attempt(now);
     }
-    entry.times.last_attempt = now;
+    entry.set_last_attempt(now);
 }
 
 /// When a fresh item committed at `now` is due: `delay` after the commit, or at the time it
@@ -213,6 +213,6 @@ pub(crate) fn due_after(entry: &Entry, delay: u64, now: u64) -> u64 {
     if delay > 0 {
         now.saturating_add(delay)
     } else {
-        entry.not_before
+        entry.not_before()
     }
 }

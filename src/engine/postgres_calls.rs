@@ -113,16 +113,17 @@ impl Engine {
         match mv.kind {
             MoveKind::Enqueue { entry, delay } => {
                 // First: a failure below releases the keys noted so far.
-                if let Some(key) = &entry.key {
-                    keys.push((Arc::clone(&mv.proc.core), key.clone()));
+                if let Some(key) = entry.key() {
+                    keys.push((Arc::clone(&mv.proc.core), key.into()));
                 }
                 let queue = pg.db_id(&mv.proc.core)?;
+                let (at, key) = (entry.not_before(), entry.key().map(<[u8]>::to_vec));
                 extra.fresh.push(Fresh {
                     queue,
                     payload: entry.bytes.into_vec(),
                     delay: int8(delay, "a delay is at most MAX_DELAY")?,
-                    at: time(entry.not_before)?,
-                    key: entry.key.map(|k| k.into_vec()),
+                    at: time(at)?,
+                    key,
                 });
             }
             MoveKind::Ack { token, .. } => extra.acks.push((
@@ -132,13 +133,13 @@ impl Engine {
             MoveKind::Import { entry, reason } => {
                 extra.imported.push(Imported {
                     queue: pg.db_id(&mv.proc.core)?,
-                    attempts: i32::try_from(entry.attempts).map_err(|_| Error::Bug {
+                    attempts: i32::try_from(entry.attempts()).map_err(|_| Error::Bug {
                         invariant: "an imported item has at most MAX_ATTEMPTS attempts",
                     })?,
-                    due: time(entry.not_before)?,
-                    enqueued: time(entry.times.enqueued_at)?,
-                    first_attempt: time(entry.times.first_attempt)?,
-                    last_attempt: time(entry.times.last_attempt)?,
+                    due: time(entry.not_before())?,
+                    enqueued: time(entry.times().enqueued_at)?,
+                    first_attempt: time(entry.times().first_attempt)?,
+                    last_attempt: time(entry.times().last_attempt)?,
                     payload: entry.bytes.into_vec(),
                     reason,
                 });

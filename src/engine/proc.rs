@@ -161,7 +161,7 @@ impl Proc {
             .running
             .get(&token)
             .filter(|l| l.deadline > now)
-            .map(|l| (l.deadline, l.entry.attempts))
+            .map(|l| (l.deadline, l.entry.attempts()))
     }
 
     /// Moves the deadline of lease `token`, if it is still running at `now`: `None` if it is
@@ -230,7 +230,7 @@ impl Proc {
             .lock()
             .running
             .get(&token)
-            .is_some_and(|l| l.entry.key.as_deref() == Some(key))
+            .is_some_and(|l| l.entry.key() == Some(key))
     }
 
     /// Ends lease `token` whatever its deadline (its holder gave it up).

@@ -188,7 +188,7 @@ impl Engine {
                     Granted {
                         token: g.token,
                         deadline: g.deadline,
-                        attempt: g.entry.attempts,
+                        attempt: g.entry.attempts(),
                     },
                     item,
                 )),
@@ -362,7 +362,7 @@ impl Engine {
                 }
                 queue.core.add_key(key.into());
             }
-            entry.key = Some(key.into());
+            entry.set_key(Some(key.into()));
         }
         work.moves.push(Move {
             proc: Arc::clone(&queue.proc),
@@ -437,7 +437,7 @@ impl Engine {
         }
         for e in self.timers.delayed_entries(proc) {
             if above(e.id) {
-                let until = system_time(e.not_before);
+                let until = system_time(e.not_before());
                 found.push((e, ItemState::Delayed { until }));
             }
         }
@@ -445,7 +445,7 @@ impl Engine {
             if above(token) {
                 let state = ItemState::Leased {
                     until: system_time(deadline),
-                    attempt: e.attempts,
+                    attempt: e.attempts(),
                 };
                 found.push((e, state));
             }
@@ -592,7 +592,7 @@ impl Engine {
                 granted.push(Granted {
                     token: id,
                     deadline,
-                    attempt: entry.attempts,
+                    attempt: entry.attempts(),
                 });
                 (id, Leased { entry, deadline })
             });
@@ -635,7 +635,7 @@ impl Engine {
         let granted = Granted {
             token,
             deadline,
-            attempt: entry.attempts,
+            attempt: entry.attempts(),
         };
         if let Some(deadline) = queue.proc.insert_lease(token, Leased { entry, deadline }) {
             self.timers.watch(&queue.proc, deadline);
@@ -650,7 +650,7 @@ impl Engine {
             return None;
         }
         let done = self.claim(proc, token, self.now()).map(|leased| {
-            if let Some(key) = &leased.entry.key {
+            if let Some(key) = leased.entry.key() {
                 proc.core.release_key(key);
             }
         });
@@ -711,7 +711,7 @@ impl Engine {
         let mut entry = leased.entry;
         let policy = proc.policy();
         let mut work = Work::default();
-        let due = if entry.attempts >= policy.attempts_allowed() {
+        let due = if entry.attempts() >= policy.attempts_allowed() {
             work.moves.push(Move {
                 proc: Arc::clone(proc),
                 kind: MoveKind::Bury {
@@ -721,8 +721,8 @@ impl Engine {
             });
             None
         } else {
-            let due = now.saturating_add(policy.backoff_ms(entry.attempts, entry.id));
-            entry.not_before = due;
+            let due = now.saturating_add(policy.backoff_ms(entry.attempts(), entry.id));
+            entry.set_not_before(due);
             work.moves.push(Move {
                 proc: Arc::clone(proc),
                 kind: MoveKind::Retry { entry },
@@ -742,7 +742,7 @@ impl Engine {
             proc.core.restore(std::iter::once(entry));
             return Ok(None);
         }
-        entry.not_before = now.saturating_add(delay);
+        entry.set_not_before(now.saturating_add(delay));
         let mut work = Work::default();
         work.moves.push(Move {
             proc: Arc::clone(proc),
@@ -914,10 +914,10 @@ fn succeeds_own(queue: &QueueRef, work: &Work, key: &[u8]) -> bool {
     (work
         .dequeued
         .iter()
-        .any(|(core, e)| mine(core) && e.key.as_deref() == Some(key))
+        .any(|(core, e)| mine(core) && e.key() == Some(key))
         || acked())
         && !work.moves.iter().any(|m| {
             mine(&m.proc.core)
-                && matches!(&m.kind, MoveKind::Enqueue { entry, .. } if entry.key.as_deref() == Some(key))
+                && matches!(&m.kind, MoveKind::Enqueue { entry, .. } if entry.key() == Some(key))
         })
 }

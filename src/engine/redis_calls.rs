@@ -40,7 +40,7 @@ impl Engine {
             let queue = Arc::clone(&mv.proc.core);
             match mv.kind {
                 MoveKind::Enqueue { entry, delay } => {
-                    let key = entry.key.clone();
+                    let key: Option<Box<[u8]>> = entry.key().map(Box::from);
                     if let Some(key) = &key {
                         keys.push((Arc::clone(&queue), key.clone()));
                     }

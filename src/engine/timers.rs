@@ -277,13 +277,13 @@ impl Timers {
 
     /// Makes `entry` visible at its due time (at the tail of its queue), or now if it is due.
     pub(crate) fn due_at(&self, proc: &Arc<Proc>, entry: Entry, now: u64) {
-        if entry.not_before <= now {
+        if entry.not_before() <= now {
             proc.core.publish(std::iter::once(entry));
             return;
         }
         proc.delayed.fetch_add(1, Ordering::AcqRel);
         self.add(
-            entry.not_before,
+            entry.not_before(),
             entry.id,
             Timer::Due(Arc::clone(proc), entry),
         );
@@ -385,11 +385,11 @@ impl Timers {
             "lease_expiry",
             queue = proc.core.name(),
             item = entry.id,
-            attempts = entry.attempts
+            attempts = entry.attempts()
         );
         let _entered = span.enter();
         tracing::debug!("a lease expired");
-        if entry.attempts < proc.policy().attempts_allowed() {
+        if entry.attempts() < proc.policy().attempts_allowed() {
             proc.core.restore(std::iter::once(entry));
             return;
         }

@@ -161,7 +161,7 @@ impl Work {
         self.check_held();
         for (core, entry) in self.dequeued.drain(..) {
             core.unhold(1);
-            if let Some(key) = &entry.key {
+            if let Some(key) = entry.key() {
                 core.release_key(key);
             }
         }

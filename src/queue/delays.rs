@@ -149,7 +149,7 @@ where
     fn enqueue_due(&self, tx: &mut Transaction, item: &T, at: u64, delay: u64) -> Result<()> {
         self.check(tx)?;
         let mut entry = self.encode_entry(item)?;
-        entry.not_before = at;
+        entry.set_not_before(at);
         self.engine()
             .enqueue_entry(self.queue_ref(), tx.work_mut(), entry, delay, None)?;
         Ok(())

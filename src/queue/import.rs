@@ -52,11 +52,11 @@ impl ImportedItem {
             });
         }
         let ms = |t: Option<SystemTime>| t.map_or(Ok(0), wall_ms);
-        entry.attempts = self.attempts;
-        entry.not_before = ms(self.due)?;
-        entry.times.enqueued_at = ms(self.enqueued_at)?;
-        entry.times.first_attempt = ms(self.first_attempt)?;
-        entry.times.last_attempt = ms(self.last_attempt)?;
+        entry.set_attempts(self.attempts);
+        entry.set_not_before(ms(self.due)?);
+        entry.enqueued_at = ms(self.enqueued_at)?;
+        entry.set_first_attempt(ms(self.first_attempt)?);
+        entry.set_last_attempt(ms(self.last_attempt)?);
         Ok(())
     }
 }

@@ -130,8 +130,8 @@ where
                     id: e.id,
                     item: self.decode(&e)?,
                     state,
-                    attempts: e.attempts,
-                    enqueued_at: known_time(e.times.enqueued_at),
+                    attempts: e.attempts(),
+                    enqueued_at: known_time(e.times().enqueued_at),
                 })
             })
             .collect()
@@ -183,10 +183,10 @@ where
             id: e.id,
             item,
             reason: slot.reason,
-            attempts: e.attempts,
-            first_attempt: known_time(e.times.first_attempt),
-            last_attempt: known_time(e.times.last_attempt),
-            enqueued_at: known_time(e.times.enqueued_at),
+            attempts: e.attempts(),
+            first_attempt: known_time(e.times().first_attempt),
+            last_attempt: known_time(e.times().last_attempt),
+            enqueued_at: known_time(e.times().enqueued_at),
         })
     }
 

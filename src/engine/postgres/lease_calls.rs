@@ -294,12 +294,12 @@ impl Postgres {
                         row.try_get::<_, Vec<u8>>(1)?.into_boxed_slice(),
                         ms(row.try_get(5)?),
                     );
-                    entry.attempts = u32::try_from(row.try_get::<_, i32>(4)?).unwrap_or(0);
+                    entry.set_attempts(u32::try_from(row.try_get::<_, i32>(4)?).unwrap_or(0));
                     let ready = ms(row.try_get(2)?);
                     let state = match row.try_get::<_, Option<i64>>(3)?.map(ms) {
                         Some(until) if until > time => ItemState::Leased {
                             until: crate::clock::system_time(until),
-                            attempt: entry.attempts,
+                            attempt: entry.attempts(),
                         },
                         _ if ready > time => ItemState::Delayed {
                             until: crate::clock::system_time(ready),
@@ -339,9 +339,9 @@ impl Postgres {
                     row.try_get::<_, Vec<u8>>(1)?.into_boxed_slice(),
                     ms(row.try_get(6)?),
                 );
-                entry.attempts = u32::try_from(row.try_get::<_, i32>(3)?).unwrap_or(0);
-                entry.times.first_attempt = opt_ms(row.try_get(4)?);
-                entry.times.last_attempt = opt_ms(row.try_get(5)?);
+                entry.set_attempts(u32::try_from(row.try_get::<_, i32>(3)?).unwrap_or(0));
+                entry.set_first_attempt(opt_ms(row.try_get(4)?));
+                entry.set_last_attempt(opt_ms(row.try_get(5)?));
                 Ok(DeadSlot {
                     entry,
                     reason: row.try_get(2)?,

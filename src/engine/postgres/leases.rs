@@ -28,13 +28,14 @@ fn granted(row: &Row) -> Result<Granted> {
             row.try_get::<_, Vec<u8>>(1)?.into_boxed_slice(),
             ms(row.try_get(5)?),
         );
-        entry.attempts = u32::try_from(row.try_get::<_, i32>(2)?).unwrap_or(0);
-        entry.times.first_attempt = opt_ms(row.try_get(6)?);
-        entry.times.last_attempt = opt_ms(row.try_get(7)?);
-        entry.not_before = ms(row.try_get(8)?);
-        entry.key = row
-            .try_get::<_, Option<Vec<u8>>>(9)?
-            .map(Vec::into_boxed_slice);
+        entry.set_attempts(u32::try_from(row.try_get::<_, i32>(2)?).unwrap_or(0));
+        entry.set_first_attempt(opt_ms(row.try_get(6)?));
+        entry.set_last_attempt(opt_ms(row.try_get(7)?));
+        entry.set_not_before(ms(row.try_get(8)?));
+        entry.set_key(
+            row.try_get::<_, Option<Vec<u8>>>(9)?
+                .map(Vec::into_boxed_slice),
+        );
         Ok(Granted {
             entry,
             token: ms(row.try_get(3)?),
@@ -96,9 +97,9 @@ pub(super) async fn lease_on(
         "a lease grants at most the leases it asks for"
     );
     // Queue order: readiness, then id (an expired lease kept its place at the head).
-    granted.sort_unstable_by_key(|g| (g.entry.not_before, g.entry.id));
+    granted.sort_unstable_by_key(|g| (g.entry.not_before(), g.entry.id));
     for g in &mut granted {
-        g.entry.not_before = 0;
+        g.entry.set_not_before(0);
     }
     Ok(granted)
 }

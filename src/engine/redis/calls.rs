@@ -127,7 +127,7 @@ impl Redis {
                     key,
                 } => {
                     let due = match delay {
-                        0 => entry.not_before.to_string(),
+                        0 => entry.not_before().to_string(),
                         d => format!("+{d}"),
                     };
                     let rec = fresh_record(&entry.bytes, now);
@@ -144,7 +144,7 @@ impl Redis {
                     reason,
                 } => {
                     let reason = reason.as_deref().unwrap_or_default().as_bytes().to_vec();
-                    let due = entry.not_before.to_string().into_bytes();
+                    let due = entry.not_before().to_string().into_bytes();
                     push("i", numbered(queue)?, record(entry), due, reason);
                 }
             }
@@ -246,7 +246,7 @@ impl Redis {
         };
         let head_at = bytes(head)
             .and_then(|rec| entry_of(0, rec).ok())
-            .map_or(0, |e| e.times.enqueued_at);
+            .map_or(0, |e| e.times().enqueued_at);
         let stats = QueueStats {
             visible: int(visible).ok_or_else(bad)?,
             delayed: int(delayed).ok_or_else(bad)?,
@@ -295,7 +295,7 @@ impl Redis {
                 Some(1) => ItemState::Delayed { until },
                 Some(2) => ItemState::Leased {
                     until,
-                    attempt: entry.attempts,
+                    attempt: entry.attempts(),
                 },
                 _ => ItemState::Ready,
             };

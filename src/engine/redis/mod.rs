@@ -332,10 +332,10 @@ const RECORD_VERSION: u8 = 2;
 fn record(entry: &Entry) -> Vec<u8> {
     let mut r = Vec::with_capacity(scripts::RECORD + entry.bytes.len());
     r.push(RECORD_VERSION);
-    r.extend_from_slice(&entry.times.enqueued_at.to_be_bytes());
-    r.extend_from_slice(&entry.times.first_attempt.to_be_bytes());
-    r.extend_from_slice(&entry.times.last_attempt.to_be_bytes());
-    r.extend_from_slice(&entry.attempts.to_be_bytes());
+    r.extend_from_slice(&entry.times().enqueued_at.to_be_bytes());
+    r.extend_from_slice(&entry.times().first_attempt.to_be_bytes());
+    r.extend_from_slice(&entry.times().last_attempt.to_be_bytes());
+    r.extend_from_slice(&entry.attempts().to_be_bytes());
     r.extend_from_slice(&entry.bytes);
     r
 }
@@ -371,11 +371,11 @@ fn entry_of(id: u64, rec: &[u8]) -> std::result::Result<Entry, String> {
         u64::from_be_bytes(b)
     };
     let mut entry = Entry::new(id, bytes.into(), u64_at(1));
-    entry.times.first_attempt = u64_at(9);
-    entry.times.last_attempt = u64_at(17);
+    entry.set_first_attempt(u64_at(9));
+    entry.set_last_attempt(u64_at(17));
     let mut a = [0u8; 4];
     a.copy_from_slice(&header[25..29]);
-    entry.attempts = u32::from_be_bytes(a);
+    entry.set_attempts(u32::from_be_bytes(a));
     Ok(entry)
 }
 

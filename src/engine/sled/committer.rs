@@ -771,13 +771,13 @@ fn version<'a>(queue: QueueId, entry: &'a Entry, id: u64, reason: Option<&'a str
         queue,
         from: Some(entry.id),
         id,
-        attempts: entry.attempts,
-        not_before: entry.not_before,
-        enqueued_at: entry.times.enqueued_at,
-        first_attempt: entry.times.first_attempt,
-        last_attempt: entry.times.last_attempt,
+        attempts: entry.attempts(),
+        not_before: entry.not_before(),
+        enqueued_at: entry.times().enqueued_at,
+        first_attempt: entry.times().first_attempt,
+        last_attempt: entry.times().last_attempt,
         reason,
-        key: entry.key.as_deref().map(Bytes),
+        key: entry.key().map(Bytes),
         bytes: Bytes(&entry.bytes),
     }
 }
@@ -787,7 +787,7 @@ fn version<'a>(queue: QueueId, entry: &'a Entry, id: u64, reason: Option<&'a str
 fn op_of(mv: &Move, id: u64, now: u64) -> Op<'_> {
     let queue = mv.proc.core.id();
     match &mv.kind {
-        MoveKind::Enqueue { entry, delay } if entry.key.is_some() => {
+        MoveKind::Enqueue { entry, delay } if entry.key().is_some() => {
             let mut v = version(queue, entry, id, None);
             v.from = None;
             v.enqueued_at = now;
@@ -797,7 +797,7 @@ fn op_of(mv: &Move, id: u64, now: u64) -> Op<'_> {
         MoveKind::Enqueue { entry, delay } => Op::Enqueue {
             queue,
             id,
-            attempts: entry.attempts,
+            attempts: entry.attempts(),
             not_before: due_after(entry, *delay, now),
             bytes: Bytes(&entry.bytes),
         },

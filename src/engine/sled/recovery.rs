@@ -203,10 +203,10 @@ pub(crate) fn recover(trees: &Trees, disk: &DiskSync, opening: Opening<'_>) -> R
             if !dead.is_empty() {
                 entries.retain(|e| !dead.contains(&e.id));
             }
-            if entries.iter().any(|e| e.not_before > opening.now) {
+            if entries.iter().any(|e| e.not_before() > opening.now) {
                 let (later, now): (Vec<Entry>, Vec<Entry>) = entries
                     .into_iter()
-                    .partition(|e| e.not_before > opening.now);
+                    .partition(|e| e.not_before() > opening.now);
                 delayed.insert(queue, later);
                 entries = now;
             }
@@ -585,18 +585,18 @@ fn replay(
                     bytes,
                 } => items.push(
                     queue,
-                    Entry {
+                    Entry::with(
                         id,
+                        bytes.0.into(),
                         attempts,
                         not_before,
-                        times: Times {
+                        Times {
                             enqueued_at: time,
                             first_attempt: 0,
                             last_attempt: 0,
                         },
-                        bytes: bytes.0.into(),
-                        key: None,
-                    },
+                        None,
+                    ),
                 ),
                 Op::Lease(v) => {
                     leased.insert(v.id);
@@ -638,22 +638,22 @@ fn replay(
 /// The item a version op describes; its bytes only when `with_bytes` (a dead letter's stay
 /// in the log).
 fn entry_of(v: &Version<'_>, with_bytes: bool) -> Entry {
-    Entry {
-        id: v.id,
-        attempts: v.attempts,
-        not_before: v.not_before,
-        times: Times {
-            enqueued_at: v.enqueued_at,
-            first_attempt: v.first_attempt,
-            last_attempt: v.last_attempt,
-        },
-        key: v.key.map(|k| k.0.into()),
-        bytes: if with_bytes {
+    Entry::with(
+        v.id,
+        if with_bytes {
             v.bytes.0.into()
         } else {
             Box::default()
         },
-    }
+        v.attempts,
+        v.not_before,
+        Times {
+            enqueued_at: v.enqueued_at,
+            first_attempt: v.first_attempt,
+            last_attempt: v.last_attempt,
+        },
+        v.key.map(|k| k.0.into()),
+    )
 }
 
 /// Replayed items, per queue, in log order.
