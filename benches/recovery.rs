@@ -117,12 +117,12 @@ fn reopen(group: &mut BenchmarkGroup<'_, WallTime>, name: &str, items: u64) {
     let out = run_child("open-churn", name, items, dir.path());
     if let Some(line) = out.lines().find(|l| l.starts_with("churned ")) {
         let mut fields = line.split_whitespace().skip(1);
-        let transactions: u64 = fields.next().expect("count").parse().expect("a number");
+        let pairs: u64 = fields.next().expect("count").parse().expect("a number");
         let grown: u64 = fields.next().expect("bytes").parse().expect("a number");
         let seconds: f64 = fields.next().expect("seconds").parse().expect("a number");
         println!(
             "figure recovery/{}/{name} memory per queued item after churn: {:.1} bytes \
-             (RSS +{:.1} MiB over the open's start after {transactions} one-item dequeue and \
+             (RSS +{:.1} MiB over the open's start after {pairs} one-item dequeue and \
              enqueue transaction pairs in {seconds:.1} s; backlog unchanged)",
             label(items),
             grown as f64 / items as f64,
@@ -223,16 +223,16 @@ fn open<P: Peer>(peer: &P, items: u64, dir: &Path) -> (P::Queue, u64) {
 /// growth over the open's start> <seconds>`.
 fn churn<P: Peer>(peer: &P, items: u64, dir: &Path) {
     let (queue, before) = open(peer, items, dir);
-    let transactions: u64 = std::env::var("RQ_BENCH_CHURN")
+    let pairs: u64 = std::env::var("RQ_BENCH_CHURN")
         .map(|n| n.parse().expect("RQ_BENCH_CHURN: a transaction count"))
         .unwrap_or(200_000);
-    if transactions == 0 {
+    if pairs == 0 {
         return;
     }
     let (mut producer, mut consumer) = (queue.producer(), queue.consumer());
     let item = item();
     let began = Instant::now();
-    for _ in 0..transactions {
+    for _ in 0..pairs {
         consumer.recv(1);
         producer.send(&item, 1);
     }
@@ -242,7 +242,7 @@ fn churn<P: Peer>(peer: &P, items: u64, dir: &Path) {
     let after = rss_bytes().expect("read /proc/self/statm");
     println!(
         "churned {} {} {}",
-        transactions,
+        pairs,
         after.saturating_sub(before),
         took.as_secs_f64()
     );

@@ -288,6 +288,23 @@ impl Config {
     }
 }
 
+/// A server engine's runtime given by the caller (`setting`) must be multi-thread: a
+/// current-thread runtime runs tasks only while its owner polls it, so a `blocking_` call from
+/// another thread could wait forever.
+#[cfg(any(feature = "postgres", feature = "redis"))]
+fn check_runtime(runtime: Option<&tokio::runtime::Handle>, setting: &'static str) -> Result<()> {
+    match runtime {
+        Some(handle) if handle.runtime_flavor() != tokio::runtime::RuntimeFlavor::MultiThread => {
+            Err(Error::InvalidConfig {
+                setting,
+                expected: "a handle of a multi-thread tokio runtime (a current-thread runtime \
+                           runs tasks only while its owner polls it)",
+            })
+        }
+        _ => Ok(()),
+    }
+}
+
 /// How long the Redis engine lets a transaction hold the items it dequeued when the
 /// transaction has no deadline of its own: past it the server gives them back (a client that
 /// died cannot). `Builder::transaction_timeout` sets another.
@@ -364,16 +381,7 @@ impl RedisConfig {
                 expected: "1 to 128 printable ASCII characters, no space, '{' or '}'",
             });
         }
-        if let Some(handle) = &self.runtime {
-            if handle.runtime_flavor() != tokio::runtime::RuntimeFlavor::MultiThread {
-                return Err(Error::InvalidConfig {
-                    setting: "redis_runtime",
-                    expected: "a handle of a multi-thread tokio runtime (a current-thread \
-                               runtime runs tasks only while its owner polls it)",
-                });
-            }
-        }
-        Ok(())
+        check_runtime(self.runtime.as_ref(), "redis_runtime")
     }
 }
 
@@ -488,15 +496,6 @@ impl PgConfig {
                 expected: "between 1 ms and 24 hours",
             });
         }
-        if let Some(handle) = &self.runtime {
-            if handle.runtime_flavor() != tokio::runtime::RuntimeFlavor::MultiThread {
-                return Err(Error::InvalidConfig {
-                    setting: "postgres_runtime",
-                    expected: "a handle of a multi-thread tokio runtime (a current-thread \
-                               runtime runs tasks only while its owner polls it)",
-                });
-            }
-        }
-        Ok(())
+        check_runtime(self.runtime.as_ref(), "postgres_runtime")
     }
 }

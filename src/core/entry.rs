@@ -67,14 +67,18 @@ impl Entry {
         let mut entry = Entry::new(id, bytes, times.enqueued_at);
         entry.set_attempts(attempts);
         entry.set_not_before(not_before);
-        entry.set_times(times);
+        entry.set_first_attempt(times.first_attempt);
+        entry.set_last_attempt(times.last_attempt);
         entry.set_key(key);
         entry
     }
 
-    /// The metadata, made if there was none.
-    fn meta_mut(&mut self) -> &mut Meta {
-        self.meta.get_or_insert_with(Box::default)
+    /// Sets one field of the metadata: makes the metadata only for a value other than the
+    /// default, so that an entry without any keeps none.
+    fn put<T: Default + PartialEq>(&mut self, value: T, field: impl FnOnce(&mut Meta) -> &mut T) {
+        if value != T::default() || self.meta.is_some() {
+            *field(self.meta.get_or_insert_with(Box::default)) = value;
+        }
     }
 
     /// How many times the item has been leased.
@@ -83,9 +87,7 @@ impl Entry {
     }
 
     pub(crate) fn set_attempts(&mut self, attempts: u32) {
-        if attempts != 0 || self.meta.is_some() {
-            self.meta_mut().attempts = attempts;
-        }
+        self.put(attempts, |m| &mut m.attempts);
     }
 
     /// Unix time in milliseconds before which the item is not due (0: due now).
@@ -94,43 +96,25 @@ impl Entry {
     }
 
     pub(crate) fn set_not_before(&mut self, not_before: u64) {
-        if not_before != 0 || self.meta.is_some() {
-            self.meta_mut().not_before = not_before;
-        }
+        self.put(not_before, |m| &mut m.not_before);
     }
 
-    /// When it was enqueued and leased.
-    pub(crate) fn times(&self) -> Times {
-        let (first_attempt, last_attempt) = self
-            .meta
-            .as_ref()
-            .map_or((0, 0), |m| (m.first_attempt, m.last_attempt));
-        Times {
-            enqueued_at: self.enqueued_at,
-            first_attempt,
-            last_attempt,
-        }
+    /// When it was first leased (0: never).
+    pub(crate) fn first_attempt(&self) -> u64 {
+        self.meta.as_ref().map_or(0, |m| m.first_attempt)
     }
 
-    pub(crate) fn set_times(&mut self, times: Times) {
-        self.enqueued_at = times.enqueued_at;
-        if times.first_attempt != 0 || times.last_attempt != 0 || self.meta.is_some() {
-            let meta = self.meta_mut();
-            meta.first_attempt = times.first_attempt;
-            meta.last_attempt = times.last_attempt;
-        }
+    /// When it was last leased (0: never).
+    pub(crate) fn last_attempt(&self) -> u64 {
+        self.meta.as_ref().map_or(0, |m| m.last_attempt)
     }
 
     pub(crate) fn set_first_attempt(&mut self, at: u64) {
-        if at != 0 || self.meta.is_some() {
-            self.meta_mut().first_attempt = at;
-        }
+        self.put(at, |m| &mut m.first_attempt);
     }
 
     pub(crate) fn set_last_attempt(&mut self, at: u64) {
-        if at != 0 || self.meta.is_some() {
-            self.meta_mut().last_attempt = at;
-        }
+        self.put(at, |m| &mut m.last_attempt);
     }
 
     /// Its deduplication key, if it has one.
@@ -139,9 +123,7 @@ impl Entry {
     }
 
     pub(crate) fn set_key(&mut self, key: Option<Box<[u8]>>) {
-        if key.is_some() || self.meta.is_some() {
-            self.meta_mut().key = key;
-        }
+        self.put(key, |m| &mut m.key);
     }
 }
 
@@ -156,12 +138,8 @@ mod tests {
         e.set_attempts(0);
         e.set_not_before(0);
         e.set_key(None);
-        e.set_times(Times {
-            enqueued_at: 6,
-            ..Times::default()
-        });
+        e.set_first_attempt(0);
         assert!(e.meta.is_none());
-        assert_eq!(e.times().enqueued_at, 6);
         e.set_attempts(2);
         e.set_key(Some(Box::new(*b"k")));
         assert_eq!((e.attempts(), e.key()), (2, Some(&b"k"[..])));

@@ -178,11 +178,7 @@ impl QueueCore {
 
     /// The enqueue time of the item at the front (0: none, or unknown).
     pub(crate) fn front_enqueued_at(&self) -> u64 {
-        self.state
-            .lock()
-            .ready
-            .front()
-            .map_or(0, |e| e.times().enqueued_at)
+        self.state.lock().ready.front().map_or(0, |e| e.enqueued_at)
     }
 
     /// The `limit` visible entries with the lowest ids above `after`, lowest first (`browse`).

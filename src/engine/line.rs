@@ -1,6 +1,7 @@
 //! What the server engines (PostgreSQL, Redis) share below the seam: the line of a store's
 //! waiting consumers per queue ([`Waiters`]), each waiter's places ([`Seats`]), a granted
-//! lease ([`Granted`]), and what the seam's calls for both need of an engine ([`Host`]). The
+//! lease ([`Granted`]), what the seam's calls for both need of an engine ([`Host`]), the
+//! calls a close waits for ([`Calls`]) and the runtime they run on ([`OwnThread`]). The
 //! engine's listener (PostgreSQL's `LISTEN`ing connection, Redis's subscription) wakes the
 //! waiters for the other stores' commits; the engine wakes them for its own.
 
@@ -527,6 +528,66 @@ pub(crate) async fn watched(rt: &Handle, ack: oneshot::Receiver<()>, timeout: Du
         _ = &mut timer => {}
     }
     timer.abort();
+}
+
+/// Where a server engine's connection and tasks run: the caller's multi-thread runtime
+/// (`Builder::postgres_runtime`, `Builder::redis_runtime`), or by default a current-thread
+/// runtime on a thread of the store's own, which this ends at close.
+#[derive(Debug, Default)]
+pub(crate) struct OwnThread {
+    /// Ends the thread's runtime when fired or dropped; tasks still running there are
+    /// dropped.
+    stop: Mutex<Option<oneshot::Sender<()>>>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+impl OwnThread {
+    /// The runtime to run on: `given` (checked multi-thread by the config's `validate`), or a
+    /// new one on a thread named `name`.
+    pub(crate) fn start(given: Option<&Handle>, name: &str) -> Result<(Handle, OwnThread)> {
+        if let Some(handle) = given {
+            return Ok((handle.clone(), OwnThread::default()));
+        }
+        let (stop, stopped) = oneshot::channel::<()>();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(Error::storage)?;
+        let rt = runtime.handle().clone();
+        let thread = std::thread::Builder::new()
+            .name(name.into())
+            .spawn(move || {
+                let _ = runtime.block_on(stopped);
+            })
+            .map_err(Error::storage)?;
+        let own = OwnThread {
+            stop: Mutex::new(Some(stop)),
+            thread: Mutex::new(Some(thread)),
+        };
+        Ok((rt, own))
+    }
+
+    /// Is this the store's own runtime thread (the last handle dropped in one of its tasks)?
+    /// Nothing can be waited for there.
+    pub(crate) fn is_current(&self) -> bool {
+        self.thread
+            .lock()
+            .as_ref()
+            .is_some_and(|t| t.thread().id() == std::thread::current().id())
+    }
+
+    /// Ends the thread and its runtime (waits for it, unless called on it); nothing on the
+    /// caller's runtime.
+    pub(crate) fn end(&self) {
+        drop(self.stop.lock().take());
+        let thread = self.thread.lock().take();
+        if let Some(thread) = thread {
+            let name = thread.thread().name().unwrap_or_default().to_owned();
+            if thread.thread().id() != std::thread::current().id() && thread.join().is_err() {
+                tracing::error!(thread = name, "a store's runtime thread panicked");
+            }
+        }
+    }
 }
 
 /// The calls running on a server engine's runtime: a close refuses new ones and waits for

@@ -158,7 +158,7 @@ pub(crate) fn apply(mv: Move, id: u64, now: u64, timers: &Timers, dead_on_disk: 
             reason: None,
         } => {
             entry.id = id;
-            if entry.times().enqueued_at == 0 {
+            if entry.enqueued_at == 0 {
                 entry.enqueued_at = now;
             }
             timers.due_at(&proc, entry, now);
@@ -167,7 +167,7 @@ pub(crate) fn apply(mv: Move, id: u64, now: u64, timers: &Timers, dead_on_disk: 
             mut entry,
             reason: Some(reason),
         } => {
-            if entry.times().enqueued_at == 0 {
+            if entry.enqueued_at == 0 {
                 entry.enqueued_at = now;
             }
             bury(&proc, entry, id, reason, dead_on_disk);
@@ -201,7 +201,7 @@ pub(super) fn count_attempt(entry: &mut Entry, now: u64) {
     if entry.attempts() < MAX_ATTEMPTS {
         entry.set_attempts(entry.attempts().saturating_add(1));
     }
-    if entry.times().first_attempt == 0 {
+    if entry.first_attempt() == 0 {
         entry.set_first_attempt(now);
     }
     entry.set_last_attempt(now);

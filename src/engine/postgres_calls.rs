@@ -137,9 +137,9 @@ impl Engine {
                         invariant: "an imported item has at most MAX_ATTEMPTS attempts",
                     })?,
                     due: time(entry.not_before())?,
-                    enqueued: time(entry.times().enqueued_at)?,
-                    first_attempt: time(entry.times().first_attempt)?,
-                    last_attempt: time(entry.times().last_attempt)?,
+                    enqueued: time(entry.enqueued_at)?,
+                    first_attempt: time(entry.first_attempt())?,
+                    last_attempt: time(entry.last_attempt())?,
                     payload: entry.bytes.into_vec(),
                     reason,
                 });

@@ -131,7 +131,7 @@ where
                     item: self.decode(&e)?,
                     state,
                     attempts: e.attempts(),
-                    enqueued_at: known_time(e.times().enqueued_at),
+                    enqueued_at: known_time(e.enqueued_at),
                 })
             })
             .collect()
@@ -184,9 +184,9 @@ where
             item,
             reason: slot.reason,
             attempts: e.attempts(),
-            first_attempt: known_time(e.times().first_attempt),
-            last_attempt: known_time(e.times().last_attempt),
-            enqueued_at: known_time(e.times().enqueued_at),
+            first_attempt: known_time(e.first_attempt()),
+            last_attempt: known_time(e.last_attempt()),
+            enqueued_at: known_time(e.enqueued_at),
         })
     }
 

@@ -113,3 +113,61 @@ pub fn spawn_blocking_waiter(f: &Fixture) -> std::thread::JoinHandle<u64> {
         item
     })
 }
+
+/// On a store whose async calls run on the caller's runtime (a server engine's
+/// `postgres_runtime` or `redis_runtime`, this the current one): `tasks` tasks move `items` items
+/// from `a` to `b` one at a time, with an abort and a dropped transaction among every five
+/// moves, while a consumer waits on the empty queue `w`; then a commit to `w` wakes it.
+pub async fn move_among_aborts_then_wake_a_waiter(
+    store: &Store,
+    a: &Queue,
+    b: &Queue,
+    items: u64,
+    tasks: u64,
+) {
+    // A consumer waiting on an empty queue, woken by the first commit to it.
+    let waiting = {
+        let (store, q) = (store.clone(), store.queue::<u64>("w").await.unwrap());
+        tokio::spawn(async move {
+            let mut tx = store.begin();
+            let item = q.dequeue(&mut tx).await.unwrap();
+            tx.commit().await.unwrap();
+            item
+        })
+    };
+    let movers: Vec<_> = (0..tasks)
+        .map(|t| {
+            let (store, a, b) = (store.clone(), a.clone(), b.clone());
+            tokio::spawn(async move {
+                let (mut moved, mut round) = (0, t);
+                while moved < items / tasks {
+                    round += 1;
+                    let mut tx = store.begin();
+                    let Some(item) = a.try_dequeue(&mut tx).await.unwrap() else {
+                        // The rest are held by other tasks, or on their way back.
+                        drop(tx);
+                        tokio::task::yield_now().await;
+                        continue;
+                    };
+                    b.enqueue(&mut tx, item).unwrap();
+                    match round % 5 {
+                        0 => tx.abort().await.unwrap(),
+                        1 => drop(tx),
+                        _ => {
+                            tx.commit().await.unwrap();
+                            moved += 1;
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    for mover in movers {
+        mover.await.unwrap();
+    }
+    let w = store.queue::<u64>("w").await.unwrap();
+    let mut tx = store.begin();
+    w.enqueue(&mut tx, 7).unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(waiting.await.unwrap(), 7);
+}

@@ -18,6 +18,7 @@ mod cases {
     use tokio_postgres::types::ToSql;
 
     use super::pg::PgServer;
+    use crate::common::scenarios::move_among_aborts_then_wake_a_waiter;
 
     /// A store on the test's own schema.
     fn store(server: &PgServer, schema: &str) -> Store {
@@ -620,53 +621,9 @@ mod cases {
         let b = store.blocking_queue::<u64>("b").unwrap();
         fill(&store, &a, 0..ITEMS);
 
-        rt.block_on(async {
-            // A consumer waiting on an empty queue, woken by the first commit to it.
-            let waiting = {
-                let (store, q) = (store.clone(), store.queue::<u64>("w").await.unwrap());
-                tokio::spawn(async move {
-                    let mut tx = store.begin();
-                    let item = q.dequeue(&mut tx).await.unwrap();
-                    tx.commit().await.unwrap();
-                    item
-                })
-            };
-            let movers: Vec<_> = (0..TASKS)
-                .map(|t| {
-                    let (store, a, b) = (store.clone(), a.clone(), b.clone());
-                    tokio::spawn(async move {
-                        let (mut moved, mut round) = (0, t);
-                        while moved < ITEMS / TASKS {
-                            round += 1;
-                            let mut tx = store.begin();
-                            let Some(item) = a.try_dequeue(&mut tx).await.unwrap() else {
-                                // The rest are held by other tasks, or on their way back.
-                                drop(tx);
-                                tokio::task::yield_now().await;
-                                continue;
-                            };
-                            b.enqueue(&mut tx, item).unwrap();
-                            match round % 5 {
-                                0 => tx.abort().await.unwrap(),
-                                1 => drop(tx),
-                                _ => {
-                                    tx.commit().await.unwrap();
-                                    moved += 1;
-                                }
-                            }
-                        }
-                    })
-                })
-                .collect();
-            for mover in movers {
-                mover.await.unwrap();
-            }
-            let w = store.queue::<u64>("w").await.unwrap();
-            let mut tx = store.begin();
-            w.enqueue(&mut tx, 7).unwrap();
-            tx.commit().await.unwrap();
-            assert_eq!(waiting.await.unwrap(), 7);
-        });
+        rt.block_on(move_among_aborts_then_wake_a_waiter(
+            &store, &a, &b, ITEMS, TASKS,
+        ));
         assert_eq!(a.blocking_count().unwrap(), 0);
         let mut moved = drain(&store, &b);
         moved.sort_unstable();

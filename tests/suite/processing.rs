@@ -1194,6 +1194,13 @@ fn p11_an_enqueue_whose_key_is_in_the_queue_is_a_no_op_and_says_so(engine: &'sta
     ) -> reliable_queue::Enqueued {
         q.enqueue_unique(tx, item, key, Duration::ZERO).unwrap()
     }
+    fn commit_or_abort(tx: reliable_queue::Transaction, commit: bool) {
+        if commit {
+            tx.blocking_commit().unwrap();
+        } else {
+            tx.blocking_abort().unwrap();
+        }
+    }
     let clock = clock();
     {
         let (name, store, dir) = open(engine, &clock);
@@ -1353,11 +1360,7 @@ fn p11_an_enqueue_whose_key_is_in_the_queue_is_a_no_op_and_says_so(engine: &'sta
                 "{name}: not for others"
             );
             drop(other);
-            if commit {
-                tx.blocking_commit().unwrap();
-            } else {
-                tx.blocking_abort().unwrap();
-            }
+            commit_or_abort(tx, commit);
         }
         assert_eq!(
             common::drain(&store, &q),
@@ -1396,11 +1399,7 @@ fn p11_an_enqueue_whose_key_is_in_the_queue_is_a_no_op_and_says_so(engine: &'sta
                 Duplicate,
                 "{name}: one successor of a lease"
             );
-            if commit {
-                tx.blocking_commit().unwrap();
-            } else {
-                tx.blocking_abort().unwrap();
-            }
+            commit_or_abort(tx, commit);
         }
         assert_eq!(
             common::drain(&store, &q),

@@ -13,6 +13,7 @@ use reliable_queue::{Builder, Error, ManualClock, Store};
 use crate::common::engines::Case;
 use crate::common::movers::{self, OnFailure, Workers};
 use crate::common::redis::{RedisServer, Reply};
+use crate::common::scenarios::move_among_aborts_then_wake_a_waiter;
 
 pub(crate) fn cases() -> Vec<Case> {
     vec![
@@ -104,52 +105,9 @@ fn a_store_on_the_callers_runtime_keeps_every_item_and_ends_its_connections(serv
         a.enqueue(&mut tx, i).unwrap();
     }
     tx.blocking_commit().unwrap();
-    rt.block_on(async {
-        let waiting = {
-            let (store, q) = (store.clone(), store.queue::<u64>("w").await.unwrap());
-            tokio::spawn(async move {
-                let mut tx = store.begin();
-                let item = q.dequeue(&mut tx).await.unwrap();
-                tx.commit().await.unwrap();
-                item
-            })
-        };
-        let movers: Vec<_> = (0..TASKS)
-            .map(|t| {
-                let (store, a, b) = (store.clone(), a.clone(), b.clone());
-                tokio::spawn(async move {
-                    let (mut moved, mut round) = (0, t);
-                    while moved < ITEMS / TASKS {
-                        round += 1;
-                        let mut tx = store.begin();
-                        let Some(item) = a.try_dequeue(&mut tx).await.unwrap() else {
-                            // The rest are held by other tasks, or on their way back.
-                            drop(tx);
-                            tokio::task::yield_now().await;
-                            continue;
-                        };
-                        b.enqueue(&mut tx, item).unwrap();
-                        match round % 5 {
-                            0 => tx.abort().await.unwrap(),
-                            1 => drop(tx),
-                            _ => {
-                                tx.commit().await.unwrap();
-                                moved += 1;
-                            }
-                        }
-                    }
-                })
-            })
-            .collect();
-        for mover in movers {
-            mover.await.unwrap();
-        }
-        let w = store.queue::<u64>("w").await.unwrap();
-        let mut tx = store.begin();
-        w.enqueue(&mut tx, 7).unwrap();
-        tx.commit().await.unwrap();
-        assert_eq!(waiting.await.unwrap(), 7);
-    });
+    rt.block_on(move_among_aborts_then_wake_a_waiter(
+        &store, &a, &b, ITEMS, TASKS,
+    ));
     assert_eq!(a.blocking_count().unwrap(), 0);
     let mut moved = crate::common::drain(&store, &b);
     moved.sort_unstable();

@@ -38,11 +38,9 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 use tokio::runtime::Handle;
-use tokio::sync::oneshot;
 use tokio_postgres::NoTls;
 
 mod commit;
@@ -74,7 +72,7 @@ use super::Entry;
 use crate::clock::Clock;
 use crate::config::PgConfig;
 use crate::core::{QueueCore, QueueId};
-use crate::engine::line::{BoxFuture, Calls, Host, Waiters};
+use crate::engine::line::{BoxFuture, Calls, Host, OwnThread, Waiters};
 use crate::error::{Error, Result};
 use crate::processing::RetryPolicy;
 use crate::sync::process::Mutex;
@@ -91,9 +89,8 @@ pub(crate) enum SqlOutcome {
 /// One connected PostgreSQL store.
 pub(crate) struct Postgres {
     rt: Handle,
-    /// Ends the runtime's thread (at close).
-    stop: Mutex<Option<oneshot::Sender<()>>>,
-    thread: Mutex<Option<JoinHandle<()>>>,
+    /// The runtime's thread, unless on the caller's runtime: ended at close.
+    own: OwnThread,
     /// The maintenance pass and the listener: ended at close (on the caller's runtime
     /// nothing else would end them).
     background: Mutex<Vec<tokio::task::JoinHandle<()>>>,
@@ -139,35 +136,13 @@ impl Postgres {
     pub(crate) async fn connect(config: &PgConfig, clock: Clock) -> Result<Postgres> {
         config.validate()?;
         let (pg_config, connect_bound) = client_config(config)?;
-        let (stop, stopped) = oneshot::channel::<()>();
-        let (rt, thread) = match &config.runtime {
-            // Checked by `validate`: a multi-thread runtime, whose workers run the tasks
-            // whoever polls what.
-            Some(handle) => (handle.clone(), None),
-            None => {
-                let runtime = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .map_err(Error::storage)?;
-                let rt = runtime.handle().clone();
-                let thread = std::thread::Builder::new()
-                    .name("reliable-queue-postgres".into())
-                    .spawn(move || {
-                        // Ends when `stop` fires or is dropped; tasks still running are
-                        // dropped.
-                        let _ = runtime.block_on(stopped);
-                    })
-                    .map_err(Error::storage)?;
-                (rt, Some(thread))
-            }
-        };
+        let (rt, own) = OwnThread::start(config.runtime.as_ref(), "reliable-queue-postgres")?;
         let (waiters, listened) = Waiters::new();
         let tls = Tls::of(config, &pg_config)?;
         let pool = Pool::new(&rt, &pg_config, &tls, config.pool_size, connect_bound)?;
         let store = Postgres {
             rt,
-            stop: Mutex::new(Some(stop)),
-            thread: Mutex::new(thread),
+            own,
             background: Mutex::new(Vec::new()),
             pool,
             sql: Arc::new(Sql::new(&config.schema)),
@@ -610,12 +585,7 @@ impl Postgres {
     pub(crate) async fn close(&self) {
         self.calls.closing.store(true, Ordering::Release);
         self.waiters.wake_all();
-        let on_runtime_thread = self
-            .thread
-            .lock()
-            .as_ref()
-            .is_some_and(|t| t.thread().id() == std::thread::current().id());
-        if on_runtime_thread {
+        if self.own.is_current() {
             // Closed from a task of its own runtime (the last handle dropped there): the
             // calls cannot be waited for from this thread.
             self.stop();
@@ -639,13 +609,7 @@ impl Postgres {
             task.abort();
         }
         self.waiters.wake_all();
-        drop(self.stop.lock().take());
-        let thread = self.thread.lock().take();
-        if let Some(thread) = thread {
-            if thread.thread().id() != std::thread::current().id() && thread.join().is_err() {
-                tracing::error!("the PostgreSQL runtime thread panicked");
-            }
-        }
+        self.own.end();
     }
 }
 

@@ -246,7 +246,7 @@ impl Redis {
         };
         let head_at = bytes(head)
             .and_then(|rec| entry_of(0, rec).ok())
-            .map_or(0, |e| e.times().enqueued_at);
+            .map_or(0, |e| e.enqueued_at);
         let stats = QueueStats {
             visible: int(visible).ok_or_else(bad)?,
             delayed: int(delayed).ok_or_else(bad)?,

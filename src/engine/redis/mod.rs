@@ -38,7 +38,6 @@ use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 use redis::{AsyncCommands, Value};
@@ -48,7 +47,7 @@ use tokio::runtime::Handle;
 use tokio::sync::oneshot;
 
 use super::catalog::Catalog;
-use super::line::{Calls, Waiters};
+use super::line::{Calls, OwnThread, Waiters};
 use super::Entry;
 use crate::clock::Clock;
 use crate::config::RedisConfig;
@@ -217,10 +216,8 @@ impl RedisSlot {
 /// One connected Redis store.
 pub(crate) struct Redis {
     rt: Handle,
-    /// Ends the runtime's thread (at close); `None` on the caller's runtime
-    /// (`Builder::redis_runtime`).
-    stop: Mutex<Option<oneshot::Sender<()>>>,
-    thread: Mutex<Option<JoinHandle<()>>>,
+    /// The runtime's thread, unless on the caller's runtime: ended at close.
+    own: OwnThread,
     /// The subscription, the reclaim pass and the sender of groups: ended at close.
     background: Mutex<Vec<tokio::task::JoinHandle<()>>>,
     /// The connection and the functions: the key prefix (`rq:{<namespace>}:`), the catalog
@@ -332,9 +329,9 @@ const RECORD_VERSION: u8 = 2;
 fn record(entry: &Entry) -> Vec<u8> {
     let mut r = Vec::with_capacity(scripts::RECORD + entry.bytes.len());
     r.push(RECORD_VERSION);
-    r.extend_from_slice(&entry.times().enqueued_at.to_be_bytes());
-    r.extend_from_slice(&entry.times().first_attempt.to_be_bytes());
-    r.extend_from_slice(&entry.times().last_attempt.to_be_bytes());
+    r.extend_from_slice(&entry.enqueued_at.to_be_bytes());
+    r.extend_from_slice(&entry.first_attempt().to_be_bytes());
+    r.extend_from_slice(&entry.last_attempt().to_be_bytes());
     r.extend_from_slice(&entry.attempts().to_be_bytes());
     r.extend_from_slice(&entry.bytes);
     r
@@ -419,25 +416,7 @@ impl Redis {
             None => redis::Client::open(config.url.as_str()),
         }
         .map_err(|e| fail("connect", e))?;
-        let (rt, stop, thread) = match &config.runtime {
-            // Checked by `validate`: a multi-thread runtime, whose workers run the tasks.
-            Some(handle) => (handle.clone(), None, None),
-            None => {
-                let (stop, stopped) = oneshot::channel::<()>();
-                let runtime = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .map_err(Error::storage)?;
-                let rt = runtime.handle().clone();
-                let thread = std::thread::Builder::new()
-                    .name("reliable-queue-redis".into())
-                    .spawn(move || {
-                        let _ = runtime.block_on(stopped);
-                    })
-                    .map_err(Error::storage)?;
-                (rt, Some(stop), Some(thread))
-            }
-        };
+        let (rt, own) = OwnThread::start(config.runtime.as_ref(), "reliable-queue-redis")?;
         let prefix: Arc<str> = format!("rq:{{{}}}:", config.namespace).into();
         let catalog_key: Arc<str> = format!("{prefix}queues").into();
         let server = client.get_connection_info().addr().to_string();
@@ -468,20 +447,14 @@ impl Redis {
                 Ok::<_, Error>(conn)
             })
         };
-        let failed = |stop: Option<oneshot::Sender<()>>, thread: Option<JoinHandle<()>>| {
-            drop(stop);
-            if let Some(thread) = thread {
-                let _ = thread.join();
-            }
-        };
         let conn = match connecting.await {
             Ok(Ok(conn)) => conn,
             Ok(Err(e)) => {
-                failed(stop, thread);
+                own.end();
                 return Err(e);
             }
             Err(e) => {
-                failed(stop, thread);
+                own.end();
                 return Err(Error::storage(e));
             }
         };
@@ -499,8 +472,7 @@ impl Redis {
         let calls = Arc::new(Calls::default());
         let store = Redis {
             rt: rt.clone(),
-            stop: Mutex::new(stop),
-            thread: Mutex::new(thread),
+            own,
             background: Mutex::new(Vec::new()),
             caller: Arc::clone(&caller),
             catalog: Catalog::default(),
@@ -548,10 +520,8 @@ impl Redis {
     /// store missing from `namespace` is [`Error::SchemaMissing`]) and whether the server
     /// writes every command to its append-only file before it answers.
     async fn check_server(&self, require_fsync: bool, create: bool, namespace: &str) -> Result<()> {
-        let missing = namespace.to_owned();
         let mut conn = self.caller.conn.clone();
         let version_key = format!("{}version", self.caller.prefix);
-        let namespace = self.caller.prefix.to_string();
         let (found, fsync) = self
             .run(async move {
                 if create {
@@ -577,12 +547,14 @@ impl Redis {
             })
             .await?;
         let Some(found) = found else {
-            return Err(Error::SchemaMissing { schema: missing });
+            return Err(Error::SchemaMissing {
+                schema: namespace.to_owned(),
+            });
         };
         let found = found.parse::<i64>().unwrap_or(-1);
         if found != LAYOUT_VERSION {
             return Err(Error::SchemaVersion {
-                schema: namespace,
+                schema: self.caller.prefix.to_string(),
                 found,
                 supported: LAYOUT_VERSION,
             });
@@ -629,15 +601,6 @@ impl Redis {
                 Error::storage(e)
             }
         })?
-    }
-
-    /// Whether this is the store's runtime thread (the last handle dropped in one of its
-    /// tasks): nothing can be waited for there.
-    fn on_runtime_thread(&self) -> bool {
-        self.thread
-            .lock()
-            .as_ref()
-            .is_some_and(|t| t.thread().id() == std::thread::current().id())
     }
 
     /// Runs script `which` with `args` after the prefix; `then` sees the answer in the
@@ -914,7 +877,7 @@ impl Redis {
         let drained = self.rt.spawn(async move {
             let _ = tokio::time::timeout(RESPONSE_TIMEOUT, calls.drain()).await;
         });
-        if !self.on_runtime_thread() {
+        if !self.own.is_current() {
             let _ = drained.await;
         }
         let open: Vec<u64> = self.returner.open.lock().drain().collect();
@@ -927,7 +890,7 @@ impl Redis {
                     }
                 }
             });
-            if !self.on_runtime_thread() {
+            if !self.own.is_current() {
                 let _ = given.await;
             }
         }
@@ -940,13 +903,7 @@ impl Redis {
         }
         self.batcher.close();
         self.waiters.wake_all();
-        drop(self.stop.lock().take());
-        let thread = self.thread.lock().take();
-        if let Some(thread) = thread {
-            if thread.thread().id() != std::thread::current().id() && thread.join().is_err() {
-                tracing::error!("the Redis runtime thread panicked");
-            }
-        }
+        self.own.end();
     }
 }
 
