@@ -9,6 +9,9 @@
 //!   `reliable-queue` storing plain `Vec<u8>` items instead of the `Payload` byte-string
 //!   wrapper, against `persistent-queue` over its `MemStore` (whose items are plain bytes in
 //!   every group): the ratio for plain `Vec<u8>` items.
+//! - `inmemory/1-item-tx-struct/1-threads`: the same with a small serde struct (`Job`: an id,
+//!   a timestamp, a 24-letter name) as the item, against `persistent-queue`'s `MemStore`
+//!   storing the struct encoded with postcard (encoded at each push, decoded at each reserve).
 //!
 //! Peers: `reliable-queue` (`Store::in_memory()`), crossbeam's `SegQueue`, a
 //! `parking_lot::Mutex<VecDeque>`, `persistent-queue` over its `MemStore`. How each maps
@@ -23,7 +26,9 @@ use criterion::{BenchmarkGroup, Criterion, Throughput};
 #[path = "common/mod.rs"]
 mod common;
 
-use common::{round_trips, MutexDequePeer, Ours, OursVec, Peer, Pq, Queue, SegQueuePeer};
+use common::{
+    round_trips, MutexDequePeer, Ours, OursJob, OursVec, Peer, Pq, PqJob, Queue, SegQueuePeer,
+};
 
 fn run<P: Peer>(group: &mut BenchmarkGroup<'_, WallTime>, peer: &P, threads: usize, batch: usize) {
     group.bench_function(peer.name(), |b| {
@@ -55,6 +60,12 @@ fn inmemory(c: &mut Criterion) {
     group.throughput(Throughput::Elements(batch as u64));
     run(&mut group, &OursVec::MEMORY, threads, batch);
     run(&mut group, &Pq::MEMORY, threads, batch);
+    group.finish();
+    // A small serde struct: reliable-queue against persistent-queue storing it encoded.
+    let mut group = c.benchmark_group(format!("inmemory/{batch}-item-tx-struct/{threads}-threads"));
+    group.throughput(Throughput::Elements(batch as u64));
+    run(&mut group, &OursJob, threads, batch);
+    run(&mut group, &PqJob, threads, batch);
     group.finish();
 }
 
