@@ -619,12 +619,18 @@ impl Engine {
     /// The transaction of `work` commits or aborts: its deadline, if it has one, is settled
     /// and its timer removed. Fails with [`Error::TransactionExpired`] if the deadline passed
     /// first (its held items went back then).
+    #[inline]
     fn settle_deadline(&self, work: &mut Work) -> Result<()> {
-        let Some(expiry) = work.expiry.take() else {
-            return Ok(());
-        };
+        match work.expiry.take() {
+            None => Ok(()),
+            Some(expiry) => self.settle_expiry(&expiry),
+        }
+    }
+
+    /// See [`settle_deadline`](Self::settle_deadline).
+    fn settle_expiry(&self, expiry: &Arc<timers::TxExpiry>) -> Result<()> {
         expiry.settle()?;
-        self.timers.cancel_transaction(&expiry);
+        self.timers.cancel_transaction(expiry);
         Ok(())
     }
 

@@ -178,14 +178,20 @@ impl Work {
     /// leaked one goes back to the front of its queue (or to the next waiter). Called by every
     /// use of the transaction other than a waiting dequeue's own polls. Withdrawing a request
     /// that was dropped properly does nothing.
+    #[inline]
     pub(crate) fn withdraw_leaked(&mut self) {
         #[cfg(any(feature = "postgres", feature = "redis"))]
         if self.seats.is_some() {
             self.seats = None;
         }
-        if self.requests.is_empty() {
-            return;
+        if !self.requests.is_empty() {
+            self.withdraw_requests();
         }
+    }
+
+    /// See [`withdraw_leaked`](Self::withdraw_leaked): the waiting dequeues' requests.
+    #[cold]
+    fn withdraw_requests(&mut self) {
         for (core, ticket) in self.requests.drain(..) {
             core.cancel_ticket(ticket);
         }
