@@ -316,7 +316,8 @@ fn throughput_inmemory(figures: &Figures<'_>, path: &Path) -> Result<Outcome, Er
     Throughput {
         file: "inmemory.txt",
         ids: "inmemory/<batch>-item-tx/<threads>-threads",
-        // inmemory/<batch>-item-tx/<threads>-threads/<peer>; the `-vec` group is left out.
+        // inmemory/<batch>-item-tx/<threads>-threads/<peer>; the `-vec` and `-struct` groups are
+        // left out.
         point: |parts| match parts {
             ["inmemory", batch, threads, peer] => Some((
                 (*peer).to_owned(),
