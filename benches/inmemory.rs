@@ -27,7 +27,7 @@ use criterion::{BenchmarkGroup, Criterion, Throughput};
 mod common;
 
 use common::{
-    round_trips, MutexDequePeer, Ours, OursJob, OursVec, Peer, Pq, PqJob, Queue, SegQueuePeer,
+    round_trips, Job, MutexDequePeer, Ours, OursOf, Peer, Pq, PqJob, Queue, SegQueuePeer,
 };
 
 fn run<P: Peer>(group: &mut BenchmarkGroup<'_, WallTime>, peer: &P, threads: usize, batch: usize) {
@@ -58,13 +58,13 @@ fn inmemory(c: &mut Criterion) {
     let (batch, threads) = (1, 1);
     let mut group = c.benchmark_group(format!("inmemory/{batch}-item-tx-vec/{threads}-threads"));
     group.throughput(Throughput::Elements(batch as u64));
-    run(&mut group, &OursVec::MEMORY, threads, batch);
+    run(&mut group, &OursOf::<Vec<u8>>::MEMORY, threads, batch);
     run(&mut group, &Pq::MEMORY, threads, batch);
     group.finish();
     // A small serde struct: reliable-queue against persistent-queue storing it encoded.
     let mut group = c.benchmark_group(format!("inmemory/{batch}-item-tx-struct/{threads}-threads"));
     group.throughput(Throughput::Elements(batch as u64));
-    run(&mut group, &OursJob, threads, batch);
+    run(&mut group, &OursOf::<Job>::MEMORY, threads, batch);
     run(&mut group, &PqJob, threads, batch);
     group.finish();
 }

@@ -21,27 +21,19 @@ pub(crate) struct Entry {
     meta: Option<Box<Meta>>,
 }
 
-/// An entry's delivery metadata (see [`Entry`]).
+/// An entry's delivery metadata (see [`Entry`]): all of it at its default for a plain item.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-struct Meta {
+pub(crate) struct Meta {
     /// How many times the item has been leased.
-    attempts: u32,
+    pub(crate) attempts: u32,
     /// Unix time in milliseconds before which the item is not due (0: due now).
-    not_before: u64,
+    pub(crate) not_before: u64,
     /// When it was first and last leased (milliseconds since the epoch; 0: never).
-    first_attempt: u64,
-    last_attempt: u64,
-    /// Its deduplication key, if it was enqueued with one: while the item is in its queue, an
-    /// enqueue with the same key is a no-op (see `QueueCore::reserve_key`).
-    key: Option<Box<[u8]>>,
-}
-
-/// An entry's times, in milliseconds since the epoch (0: unknown or never).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct Times {
-    pub(crate) enqueued_at: u64,
     pub(crate) first_attempt: u64,
     pub(crate) last_attempt: u64,
+    /// Its deduplication key, if it was enqueued with one: while the item is in its queue, an
+    /// enqueue with the same key is a no-op (see `QueueCore::reserve_key`).
+    pub(crate) key: Option<Box<[u8]>>,
 }
 
 impl Entry {
@@ -55,22 +47,14 @@ impl Entry {
         }
     }
 
-    /// An item with all of its metadata.
-    pub(crate) fn with(
-        id: u64,
-        bytes: Box<[u8]>,
-        attempts: u32,
-        not_before: u64,
-        times: Times,
-        key: Option<Box<[u8]>>,
-    ) -> Self {
-        let mut entry = Entry::new(id, bytes, times.enqueued_at);
-        entry.set_attempts(attempts);
-        entry.set_not_before(not_before);
-        entry.set_first_attempt(times.first_attempt);
-        entry.set_last_attempt(times.last_attempt);
-        entry.set_key(key);
-        entry
+    /// An item with its metadata, kept only if any of it is other than the default.
+    pub(crate) fn with(id: u64, bytes: Box<[u8]>, enqueued_at: u64, meta: Meta) -> Self {
+        Entry {
+            id,
+            enqueued_at,
+            bytes,
+            meta: (meta != Meta::default()).then(|| Box::new(meta)),
+        }
     }
 
     /// Sets one field of the metadata: makes the metadata only for a value other than the
@@ -124,6 +108,12 @@ impl Entry {
 
     pub(crate) fn set_key(&mut self, key: Option<Box<[u8]>>) {
         self.put(key, |m| &mut m.key);
+    }
+
+    /// Takes its deduplication key out, leaving it without one.
+    #[cfg(any(feature = "postgres", feature = "redis"))]
+    pub(crate) fn take_key(&mut self) -> Option<Box<[u8]>> {
+        self.meta.as_mut().and_then(|m| m.key.take())
     }
 }
 

@@ -14,7 +14,7 @@ mod waiters;
 #[cfg(all(test, reliable_queue_loom))]
 mod loom_models;
 
-pub(crate) use entry::{Entry, QueueId, Times};
+pub(crate) use entry::{Entry, Meta, QueueId};
 pub(crate) use queue::{QueueCore, Request};
 pub(crate) use waiters::Ticket;
 

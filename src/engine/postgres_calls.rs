@@ -111,19 +111,20 @@ impl Engine {
         keys: &mut Vec<(Arc<QueueCore>, Box<[u8]>)>,
     ) -> Result<()> {
         match mv.kind {
-            MoveKind::Enqueue { entry, delay } => {
+            MoveKind::Enqueue { mut entry, delay } => {
+                let key = entry.take_key();
                 // First: a failure below releases the keys noted so far.
-                if let Some(key) = entry.key() {
-                    keys.push((Arc::clone(&mv.proc.core), key.into()));
+                if let Some(key) = &key {
+                    keys.push((Arc::clone(&mv.proc.core), key.clone()));
                 }
                 let queue = pg.db_id(&mv.proc.core)?;
-                let (at, key) = (entry.not_before(), entry.key().map(<[u8]>::to_vec));
+                let at = entry.not_before();
                 extra.fresh.push(Fresh {
                     queue,
                     payload: entry.bytes.into_vec(),
                     delay: int8(delay, "a delay is at most MAX_DELAY")?,
                     at: time(at)?,
-                    key,
+                    key: key.map(Vec::from),
                 });
             }
             MoveKind::Ack { token, .. } => extra.acks.push((

@@ -39,8 +39,8 @@ impl Engine {
         for mv in std::mem::take(&mut work.moves) {
             let queue = Arc::clone(&mv.proc.core);
             match mv.kind {
-                MoveKind::Enqueue { entry, delay } => {
-                    let key: Option<Box<[u8]>> = entry.key().map(Box::from);
+                MoveKind::Enqueue { mut entry, delay } => {
+                    let key = entry.take_key();
                     if let Some(key) = &key {
                         keys.push((Arc::clone(&queue), key.clone()));
                     }

@@ -2,6 +2,7 @@
 //! `tests/suite/leak.rs`, see [`super::engines`]): the fixture, and waiting for consumers to
 //! register (through `waiters()`, never through sleeps).
 
+use std::borrow::Borrow;
 use std::time::{Duration, Instant};
 
 use reliable_queue::{ReliableConcurrentQueue, Store};
@@ -112,6 +113,38 @@ pub fn spawn_blocking_waiter(f: &Fixture) -> std::thread::JoinHandle<u64> {
         tx.blocking_commit().expect("commit the dequeue");
         item
     })
+}
+
+/// Enqueues `items` to `q` in one transaction and commits it.
+pub fn fill(store: &Store, q: &Queue, items: impl IntoIterator<Item = impl Borrow<u64>>) {
+    let mut tx = store.begin();
+    for i in items {
+        q.enqueue(&mut tx, i).unwrap();
+    }
+    tx.blocking_commit().unwrap();
+}
+
+/// A server engine's caller-runtime option (`postgres_runtime`, `redis_runtime`): `open` with
+/// a current-thread runtime's handle is refused as an invalid `setting`; returns a
+/// multi-thread runtime of two workers for the store to run on instead.
+pub fn caller_runtime(
+    setting: &str,
+    open: impl FnOnce(tokio::runtime::Handle) -> reliable_queue::Result<Store>,
+) -> tokio::runtime::Runtime {
+    let single = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let refused = open(single.handle().clone());
+    assert!(
+        matches!(&refused, Err(reliable_queue::Error::InvalidConfig { setting: s, .. }) if *s == setting),
+        "a current-thread runtime is refused: {refused:?}"
+    );
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
 }
 
 /// On a store whose async calls run on the caller's runtime (a server engine's

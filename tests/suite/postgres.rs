@@ -18,7 +18,7 @@ mod cases {
     use tokio_postgres::types::ToSql;
 
     use super::pg::PgServer;
-    use crate::common::scenarios::move_among_aborts_then_wake_a_waiter;
+    use crate::common::scenarios::{caller_runtime, fill, move_among_aborts_then_wake_a_waiter};
 
     /// A store on the test's own schema.
     fn store(server: &PgServer, schema: &str) -> Store {
@@ -46,14 +46,6 @@ mod cases {
 
     fn execute(url: &str, sql: &str) {
         run_sql(url, sql, &[]);
-    }
-
-    fn fill(store: &Store, q: &ReliableConcurrentQueue<u64>, items: impl IntoIterator<Item = u64>) {
-        let mut tx = store.begin();
-        for i in items {
-            q.enqueue(&mut tx, i).unwrap();
-        }
-        tx.blocking_commit().unwrap();
     }
 
     /// Dequeues everything visible, one transaction, committed.
@@ -586,26 +578,12 @@ mod cases {
         const ITEMS: u64 = 200;
         const TASKS: u64 = 8;
         let url = format!("{} application_name={APP}", server.url());
-        let single = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        assert!(matches!(
+        let rt = caller_runtime("postgres_runtime", |single| {
             Store::builder()
                 .postgres(&url)
-                .postgres_runtime(single.handle().clone())
-                .open(),
-            Err(Error::InvalidConfig {
-                setting: "postgres_runtime",
-                ..
-            })
-        ));
-
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
+                .postgres_runtime(single)
+                .open()
+        });
         let store = rt.block_on(async {
             Store::builder()
                 .postgres(&url)

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
 use common::engines::{Engine, EngineStore};
+use common::scenarios::fill;
 use reliable_queue::{
     Error, Failed, ImportedItem, ItemState, ManualClock, QueueStats, Replay, RetryPolicy, Store,
     MAX_ATTEMPTS, MAX_DELAY, MAX_TTL,
@@ -65,14 +66,6 @@ fn eventually(name: &str, what: &str, done: impl Fn() -> bool) {
     }
 }
 
-fn fill(store: &Store, q: &reliable_queue::ReliableConcurrentQueue<u64>, items: &[u64]) {
-    let mut tx = store.begin();
-    for i in items {
-        q.enqueue(&mut tx, i).unwrap();
-    }
-    tx.blocking_commit().unwrap();
-}
-
 fn no_jitter(max: u32) -> RetryPolicy {
     RetryPolicy::default()
         .max_attempts(max)
@@ -86,7 +79,7 @@ fn p1_a_lease_hides_the_item_and_counts_the_attempt(engine: &'static Engine) {
     {
         let (name, store, _dir) = open(engine, &clock);
         let q = store.blocking_queue::<u64>("q").unwrap();
-        fill(&store, &q, &[1, 2]);
+        fill(&store, &q, [1, 2]);
         let lease = q.blocking_lease(TTL).unwrap();
         assert_eq!(*lease.item(), 1, "{name}");
         assert_eq!(lease.attempt(), 1, "{name}");
@@ -125,7 +118,7 @@ fn p2_expiry_returns_the_item_to_the_head_and_counts_the_attempts(engine: &'stat
         let (name, store, _dir) = open(engine, &clock);
         let q = store.blocking_queue::<u64>("q").unwrap();
         q.blocking_set_retry_policy(no_jitter(2)).unwrap();
-        fill(&store, &q, &[1, 2]);
+        fill(&store, &q, [1, 2]);
         let first = q.blocking_lease(TTL).unwrap();
         clock.advance(TTL - Duration::from_millis(1));
         assert_eq!(q.blocking_count().unwrap(), 1, "{name}: not yet expired");
@@ -161,7 +154,7 @@ fn a_holder_whose_lease_expired_cannot_ack_and_the_next_holder_completes_it_once
         let (name, store, _dir) = open(engine, &clock);
         let q = store.blocking_queue::<u64>("q").unwrap();
         let out = store.blocking_queue::<u64>("out").unwrap();
-        fill(&store, &q, &[7]);
+        fill(&store, &q, [7]);
         let slow = q.blocking_lease(TTL).unwrap();
         clock.advance(TTL);
         let fast = q.blocking_lease(TTL).unwrap();
@@ -200,7 +193,7 @@ fn p3_an_ack_whose_lease_expires_before_commit_fails_the_whole_commit(engine: &'
         let (name, store, _dir) = open(engine, &clock);
         let q = store.blocking_queue::<u64>("q").unwrap();
         let out = store.blocking_queue::<u64>("out").unwrap();
-        fill(&store, &q, &[1, 2]);
+        fill(&store, &q, [1, 2]);
         let lease = q.blocking_lease(TTL).unwrap();
         let mut tx = store.begin();
         out.enqueue(&mut tx, 100).unwrap();
@@ -221,7 +214,7 @@ fn p4_extend_is_the_heartbeat(engine: &'static Engine) {
     {
         let (name, store, _dir) = open(engine, &clock);
         let q = store.blocking_queue::<u64>("q").unwrap();
-        fill(&store, &q, &[1]);
+        fill(&store, &q, [1]);
         let mut lease = q.blocking_lease(TTL).unwrap();
         clock.advance(TTL / 2);
         lease.blocking_extend(TTL).unwrap();
@@ -248,7 +241,7 @@ fn commit_and_lease_acks_one_batch_and_leases_the_next_in_one_commit(engine: &'s
         let (name, store, dir) = open(engine, &clock);
         let q = store.blocking_queue::<u64>("q").unwrap();
         let out = store.blocking_queue::<u64>("out").unwrap();
-        fill(&store, &q, &[1, 2, 3, 4, 5]);
+        fill(&store, &q, [1, 2, 3, 4, 5]);
         let mut tx = store.begin();
         for lease in q.blocking_lease_many(2, TTL).unwrap() {
             out.enqueue(&mut tx, *lease.item() * 10).unwrap();
@@ -376,7 +369,7 @@ fn p5_fail_retries_after_the_backoff_then_buries_and_release_keeps_the_attempts(
         let (name, store, dir) = open(engine, &clock);
         let q = store.blocking_queue::<u64>("q").unwrap();
         q.blocking_set_retry_policy(no_jitter(3)).unwrap();
-        fill(&store, &q, &[1]);
+        fill(&store, &q, [1]);
         let lease = q.blocking_lease(TTL).unwrap();
         let now = clock.now();
         assert_eq!(
@@ -495,7 +488,7 @@ fn p7_dead_letters_replay_and_purge(engine: &'static Engine) {
         let (name, store, dir) = open(engine, &clock);
         let q = store.blocking_queue::<u64>("q").unwrap();
         q.blocking_set_retry_policy(no_jitter(1)).unwrap();
-        fill(&store, &q, &[1, 2, 3]);
+        fill(&store, &q, [1, 2, 3]);
         for _ in 0..3 {
             q.blocking_lease(TTL)
                 .unwrap()
@@ -560,7 +553,7 @@ fn p8_browse_lists_without_consuming_and_stats_count_every_state(engine: &'stati
     {
         let (name, store, _dir) = open(engine, &clock);
         let q = store.blocking_queue::<u64>("q").unwrap();
-        fill(&store, &q, &[1, 2, 3]);
+        fill(&store, &q, [1, 2, 3]);
         let mut tx = store.begin();
         q.enqueue_after(&mut tx, 4, Duration::from_secs(5)).unwrap();
         tx.blocking_commit().unwrap();
@@ -624,7 +617,7 @@ fn a_plain_dequeue_and_abort_is_not_an_attempt(engine: &'static Engine) {
     {
         let (name, store, _dir) = open(engine, &clock);
         let q = store.blocking_queue::<u64>("q").unwrap();
-        fill(&store, &q, &[1]);
+        fill(&store, &q, [1]);
         for _ in 0..3 {
             let mut tx = store.begin();
             q.blocking_try_dequeue(&mut tx).unwrap();
@@ -755,7 +748,7 @@ fn attempts_survive_a_restart_and_a_restart_ends_leases(engine: &'static Engine)
     let clock = clock();
     let (name, store, at) = open(engine, &clock);
     let q = store.blocking_queue::<u64>("q").unwrap();
-    fill(&store, &q, &[1]);
+    fill(&store, &q, [1]);
     let lease = q.blocking_lease(TTL).unwrap();
     std::mem::forget(lease); // the holder "dies" with the process
     let Some(store) = next_process(store, &at) else {
@@ -783,7 +776,7 @@ fn a_lease_settled_with_another_store_is_refused(engine: &'static Engine) {
     let (name, a, _a) = open(engine, &clock);
     let (_, b, _b) = open(engine, &clock);
     let qa = a.blocking_queue::<u64>("q").unwrap();
-    fill(&a, &qa, &[1]);
+    fill(&a, &qa, [1]);
     let lease = qa.blocking_lease(TTL).unwrap();
     let mut tx = b.begin();
     assert!(matches!(lease.ack(&mut tx), Err(Error::WrongStore { .. })));
@@ -805,7 +798,7 @@ fn a_lease_acked_with_another_stores_transaction_is_given_back_at_once(engine: &
         let (_, other, _other_dir) = open(engine, &clock);
         let q = store.blocking_queue::<u64>("q").unwrap();
         let elsewhere = other.blocking_queue::<u64>("q").unwrap();
-        fill(&store, &q, &[1]);
+        fill(&store, &q, [1]);
         let lease = q.blocking_lease(TTL).unwrap();
         let mut tx = other.begin();
         elsewhere.enqueue(&mut tx, 2).unwrap();
@@ -846,7 +839,7 @@ fn a_retry_policy_past_the_storage_maxima_is_clamped_and_a_failure_retries(
             .max_backoff(Duration::MAX)
             .jitter(0.0);
         q.blocking_set_retry_policy(huge).unwrap();
-        fill(&store, &q, &[1, 2]);
+        fill(&store, &q, [1, 2]);
         let lease = q.blocking_lease(TTL).unwrap();
         let now = clock.now();
         assert_eq!(
@@ -930,7 +923,7 @@ fn an_import_with_more_attempts_than_the_engines_count_is_refused_and_the_queue_
             1,
             "{name}: only the item at the maximum"
         );
-        fill(&store, &q, &[3]);
+        fill(&store, &q, [3]);
         let lease = q.blocking_lease(TTL).unwrap();
         assert_eq!(
             (*lease.item(), lease.attempt()),
@@ -1002,7 +995,7 @@ fn a_fail_reason_with_a_nul_is_refused_before_anything_is_recorded(engine: &'sta
         let (name, store, _dir) = open(engine, &clock);
         let q = store.blocking_queue::<u64>("q").unwrap();
         q.blocking_set_retry_policy(no_jitter(1)).unwrap();
-        fill(&store, &q, &[1]);
+        fill(&store, &q, [1]);
         let lease = q.blocking_lease(TTL).unwrap();
         assert!(
             matches!(
@@ -1059,7 +1052,7 @@ fn p10_past_its_deadline_a_transaction_gives_back_at_once_and_its_later_calls_fa
         let (name, store, _dir) = open(engine, &clock);
         let q = store.blocking_queue::<u64>("q").unwrap();
         let out = store.blocking_queue::<u64>("out").unwrap();
-        fill(&store, &q, &[1, 2, 3]);
+        fill(&store, &q, [1, 2, 3]);
         let mut tx = store.begin();
         assert!(matches!(
             tx.set_timeout(Duration::ZERO),
@@ -1096,7 +1089,7 @@ fn p10_past_its_deadline_a_transaction_gives_back_at_once_and_its_later_calls_fa
 
         // Before its deadline a transaction commits as usual; an abort after expiry gives
         // nothing back twice.
-        fill(&store, &q, &[4, 5]);
+        fill(&store, &q, [4, 5]);
         let mut tx = store.begin();
         tx.set_timeout(Duration::from_secs(5)).unwrap();
         assert_eq!(q.blocking_try_dequeue(&mut tx).unwrap(), Some(4));
@@ -1122,7 +1115,7 @@ fn p10_the_store_default_deadline_applies_to_every_transaction(engine: &'static 
     };
     let store = at.store.clone();
     let q = store.blocking_queue::<u64>("q").unwrap();
-    fill(&store, &q, &[1]);
+    fill(&store, &q, [1]);
     let mut tx = store.begin();
     assert_eq!(q.blocking_try_dequeue(&mut tx).unwrap(), Some(1));
     clock.advance(Duration::from_secs(2));
@@ -1158,7 +1151,7 @@ fn a_lease_acked_in_a_transaction_that_does_not_commit_is_given_back(engine: &'s
     };
     let (name, store) = (engine.name, at.store.clone());
     let q = store.blocking_queue::<u64>("q").unwrap();
-    fill(&store, &q, &[1, 2, 3]);
+    fill(&store, &q, [1, 2, 3]);
     for (attempt, how) in (1..).zip(["abort", "drop", "the deadline"]) {
         let lease = q.blocking_lease(TTL).unwrap();
         assert_eq!((*lease.item(), lease.attempt()), (1, attempt), "{name}");
@@ -1416,8 +1409,8 @@ fn p9_queue_sets_serve_by_priority_or_weight_and_wait_on_any(engine: &'static En
         let (name, store, _dir) = open(engine, &clock);
         let a = store.blocking_queue::<u64>("a").unwrap();
         let b = store.blocking_queue::<u64>("b").unwrap();
-        fill(&store, &a, &[1, 2]);
-        fill(&store, &b, &[10, 20]);
+        fill(&store, &a, [1, 2]);
+        fill(&store, &b, [10, 20]);
         let set = QueueSet::new(&[a.clone(), b.clone()], SetOrder::Priority).unwrap();
         let mut tx = store.begin();
         let got: Vec<(usize, u64)> =
@@ -1470,14 +1463,14 @@ fn p9_queue_sets_serve_by_priority_or_weight_and_wait_on_any(engine: &'static En
         while b.waiters() == 0 {
             std::thread::yield_now();
         }
-        fill(&store, &b, &[99]);
+        fill(&store, &b, [99]);
         assert_eq!(waiter.join().unwrap(), Some((1, 99)), "{name}");
         assert_eq!(
             (a.waiters(), b.waiters()),
             (0, 0),
             "{name}: no request left in line"
         );
-        fill(&store, &a, &[5]);
+        fill(&store, &a, [5]);
         let (i, lease) = set.blocking_lease(TTL, None).unwrap().unwrap();
         assert_eq!((i, *lease.item(), lease.attempt()), (0, 5, 1), "{name}");
         lease.blocking_complete().unwrap();

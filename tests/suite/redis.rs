@@ -13,7 +13,7 @@ use reliable_queue::{Builder, Error, ManualClock, Store};
 use crate::common::engines::Case;
 use crate::common::movers::{self, OnFailure, Workers};
 use crate::common::redis::{RedisServer, Reply};
-use crate::common::scenarios::move_among_aborts_then_wake_a_waiter;
+use crate::common::scenarios::{caller_runtime, fill, move_among_aborts_then_wake_a_waiter};
 
 pub(crate) fn cases() -> Vec<Case> {
     vec![
@@ -71,25 +71,10 @@ fn builder(server: &RedisServer) -> Builder {
 fn a_store_on_the_callers_runtime_keeps_every_item_and_ends_its_connections(server: &RedisServer) {
     const ITEMS: u64 = 200;
     const TASKS: u64 = 8;
-    let single = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    assert!(matches!(
-        builder(server)
-            .redis_runtime(single.handle().clone())
-            .open(),
-        Err(Error::InvalidConfig {
-            setting: "redis_runtime",
-            ..
-        })
-    ));
+    let rt = caller_runtime("redis_runtime", |single| {
+        builder(server).redis_runtime(single).open()
+    });
     let before = server.connected_clients();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
     let store = rt.block_on(async {
         builder(server)
             .redis_runtime(tokio::runtime::Handle::current())
@@ -100,11 +85,7 @@ fn a_store_on_the_callers_runtime_keeps_every_item_and_ends_its_connections(serv
     // The blocking forms, from this thread.
     let a = store.blocking_queue::<u64>("a").unwrap();
     let b = store.blocking_queue::<u64>("b").unwrap();
-    let mut tx = store.begin();
-    for i in 0..ITEMS {
-        a.enqueue(&mut tx, i).unwrap();
-    }
-    tx.blocking_commit().unwrap();
+    fill(&store, &a, 0..ITEMS);
     rt.block_on(move_among_aborts_then_wake_a_waiter(
         &store, &a, &b, ITEMS, TASKS,
     ));

@@ -25,7 +25,7 @@ use super::liveness::Liveness;
 use super::marks::{self, Found, Mark, MarkedQueue};
 use super::record::{self, Op, Version};
 use super::trees::{self, seq_of, Trees};
-use crate::core::{Entry, QueueId, Times};
+use crate::core::{Entry, Meta, QueueId};
 use crate::engine::catalog::{BadRecord, Fence};
 use crate::engine::proc::DeadSlot;
 use crate::error::{Error, Result};
@@ -588,14 +588,12 @@ fn replay(
                     Entry::with(
                         id,
                         bytes.0.into(),
-                        attempts,
-                        not_before,
-                        Times {
-                            enqueued_at: time,
-                            first_attempt: 0,
-                            last_attempt: 0,
+                        time,
+                        Meta {
+                            attempts,
+                            not_before,
+                            ..Meta::default()
                         },
-                        None,
                     ),
                 ),
                 Op::Lease(v) => {
@@ -645,14 +643,14 @@ fn entry_of(v: &Version<'_>, with_bytes: bool) -> Entry {
         } else {
             Box::default()
         },
-        v.attempts,
-        v.not_before,
-        Times {
-            enqueued_at: v.enqueued_at,
+        v.enqueued_at,
+        Meta {
+            attempts: v.attempts,
+            not_before: v.not_before,
             first_attempt: v.first_attempt,
             last_attempt: v.last_attempt,
+            key: v.key.map(|k| k.0.into()),
         },
-        v.key.map(|k| k.0.into()),
     )
 }
 
