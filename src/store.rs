@@ -240,11 +240,20 @@ impl Store {
     /// # Ok::<(), reliable_queue::Error>(())
     /// ```
     pub fn begin(&self) -> Transaction {
-        let mut tx = Transaction::new(self.engine.clone());
-        if let Some(timeout) = self.engine.transaction_timeout() {
-            // A fresh transaction is live, so this cannot fail.
-            drop(self.engine.set_timeout(tx.work_mut(), timeout));
+        match self.engine.transaction_timeout() {
+            // Built where the caller keeps it: no copy of the transaction on the way out.
+            None => Transaction::new(self.engine.clone()),
+            Some(timeout) => self.begin_with_timeout(timeout),
         }
+    }
+
+    /// [`begin`](Self::begin) under the store's default transaction timeout.
+    #[cold]
+    #[inline(never)]
+    fn begin_with_timeout(&self, timeout: u64) -> Transaction {
+        let mut tx = Transaction::new(self.engine.clone());
+        // A fresh transaction is live, so this cannot fail.
+        drop(self.engine.set_timeout(tx.work_mut(), timeout));
         tx
     }
 

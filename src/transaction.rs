@@ -43,6 +43,7 @@ pub struct Transaction {
 }
 
 impl Transaction {
+    #[inline]
     pub(crate) fn new(engine: Arc<Engine>) -> Self {
         Transaction {
             engine,

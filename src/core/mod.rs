@@ -56,6 +56,13 @@ where
     if items.as_ref().is_empty() {
         return;
     }
+    if items.as_ref().len() == 1 {
+        // Most commits: the item's own handle on its queue serves, no count of its own.
+        if let Some((queue, bytes)) = items.into_iter().next() {
+            queue.publish(std::iter::once(Entry::new(first, bytes, time)));
+        }
+        return;
+    }
     if let Some(queue) = single_queue(items.as_ref()) {
         let entries = items.into_iter().zip(first..);
         queue.publish(entries.map(|((_, bytes), id)| Entry::new(id, bytes, time)));
@@ -77,6 +84,12 @@ where
     L::IntoIter: DoubleEndedIterator,
 {
     if items.as_ref().is_empty() {
+        return;
+    }
+    if items.as_ref().len() == 1 {
+        if let Some((queue, entry)) = items.into_iter().next() {
+            queue.restore(std::iter::once(entry));
+        }
         return;
     }
     if let Some(queue) = single_queue(items.as_ref()) {
