@@ -63,6 +63,10 @@ struct Line {
     /// (by the take that follows) has one miss counted already, so that `n` stalled waiters
     /// lose their turns to `n + 1` misses, as on the embedded engines.
     taken: bool,
+    /// Takes looking now on a turn they took from a stalled waiter ([`TakenTurn`]): the
+    /// first waiter's look without a wake waits for them, as they look for the item that
+    /// waiter was woken for.
+    taking: usize,
 }
 
 #[derive(Debug)]
@@ -102,7 +106,7 @@ pub(crate) enum Turn {
     Look,
     /// Look, in the turn of a waiter that did not take it in time; `sure` if a commit of
     /// this store woke that waiter (an item was there for it). Where not, an item taken
-    /// wakes the next waiter ([`Waiters::pass_on`]), as there may be more.
+    /// wakes the next waiter, as there may be more ([`TakenTurn`]).
     Taken { sure: bool },
     /// Do not look: a waiter ahead is woken or looking.
     Wait,
@@ -278,7 +282,7 @@ impl Waiters {
         // looking for.
         if !place.woken
             && place.counted
-            && (me > 0 || line.places.iter().skip(1).any(Place::holds_up))
+            && (me > 0 || line.taking > 0 || line.places.iter().skip(1).any(Place::holds_up))
         {
             return Turn::Wait;
         }
@@ -319,20 +323,46 @@ impl Waiters {
     }
 
     /// May a take that is not a waiter's (`try_dequeue`, a lease that does not wait) look
-    /// in `queue` now?
-    pub(crate) fn try_turn(&self, queue: i32) -> Turn {
-        match self.lines.lock().queues.get_mut(&queue) {
-            Some(line) => line.miss(u64::MAX, true, false).0,
+    /// in `queue` now? With [`Turn::Taken`], the returned [`TakenTurn`] is to be kept while
+    /// the take looks.
+    pub(crate) fn try_turn(&self, queue: i32) -> (Turn, Option<TakenTurn<'_>>) {
+        let turn = match self.lines.lock().queues.get_mut(&queue) {
+            Some(line) => {
+                let (turn, _) = line.miss(u64::MAX, true, false);
+                if matches!(turn, Turn::Taken { .. }) {
+                    // Until its look ends (`turn_ended`). A waiter that takes a turn is in
+                    // the line already, looking, and holds it up as such.
+                    line.taking += 1;
+                }
+                turn
+            }
             None => Turn::Look,
-        }
+        };
+        let taken = match turn {
+            Turn::Taken { sure } => Some(TakenTurn {
+                waiters: self,
+                queue,
+                sure,
+                took: false,
+            }),
+            _ => None,
+        };
+        (turn, taken)
     }
 
-    /// A take in `queue` found an item: the next waiter looks too, as the commit that woke
-    /// this one may have brought more (waiters are woken one at a time, each by the one
-    /// before, never all at once).
-    pub(crate) fn pass_on(&self, queue: i32) {
+    /// A take's look on a turn taken from a stalled waiter ended (see [`TakenTurn`]).
+    fn turn_ended(&self, queue: i32, sure: bool, took: bool) {
         if let Some(line) = self.lines.lock().queues.get_mut(&queue) {
-            line.wake_next(false, false);
+            line.taking = line.taking.saturating_sub(1);
+            if took && !sure {
+                // The waiter it was taken from was woken by another store's commit or a
+                // waiter before it, not surely for one item: the next waiter looks too, as
+                // there may be more (waiters are woken one at a time, each by the one before).
+                line.wake_next(false, false);
+            } else if !took && sure {
+                // The item a commit of this store woke that waiter for may still be there.
+                line.wake_next(true, true);
+            }
             line.go_on();
         }
     }
@@ -460,6 +490,25 @@ impl Waiters {
             .filter(|(_, l)| !l.places.is_empty())
             .map(|(q, _)| *q)
             .collect()
+    }
+}
+
+/// A take's look on a turn it took from a stalled waiter ([`Turn::Taken`]), from
+/// [`Waiters::try_turn`] to its drop, however the look ends (found, failed, cancelled). While
+/// it lives, the line's first waiter does not look without a wake: that look could take the
+/// item this one is looking for.
+#[derive(Debug)]
+pub(crate) struct TakenTurn<'a> {
+    waiters: &'a Waiters,
+    queue: i32,
+    sure: bool,
+    /// The look took items (set by the taker before the drop).
+    pub(crate) took: bool,
+}
+
+impl Drop for TakenTurn<'_> {
+    fn drop(&mut self) {
+        self.waiters.turn_ended(self.queue, self.sure, self.took);
     }
 }
 
@@ -699,7 +748,7 @@ mod tests {
         assert_eq!(waiters.turn(1, w[0].0), Turn::Look);
         // Its first look: `SKIP LOCKED` gives it other rows than the look in flight.
         assert_eq!(waiters.turn(1, w[1].0), Turn::Look);
-        assert_eq!(waiters.try_turn(1), Turn::Look);
+        assert_eq!(waiters.try_turn(1).0, Turn::Look);
         // A waiter woken by a commit looks after the looks ahead of it, in order.
         waiters.looked(1, w[1].0, false);
         waiters.wake_one(1, true);
@@ -720,8 +769,8 @@ mod tests {
         tokio::pin!(woken);
         assert!(woken.as_mut().enable());
         // It does not look: two misses take its turn.
-        assert_eq!(waiters.try_turn(1), Turn::Wait);
-        assert_eq!(waiters.try_turn(1), Turn::Taken { sure: true });
+        assert_eq!(waiters.try_turn(1).0, Turn::Wait);
+        assert_eq!(waiters.try_turn(1).0, Turn::Taken { sure: true });
         let told = wake.notified();
         tokio::pin!(told);
         assert!(
@@ -729,5 +778,47 @@ mod tests {
             "the waiter was not told its turn was taken"
         );
         assert_eq!(waiters.turn(1, *ticket), Turn::Gone);
+    }
+
+    #[test]
+    fn the_first_waiters_own_poll_waits_for_a_take_on_a_turn_taken_ahead_of_it() {
+        let (waiters, w) = line(2);
+        for (ticket, _) in &w {
+            assert_eq!(waiters.turn(1, *ticket), Turn::Look);
+            waiters.looked(1, *ticket, false);
+        }
+        // A commit of this store wakes the first; it stalls, and two misses take its turn.
+        waiters.wake_one(1, true);
+        assert_eq!(waiters.try_turn(1).0, Turn::Wait);
+        let (turn, taking) = waiters.try_turn(1);
+        assert_eq!(turn, Turn::Taken { sure: true });
+        assert_eq!(waiters.turn(1, w[0].0), Turn::Gone);
+        // The second is first now. Its fallback poll must not look beside the take, which
+        // looks for the item the first was woken for.
+        assert_eq!(waiters.turn(1, w[1].0), Turn::Wait);
+        let mut taking = taking.expect("a taken turn");
+        taking.took = true;
+        drop(taking);
+        assert_eq!(waiters.turn(1, w[1].0), Turn::Look);
+    }
+
+    #[test]
+    fn a_take_on_a_taken_turn_that_ends_empty_hands_the_wake_on() {
+        let (waiters, w) = line(2);
+        for (ticket, _) in &w {
+            assert_eq!(waiters.turn(1, *ticket), Turn::Look);
+            waiters.looked(1, *ticket, false);
+        }
+        waiters.wake_one(1, true);
+        assert_eq!(waiters.try_turn(1).0, Turn::Wait);
+        let (turn, taking) = waiters.try_turn(1);
+        assert_eq!(turn, Turn::Taken { sure: true });
+        // Its look failed, was cancelled or found nothing: the item the commit woke the
+        // first waiter for may still be there, so the next waiter is woken and looks.
+        drop(taking);
+        let woken = w[1].1.notified();
+        tokio::pin!(woken);
+        assert!(woken.as_mut().enable(), "the next waiter was not woken");
+        assert_eq!(waiters.turn(1, w[1].0), Turn::Look);
     }
 }

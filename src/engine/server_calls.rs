@@ -117,7 +117,9 @@ impl Engine {
 
     /// `look` (a take or a lease of `queue` that is not a waiter's) when this store's line
     /// gives it the turn; `None`, without polling `look`, when a woken waiter ahead has it.
-    /// A look that took items on a turn that was not surely its own passes the turn on.
+    /// A look on a turn taken from a stalled waiter holds the line's first waiter's own poll
+    /// until it ends; one that took items on a turn that was not surely its own passes the
+    /// turn on.
     async fn in_turn<T>(
         &self,
         host: &dyn Host,
@@ -125,13 +127,13 @@ impl Engine {
         look: impl std::future::Future<Output = Result<Vec<T>>>,
     ) -> Result<Option<Vec<T>>> {
         let id = host.key(&queue.core)?;
-        let turn = host.line().try_turn(id);
+        let (turn, mut taking) = host.line().try_turn(id);
         if turn == Turn::Wait {
             return Ok(None);
         }
         let taken = look.await?;
-        if turn == (Turn::Taken { sure: false }) && !taken.is_empty() {
-            host.line().pass_on(id);
+        if let Some(taking) = &mut taking {
+            taking.took = !taken.is_empty();
         }
         Ok(Some(taken))
     }
