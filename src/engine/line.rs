@@ -326,28 +326,24 @@ impl Waiters {
     /// in `queue` now? With [`Turn::Taken`], the returned [`TakenTurn`] is to be kept while
     /// the take looks.
     pub(crate) fn try_turn(&self, queue: i32) -> (Turn, Option<TakenTurn<'_>>) {
-        let turn = match self.lines.lock().queues.get_mut(&queue) {
-            Some(line) => {
-                let (turn, _) = line.miss(u64::MAX, true, false);
-                if matches!(turn, Turn::Taken { .. }) {
-                    // Until its look ends (`turn_ended`). A waiter that takes a turn is in
-                    // the line already, looking, and holds it up as such.
-                    line.taking += 1;
-                }
-                turn
-            }
-            None => Turn::Look,
+        let mut lines = self.lines.lock();
+        let Some(line) = lines.queues.get_mut(&queue) else {
+            return (Turn::Look, None);
         };
-        let taken = match turn {
-            Turn::Taken { sure } => Some(TakenTurn {
-                waiters: self,
-                queue,
-                sure,
-                took: false,
-            }),
-            _ => None,
+        let (turn, _) = line.miss(u64::MAX, true, false);
+        let Turn::Taken { sure } = turn else {
+            return (turn, None);
         };
-        (turn, taken)
+        // Until its look ends (`turn_ended`). A waiter that takes a turn is in the line
+        // already, looking, and holds it up as such.
+        line.taking += 1;
+        let taken = TakenTurn {
+            waiters: self,
+            queue,
+            sure,
+            took: false,
+        };
+        (turn, Some(taken))
     }
 
     /// A take's look on a turn taken from a stalled waiter ended (see [`TakenTurn`]).
