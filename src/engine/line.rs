@@ -776,16 +776,22 @@ mod tests {
         assert_eq!(waiters.turn(1, *ticket), Turn::Gone);
     }
 
-    #[test]
-    fn the_first_waiters_own_poll_waits_for_a_take_on_a_turn_taken_ahead_of_it() {
+    /// Two waiters on queue 1 that looked and found nothing; a commit of this store woke
+    /// the first, which stalls, and a `try_dequeue` missed once: the next take takes its turn.
+    fn first_waiter_stalled() -> (Arc<Waiters>, Vec<(u64, Arc<Notify>)>) {
         let (waiters, w) = line(2);
         for (ticket, _) in &w {
             assert_eq!(waiters.turn(1, *ticket), Turn::Look);
             waiters.looked(1, *ticket, false);
         }
-        // A commit of this store wakes the first; it stalls, and two misses take its turn.
         waiters.wake_one(1, true);
         assert_eq!(waiters.try_turn(1).0, Turn::Wait);
+        (waiters, w)
+    }
+
+    #[test]
+    fn the_first_waiters_own_poll_waits_for_a_take_on_a_turn_taken_ahead_of_it() {
+        let (waiters, w) = first_waiter_stalled();
         let (turn, taking) = waiters.try_turn(1);
         assert_eq!(turn, Turn::Taken { sure: true });
         assert_eq!(waiters.turn(1, w[0].0), Turn::Gone);
@@ -800,13 +806,7 @@ mod tests {
 
     #[test]
     fn a_take_on_a_taken_turn_that_ends_empty_hands_the_wake_on() {
-        let (waiters, w) = line(2);
-        for (ticket, _) in &w {
-            assert_eq!(waiters.turn(1, *ticket), Turn::Look);
-            waiters.looked(1, *ticket, false);
-        }
-        waiters.wake_one(1, true);
-        assert_eq!(waiters.try_turn(1).0, Turn::Wait);
+        let (waiters, w) = first_waiter_stalled();
         let (turn, taking) = waiters.try_turn(1);
         assert_eq!(turn, Turn::Taken { sure: true });
         // Its look failed, was cancelled or found nothing: the item the commit woke the
