@@ -3,6 +3,12 @@
 /// A queue's id in the store's catalog; the log refers to queues by it.
 pub(crate) type QueueId = u32;
 
+/// A queue's place in its store's `QueueTable`: how a transaction's work names the queues it
+/// enqueued to and holds items of, without a counted reference (two atomic operations per
+/// item, a large part of an in-memory round trip).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) struct QueueIndex(pub(super) u32);
+
 /// One item: its id, its enqueue time, its enveloped bytes and, once it has any, its delivery
 /// metadata.
 ///

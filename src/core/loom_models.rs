@@ -26,7 +26,7 @@ fn queue_with(ids: &[u64]) -> Arc<QueueCore> {
         .iter()
         .map(|&id| Entry::new(id, Box::new([0]), 0))
         .collect();
-    Arc::new(QueueCore::new(0, "q".into(), ready))
+    Arc::new(QueueCore::new(0, super::QueueIndex(0), "q".into(), ready))
 }
 
 /// Waits in `poll_take` until an entry is handed over or the queue closes.

@@ -14,98 +14,137 @@ mod waiters;
 #[cfg(all(test, reliable_queue_loom))]
 mod loom_models;
 
-pub(crate) use entry::{Entry, Meta, QueueId};
+pub(crate) use entry::{Entry, Meta, QueueId, QueueIndex};
 pub(crate) use queue::{QueueCore, Request};
 pub(crate) use waiters::Ticket;
 
 use std::sync::Arc;
 use std::task::Waker;
 
+/// Every queue a store has made, each at its [`QueueIndex`], read without a lock. It only
+/// grows: a queue keeps its place for as long as the store is open (a queue whose creation
+/// could not be recorded is taken out of the catalog's names, and its empty core stays here).
+#[derive(Debug, Default)]
+pub(crate) struct QueueTable(boxcar::Vec<Arc<QueueCore>>);
+
+impl QueueTable {
+    /// Adds the queue `make` builds, giving it the next index. Callers add one queue at a time
+    /// (under their catalog's lock), so the index given to `make` is the one the queue gets.
+    pub(crate) fn add(&self, make: impl FnOnce(QueueIndex) -> QueueCore) -> Arc<QueueCore> {
+        let next = self.0.count();
+        // Queue ids are `u32`, and every queue has an index of its own: at most 2^32 of them.
+        let index = QueueIndex(u32::try_from(next).unwrap_or(u32::MAX));
+        let core = Arc::new(make(index));
+        let at = self.0.push(Arc::clone(&core));
+        debug_assert_eq!(at, next, "queues are added to the table one at a time");
+        core
+    }
+
+    /// The queue at `index`.
+    #[inline]
+    pub(crate) fn get(&self, index: QueueIndex) -> &QueueCore {
+        // An index is only ever read off a queue, after `add` put it in the table.
+        self.0
+            .get(index.0 as usize)
+            .expect("an index names a queue in the table")
+    }
+
+    /// `items` with counted references to their queues, for what outlives the borrow (the
+    /// server engines' commits).
+    #[cfg(any(feature = "postgres", feature = "redis"))]
+    pub(crate) fn counted<T>(
+        &self,
+        items: impl IntoIterator<Item = (QueueIndex, T)>,
+    ) -> Vec<(Arc<QueueCore>, T)> {
+        let counted = |index: QueueIndex| {
+            self.0
+                .get(index.0 as usize)
+                .map(Arc::clone)
+                .expect("an index names a queue in the table")
+        };
+        items
+            .into_iter()
+            .map(|(queue, item)| (counted(queue), item))
+            .collect()
+    }
+}
+
 /// Groups items by queue, keeping their order within each queue; groups come in increasing
 /// queue id order, the order in which several queues may be locked together.
 fn by_queue<T>(
-    items: impl IntoIterator<Item = (Arc<QueueCore>, T)>,
-) -> Vec<(Arc<QueueCore>, Vec<T>)> {
-    let mut groups: Vec<(Arc<QueueCore>, Vec<T>)> = Vec::new();
+    table: &QueueTable,
+    items: impl IntoIterator<Item = (QueueIndex, T)>,
+) -> Vec<(&QueueCore, Vec<T>)> {
+    let mut groups: Vec<(QueueIndex, Vec<T>)> = Vec::new();
     for (queue, item) in items {
-        match groups.iter_mut().find(|(q, _)| Arc::ptr_eq(q, &queue)) {
+        match groups.iter_mut().find(|(q, _)| *q == queue) {
             Some((_, group)) => group.push(item),
             None => groups.push((queue, vec![item])),
         }
     }
+    let mut groups: Vec<_> = groups
+        .into_iter()
+        .map(|(queue, items)| (table.get(queue), items))
+        .collect();
     groups.sort_by_key(|(q, _)| q.id());
     groups
 }
 
 /// The queue every item belongs to, if they all belong to one.
-fn single_queue<T>(items: &[(Arc<QueueCore>, T)]) -> Option<Arc<QueueCore>> {
+fn single_queue<T>(items: &[(QueueIndex, T)]) -> Option<QueueIndex> {
     let (first, _) = items.first()?;
-    items
-        .iter()
-        .all(|(q, _)| Arc::ptr_eq(q, first))
-        .then(|| first.clone())
+    items.iter().all(|(q, _)| q == first).then_some(*first)
 }
 
 /// Makes freshly committed items visible: the `n`-th item gets id `first + n`, and `time` as
 /// its enqueue time. Items for several queues become visible at once: every queue is locked
 /// (in id order) before any changes.
-pub(crate) fn publish_all<L>(items: L, first: u64, time: u64)
+pub(crate) fn publish_all<L>(table: &QueueTable, items: L, first: u64, time: u64)
 where
-    L: IntoIterator<Item = (Arc<QueueCore>, Box<[u8]>)> + AsRef<[(Arc<QueueCore>, Box<[u8]>)]>,
+    L: IntoIterator<Item = (QueueIndex, Box<[u8]>)> + AsRef<[(QueueIndex, Box<[u8]>)]>,
 {
-    if items.as_ref().is_empty() {
-        return;
-    }
-    if items.as_ref().len() == 1 {
-        // Most commits: the item's own handle on its queue serves, no count of its own.
-        if let Some((queue, bytes)) = items.into_iter().next() {
-            queue.publish(std::iter::once(Entry::new(first, bytes, time)));
+    let Some(queue) = single_queue(items.as_ref()) else {
+        if !items.as_ref().is_empty() {
+            let entries = items
+                .into_iter()
+                .zip(first..)
+                .map(|((queue, bytes), id)| (queue, Entry::new(id, bytes, time)));
+            change_together(by_queue(table, entries), |lock, entries, wake| {
+                lock.publish(entries, wake)
+            });
         }
         return;
-    }
-    if let Some(queue) = single_queue(items.as_ref()) {
-        let entries = items.into_iter().zip(first..);
-        queue.publish(entries.map(|((_, bytes), id)| Entry::new(id, bytes, time)));
-        return;
-    }
-    let entries = items
-        .into_iter()
-        .zip(first..)
-        .map(|((queue, bytes), id)| (queue, Entry::new(id, bytes, time)));
-    change_together(by_queue(entries), |lock, entries, wake| {
-        lock.publish(entries, wake)
-    });
+    };
+    let entries = items.into_iter().zip(first..);
+    table
+        .get(queue)
+        .publish(entries.map(|((_, bytes), id)| Entry::new(id, bytes, time)));
 }
 
 /// Gives items back to the front of their queues, in their order, all queues at once.
-pub(crate) fn restore_all<L>(items: L)
+pub(crate) fn restore_all<L>(table: &QueueTable, items: L)
 where
-    L: IntoIterator<Item = (Arc<QueueCore>, Entry)> + AsRef<[(Arc<QueueCore>, Entry)]>,
+    L: IntoIterator<Item = (QueueIndex, Entry)> + AsRef<[(QueueIndex, Entry)]>,
     L::IntoIter: DoubleEndedIterator,
 {
-    if items.as_ref().is_empty() {
-        return;
-    }
-    if items.as_ref().len() == 1 {
-        if let Some((queue, entry)) = items.into_iter().next() {
-            queue.restore(std::iter::once(entry));
+    let Some(queue) = single_queue(items.as_ref()) else {
+        if !items.as_ref().is_empty() {
+            change_together(by_queue(table, items), |lock, entries, wake| {
+                lock.restore(entries.into_iter(), wake)
+            });
         }
         return;
-    }
-    if let Some(queue) = single_queue(items.as_ref()) {
-        queue.restore(items.into_iter().map(|(_, entry)| entry));
-        return;
-    }
-    change_together(by_queue(items), |lock, entries, wake| {
-        lock.restore(entries.into_iter(), wake)
-    });
+    };
+    table
+        .get(queue)
+        .restore(items.into_iter().map(|(_, entry)| entry));
 }
 
 /// Applies `change` to each queue's entries with every queue locked (in the increasing id
 /// order `by_queue` gives), so that the changes appear at once; wakes whoever was served
 /// after the locks are released.
 fn change_together(
-    groups: Vec<(Arc<QueueCore>, Vec<Entry>)>,
+    groups: Vec<(&QueueCore, Vec<Entry>)>,
     change: impl Fn(&mut queue::Locked<'_>, Vec<Entry>, &mut Vec<Waker>),
 ) {
     debug_assert!(

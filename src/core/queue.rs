@@ -20,6 +20,7 @@ use std::task::{Poll, Waker};
 
 use super::entry::{Entry, QueueId};
 use super::waiters::{Ticket, Waiters};
+use super::QueueIndex;
 use crate::sync::{AtomicU64, Mutex, MutexGuard, Ordering};
 
 #[derive(Debug, Default)]
@@ -77,6 +78,8 @@ impl Request {
 #[derive(Debug)]
 pub(crate) struct QueueCore {
     id: QueueId,
+    /// Its place in the store's table of queues.
+    index: QueueIndex,
     name: Arc<str>,
     state: Mutex<State>,
     /// Mirror of `ready.len()`, readable without the lock.
@@ -97,7 +100,12 @@ fn len_u64(len: usize) -> u64 {
 
 impl QueueCore {
     /// A queue holding `ready` (recovered items, in order).
-    pub(crate) fn new(id: QueueId, name: Arc<str>, ready: VecDeque<Entry>) -> Self {
+    pub(crate) fn new(
+        id: QueueId,
+        index: QueueIndex,
+        name: Arc<str>,
+        ready: VecDeque<Entry>,
+    ) -> Self {
         let visible = AtomicU64::new(len_u64(ready.len()));
         let mut keys: HashMap<Box<[u8]>, u32> = HashMap::new();
         for key in ready.iter().filter_map(|e| e.key().map(Box::from)) {
@@ -105,6 +113,7 @@ impl QueueCore {
         }
         QueueCore {
             id,
+            index,
             name,
             state: Mutex::new(State {
                 ready,
@@ -119,6 +128,12 @@ impl QueueCore {
 
     pub(crate) fn id(&self) -> QueueId {
         self.id
+    }
+
+    /// Its place in the store's table of queues.
+    #[inline]
+    pub(crate) fn index(&self) -> QueueIndex {
+        self.index
     }
 
     pub(crate) fn name(&self) -> &str {
@@ -456,7 +471,7 @@ mod tests {
     use super::*;
 
     fn core() -> QueueCore {
-        QueueCore::new(0, "q".into(), VecDeque::new())
+        QueueCore::new(0, QueueIndex(0), "q".into(), VecDeque::new())
     }
 
     fn entry(id: u64) -> Entry {

@@ -3,7 +3,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
-use crate::core::{Entry, QueueCore, QueueId};
+use crate::core::{Entry, QueueCore, QueueId, QueueTable};
 use crate::error::{Error, Result};
 use crate::sync::process::Mutex;
 
@@ -49,9 +49,13 @@ struct Inner {
     missing: Vec<std::ops::RangeInclusive<u64>>,
 }
 
-/// The queues of one open store.
+/// The queues of one open store: by name (under a lock), and in the [`QueueTable`] that a
+/// transaction's work names them by (read without one).
 #[derive(Debug, Default)]
-pub(crate) struct Catalog(Mutex<Inner>);
+pub(crate) struct Catalog {
+    inner: Mutex<Inner>,
+    table: Arc<QueueTable>,
+}
 
 /// Checks the name of a queue to create: 1 to [`MAX_NAME_LEN`] bytes, no NUL character (the
 /// same rule on every engine: PostgreSQL's text cannot hold a NUL, so no engine makes such a
@@ -82,20 +86,30 @@ impl Catalog {
             .map(|(_, id, _)| id.saturating_add(1))
             .max()
             .unwrap_or(0);
+        let table = Arc::new(QueueTable::default());
         let queues = queues
             .into_iter()
             .map(|(name, id, items)| {
-                let core = QueueCore::new(id, Arc::from(name.as_str()), items);
-                (name, Arc::new(core))
+                let core =
+                    table.add(|index| QueueCore::new(id, index, Arc::from(name.as_str()), items));
+                (name, core)
             })
             .collect();
-        Catalog(Mutex::new(Inner {
-            queues,
-            next_id,
-            fences,
-            set_aside,
-            missing,
-        }))
+        Catalog {
+            inner: Mutex::new(Inner {
+                queues,
+                next_id,
+                fences,
+                set_aside,
+                missing,
+            }),
+            table,
+        }
+    }
+
+    /// The store's queues by index.
+    pub(crate) fn table(&self) -> &Arc<QueueTable> {
+        &self.table
     }
 
     /// Finds queue `name`, or adds it with the next id after `record(id)` succeeds. Both run
@@ -110,7 +124,7 @@ impl Catalog {
         name: &str,
         record: impl FnOnce(QueueId) -> Result<R>,
     ) -> Result<(Arc<QueueCore>, Option<R>)> {
-        let mut inner = self.0.lock();
+        let mut inner = self.inner.lock();
         if let Some(core) = inner.queues.get(name) {
             if let Some((_, bad)) = inner.fences.iter().find(|(q, _)| *q == core.id()) {
                 return Err(Error::Fenced {
@@ -134,7 +148,10 @@ impl Catalog {
             "a new queue's id is no other queue's"
         );
         let recorded = record(id)?;
-        let core = Arc::new(QueueCore::new(id, Arc::from(name), VecDeque::new()));
+        // Under the catalog's lock: queues are added to the table one at a time.
+        let core = self
+            .table
+            .add(|index| QueueCore::new(id, index, Arc::from(name), VecDeque::new()));
         inner.queues.insert(name.to_owned(), core.clone());
         inner.next_id = next;
         Ok((core, Some(recorded)))
@@ -142,13 +159,13 @@ impl Catalog {
 
     /// Every queue's core.
     pub(crate) fn cores(&self) -> Vec<Arc<QueueCore>> {
-        self.0.lock().queues.values().cloned().collect()
+        self.inner.lock().queues.values().cloned().collect()
     }
 
     /// Takes back queue `name` (id `id`) when its creation could not be recorded. Its id is
     /// not given out again.
     pub(crate) fn forget(&self, name: &str, id: QueueId) {
-        let mut inner = self.0.lock();
+        let mut inner = self.inner.lock();
         if inner.queues.get(name).is_some_and(|q| q.id() == id) {
             inner.queues.remove(name);
         }
@@ -156,24 +173,24 @@ impl Catalog {
 
     /// The id of queue `name`, if it exists.
     pub(crate) fn id_of(&self, name: &str) -> Option<QueueId> {
-        self.0.lock().queues.get(name).map(|q| q.id())
+        self.inner.lock().queues.get(name).map(|q| q.id())
     }
 
     /// Lifts every fence of queue `id` (already recorded durably by the engine).
     pub(crate) fn remove_fences(&self, id: QueueId) {
-        self.0.lock().fences.retain(|(q, _)| *q != id);
+        self.inner.lock().fences.retain(|(q, _)| *q != id);
     }
 
     /// Names of every queue, sorted.
     pub(crate) fn names(&self) -> Vec<String> {
-        let mut names: Vec<String> = self.0.lock().queues.keys().cloned().collect();
+        let mut names: Vec<String> = self.inner.lock().queues.keys().cloned().collect();
         names.sort();
         names
     }
 
     /// The set-aside records, with queue names.
     pub(crate) fn set_aside_records(&self) -> Vec<SetAsideRecord> {
-        let inner = self.0.lock();
+        let inner = self.inner.lock();
         let name_of = |id: QueueId| {
             inner
                 .queues
@@ -197,12 +214,12 @@ impl Catalog {
 
     /// Ranges of records found missing by a salvaging open, at this or an earlier open.
     pub(crate) fn missing_records(&self) -> Vec<std::ops::RangeInclusive<u64>> {
-        self.0.lock().missing.clone()
+        self.inner.lock().missing.clone()
     }
 
     /// Closes every queue's core: waiting consumers are woken and find the store closed.
     pub(crate) fn close_queues(&self) {
-        let queues: Vec<Arc<QueueCore>> = self.0.lock().queues.values().cloned().collect();
+        let queues: Vec<Arc<QueueCore>> = self.inner.lock().queues.values().cloned().collect();
         queues.iter().for_each(|q| q.close());
     }
 }

@@ -18,7 +18,7 @@ fn queue_with(ids: &[u64]) -> Arc<QueueCore> {
         .iter()
         .map(|&id| Entry::new(id, Box::new([0]), 0))
         .collect();
-    Arc::new(QueueCore::new(0, "q".into(), ready))
+    crate::core::QueueTable::default().add(|index| QueueCore::new(0, index, "q".into(), ready))
 }
 
 /// A lease (token 7, deadline 10) with its item, on a queue of its own.

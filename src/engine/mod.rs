@@ -55,7 +55,7 @@ use self::catalog::Catalog;
 use self::proc::Proc;
 use self::timers::Timers;
 use crate::config::Config;
-use crate::core::{QueueCore, QueueId};
+use crate::core::{QueueCore, QueueId, QueueTable};
 use crate::processing::RetryPolicy;
 
 pub(crate) use crate::core::Entry;
@@ -107,6 +107,8 @@ struct Hot {
     max_item_size: usize,
     /// `Config::max_transaction_size`.
     max_transaction_size: usize,
+    /// The store's queues by index (its catalog's table), which transactions' work names them by.
+    table: Arc<QueueTable>,
 }
 
 #[derive(Debug)]
@@ -117,6 +119,19 @@ enum Flavor {
     Postgres(postgres::Postgres),
     #[cfg(feature = "redis")]
     Redis(redis::Redis),
+}
+
+impl Flavor {
+    fn catalog(&self) -> &Catalog {
+        match self {
+            Flavor::Memory(m) => m.catalog(),
+            Flavor::Sled(s) => s.catalog(),
+            #[cfg(feature = "postgres")]
+            Flavor::Postgres(p) => p.catalog(),
+            #[cfg(feature = "redis")]
+            Flavor::Redis(r) => r.catalog(),
+        }
+    }
 }
 
 impl Engine {
@@ -187,11 +202,13 @@ impl Engine {
         timers: Arc<Timers>,
         procs: HashMap<QueueId, Arc<Proc>>,
     ) -> Result<Arc<Engine>> {
+        let table = Arc::clone(flavor.catalog().table());
         let engine = Arc::new(Engine {
             hot: CachePadded::new(Hot {
                 closed: AtomicBool::new(false),
                 max_item_size: config.max_item_size,
                 max_transaction_size: config.max_transaction_size,
+                table,
             }),
             config,
             flavor,
@@ -227,7 +244,11 @@ impl Engine {
             self.timers.cancel_transaction(old);
         }
         let deadline = self.now().saturating_add(timeout);
-        work.expiry = Some(self.timers.expire_transaction(deadline, &work.dequeued));
+        work.expiry = Some(self.timers.expire_transaction(
+            deadline,
+            &work.dequeued,
+            &self.hot.table,
+        ));
         self.arm_deadline(work);
         Ok(())
     }
@@ -280,14 +301,13 @@ impl Engine {
     }
 
     fn catalog(&self) -> &Catalog {
-        match &self.flavor {
-            Flavor::Memory(m) => m.catalog(),
-            Flavor::Sled(s) => s.catalog(),
-            #[cfg(feature = "postgres")]
-            Flavor::Postgres(p) => p.catalog(),
-            #[cfg(feature = "redis")]
-            Flavor::Redis(r) => r.catalog(),
-        }
+        self.flavor.catalog()
+    }
+
+    /// The store's queues by index.
+    #[inline]
+    pub(crate) fn table(&self) -> &QueueTable {
+        &self.hot.table
     }
 
     /// The server engine's part of the seam (PostgreSQL, Redis): `None` on the embedded
@@ -470,7 +490,7 @@ impl Engine {
             });
         }
         work.enqueued_bytes = size;
-        work.enqueues.push((queue.core.clone(), bytes));
+        work.enqueues.push((queue.core.index(), bytes));
         Ok(())
     }
 
@@ -528,7 +548,7 @@ impl Engine {
             return Committing::Done(Err(e));
         }
         if let Err(e) = self.check_open() {
-            abort(std::mem::take(work));
+            abort(std::mem::take(work), self.table());
             return Committing::Done(Err(e));
         }
         if work.is_empty() {
@@ -536,7 +556,7 @@ impl Engine {
         }
         if !work.moves.is_empty() {
             if let Err(e) = self.prepare_moves(work) {
-                abort(std::mem::take(work));
+                abort(std::mem::take(work), self.table());
                 return Committing::Done(Err(e));
             }
         }
@@ -549,7 +569,7 @@ impl Engine {
             // `commit` takes the server engines' ways before this.
             #[cfg(any(feature = "postgres", feature = "redis"))]
             _ => {
-                abort(std::mem::take(work));
+                abort(std::mem::take(work), self.table());
                 Committing::Done(Err(self.unsupported("an embedded commit")))
             }
         }
@@ -582,7 +602,7 @@ impl Engine {
                 return Ok(());
             }
             let held = std::mem::take(&mut work.pg);
-            abort(work);
+            abort(work, self.table());
             return Box::pin(pg.rollback(held)).await;
         }
         #[cfg(feature = "redis")]
@@ -591,7 +611,7 @@ impl Engine {
             self.give_back_acked(&work.moves);
             let expired = self.settle_deadline(&mut work).is_err();
             let held = std::mem::take(&mut work.rd);
-            abort(work);
+            abort(work, self.table());
             // Past its deadline its items were given back already (or are at its hold's end).
             return match expired {
                 true => Ok(()),
@@ -611,7 +631,7 @@ impl Engine {
             self.give_back_acked(&work.moves);
         }
         match self.settle_deadline(&mut work) {
-            Ok(()) => abort(work),
+            Ok(()) => abort(work, self.table()),
             Err(_) => drop_expired(work),
         }
     }
@@ -729,7 +749,7 @@ fn hold<'w>(work: &'w mut Work, queue: &QueueRef, entry: Entry) -> &'w Entry {
     if let Some(expiry) = &work.expiry {
         expiry.note(&queue.core, &entry);
     }
-    work.dequeued.push((queue.core.clone(), entry));
+    work.dequeued.push((queue.core.index(), entry));
     &work.dequeued[work.dequeued.len() - 1].1
 }
 

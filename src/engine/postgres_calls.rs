@@ -23,7 +23,7 @@ impl Engine {
     ) -> Result<Vec<Granted>> {
         work.withdraw_leaked();
         if let Err(e) = self.check_open() {
-            abort(work);
+            abort(work, self.table());
             return Err(e);
         }
         if let Err(e) = self.settle_deadline(&mut work) {
@@ -45,7 +45,7 @@ impl Engine {
             for &token in &acked {
                 pg.drop_lease(token);
             }
-            abort(work);
+            abort(work, self.table());
             return Err(e);
         }
         if let Some((queue, n, ttl)) = lease {
@@ -56,7 +56,7 @@ impl Engine {
                 int8(ttl, "a lease's ttl is at most MAX_TTL")?,
             ));
         }
-        let enqueues = std::mem::take(&mut work.enqueues).into_vec();
+        let enqueues = self.table().counted(std::mem::take(&mut work.enqueues));
 
         let done = pg
             .commit(std::mem::take(&mut work.pg), enqueues, extra)

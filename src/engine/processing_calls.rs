@@ -153,7 +153,7 @@ impl Engine {
         match taken {
             Ok(_) => {}
             // The item was taken, then failed to decode: it stays in the queue.
-            Err(Error::Deserialize { .. }) => work.give_back_last(),
+            Err(Error::Deserialize { .. }) => work.give_back_last(self.table()),
             Err(e) => {
                 self.discard(work);
                 return Err(e);
@@ -569,7 +569,7 @@ impl Engine {
         }
         work.withdraw_leaked();
         if let Err(e) = self.check_open() {
-            super::abort(std::mem::take(work));
+            super::abort(std::mem::take(work), self.table());
             return Some(Err(e));
         }
         let now = self.now();
@@ -581,12 +581,12 @@ impl Engine {
             .dequeued
             .drain(..)
             .zip(first..)
-            .map(|((core, mut entry), id)| {
+            .map(|((at, mut entry), id)| {
                 debug_assert!(
-                    Arc::ptr_eq(&core, &queue.core),
+                    at == queue.core.index(),
                     "the items a grant leases were taken from its queue"
                 );
-                core.unhold(1);
+                queue.core.unhold(1);
                 entry.id = id;
                 count_attempt(&mut entry, now);
                 granted.push(Granted {
@@ -664,12 +664,12 @@ impl Engine {
     fn lease_moves(&self, queue: &QueueRef, work: &mut Work, from: usize, ttl: u64) -> Pending {
         let now = self.now();
         let mut grants = Vec::with_capacity(work.dequeued.len().saturating_sub(from));
-        for (core, mut entry) in work.dequeued.drain(from..) {
+        for (at, mut entry) in work.dequeued.drain(from..) {
             debug_assert!(
-                Arc::ptr_eq(&core, &queue.core),
+                at == queue.core.index(),
                 "the items a grant leases were taken from its queue"
             );
-            core.unhold(1);
+            queue.core.unhold(1);
             count_attempt(&mut entry, now);
             let grant = Arc::new(Grant::default());
             grants.push(Arc::clone(&grant));
@@ -914,7 +914,7 @@ fn succeeds_own(queue: &QueueRef, work: &Work, key: &[u8]) -> bool {
     (work
         .dequeued
         .iter()
-        .any(|(core, e)| mine(core) && e.key() == Some(key))
+        .any(|(at, e)| *at == queue.core.index() && e.key() == Some(key))
         || acked())
         && !work.moves.iter().any(|m| {
             mine(&m.proc.core)

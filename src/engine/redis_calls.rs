@@ -24,7 +24,7 @@ impl Engine {
         work.withdraw_leaked();
         if let Err(e) = self.check_open() {
             // Its slot's drop gives its items back.
-            abort(work);
+            abort(work, self.table());
             return Err(e);
         }
         if let Err(e) = self.settle_deadline(&mut work) {
@@ -75,12 +75,12 @@ impl Engine {
                     for (core, key) in keys {
                         core.release_key(&key);
                     }
-                    abort(work);
+                    abort(work, self.table());
                     return Err(self.unsupported("this move in a transaction"));
                 }
             }
         }
-        let enqueues = std::mem::take(&mut work.enqueues).into_vec();
+        let enqueues = self.table().counted(std::mem::take(&mut work.enqueues));
         let slot = std::mem::take(&mut work.rd);
         let lease = lease.map(|(q, n, ttl)| (&*q.core, n, ttl));
         let done = if enqueues.is_empty() && changes.is_empty() && slot.token().is_none() {

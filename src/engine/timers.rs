@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use super::proc::Proc;
 use crate::clock::{Clock, OnAdvance};
-use crate::core::{Entry, QueueCore};
+use crate::core::{Entry, QueueCore, QueueIndex, QueueTable};
 use crate::error::{Error, Result};
 use crate::sync::process::{AtomicU64, Condvar, Mutex, Ordering};
 
@@ -27,12 +27,14 @@ pub(crate) struct TxExpiry {
     pub(crate) deadline: u64,
     /// Its key among the timers (with `deadline`), to cancel it once settled.
     key: u64,
+    /// The store's queues, which the copies name by index.
+    table: Arc<QueueTable>,
     state: Mutex<TxState>,
 }
 
 #[derive(Default)]
 struct TxState {
-    copies: Vec<(Arc<QueueCore>, Entry)>,
+    copies: Vec<(QueueIndex, Entry)>,
     expired: bool,
     settled: bool,
     /// What else the deadline does (on PostgreSQL: ends the transaction's database session),
@@ -53,10 +55,16 @@ impl std::fmt::Debug for TxState {
 }
 
 impl TxExpiry {
-    fn new(deadline: u64, key: u64, held: &[(Arc<QueueCore>, Entry)]) -> Arc<TxExpiry> {
+    fn new(
+        deadline: u64,
+        key: u64,
+        held: &[(QueueIndex, Entry)],
+        table: &Arc<QueueTable>,
+    ) -> Arc<TxExpiry> {
         Arc::new(TxExpiry {
             deadline,
             key,
+            table: Arc::clone(table),
             state: Mutex::new(TxState {
                 copies: held.to_vec(),
                 expired: false,
@@ -73,7 +81,7 @@ impl TxExpiry {
 
     /// Notes an entry the transaction took. If the deadline passed meanwhile, the copy goes
     /// back at once (the timer has run already).
-    pub(crate) fn note(&self, core: &Arc<QueueCore>, entry: &Entry) {
+    pub(crate) fn note(&self, core: &QueueCore, entry: &Entry) {
         let mut state = self.state.lock();
         if state.expired {
             drop(state);
@@ -81,19 +89,17 @@ impl TxExpiry {
             core.restore(std::iter::once(entry.clone()));
             return;
         }
-        state.copies.push((Arc::clone(core), entry.clone()));
+        state.copies.push((core.index(), entry.clone()));
     }
 
     /// The transaction gives back entry `id` of `core` itself: the timer must not. False if
     /// the timer has run already (it gave the entry back).
-    pub(crate) fn forget(&self, core: &Arc<QueueCore>, id: u64) -> bool {
+    pub(crate) fn forget(&self, queue: QueueIndex, id: u64) -> bool {
         let mut state = self.state.lock();
         if state.expired {
             return false;
         }
-        state
-            .copies
-            .retain(|(c, e)| !(e.id == id && Arc::ptr_eq(c, core)));
+        state.copies.retain(|(q, e)| !(e.id == id && *q == queue));
         true
     }
 
@@ -138,10 +144,10 @@ impl TxExpiry {
             state.expired = true;
             (std::mem::take(&mut state.copies), state.on_fire.take())
         };
-        for (core, _) in &copies {
-            core.unhold(1);
+        for (queue, _) in &copies {
+            self.table.get(*queue).unhold(1);
         }
-        crate::core::restore_all(copies);
+        crate::core::restore_all(&self.table, copies);
         if let Some(hook) = hook {
             hook();
         }
@@ -210,10 +216,11 @@ impl Timers {
     pub(crate) fn expire_transaction(
         &self,
         deadline: u64,
-        held: &[(Arc<QueueCore>, Entry)],
+        held: &[(QueueIndex, Entry)],
+        table: &Arc<QueueTable>,
     ) -> Arc<TxExpiry> {
         let key = self.next_tx_key.fetch_sub(1, Ordering::Relaxed);
-        let expiry = TxExpiry::new(deadline, key, held);
+        let expiry = TxExpiry::new(deadline, key, held, table);
         self.add(deadline, key, Timer::Transaction(Arc::clone(&expiry)));
         expiry
     }

@@ -12,12 +12,12 @@ use super::postgres;
 #[cfg(feature = "redis")]
 use super::redis;
 use super::timers::TxExpiry;
-use crate::core::{restore_all, Entry, QueueCore, Ticket};
+use crate::core::{restore_all, Entry, QueueCore, QueueIndex, QueueTable, Ticket};
 use crate::error::{Error, Result};
 
 /// Encoded items a transaction enqueues, with their queues. One-item transactions, the most
 /// common kind, keep theirs inline.
-pub(crate) type Enqueues = SmallVec<[(Arc<QueueCore>, Box<[u8]>); 1]>;
+pub(crate) type Enqueues = SmallVec<[(QueueIndex, Box<[u8]>); 1]>;
 
 /// What buffering one item costs a transaction beyond its encoded bytes, as the transaction
 /// size limit counts it: its `(queue, bytes)` slot in [`Enqueues`] (24 bytes on 64-bit
@@ -29,13 +29,13 @@ pub(crate) type Enqueues = SmallVec<[(Arc<QueueCore>, Box<[u8]>); 1]>;
 /// upper bound for it. Without it, a transaction of zero-sized items could grow without
 /// bound under any limit.
 pub(crate) const ITEM_OVERHEAD: usize =
-    std::mem::size_of::<(Arc<QueueCore>, Box<[u8]>)>() + MIN_HEAP_BLOCK;
+    std::mem::size_of::<(QueueIndex, Box<[u8]>)>() + MIN_HEAP_BLOCK;
 
 /// The smallest block glibc's `malloc` hands out, header included (on 64-bit targets).
 const MIN_HEAP_BLOCK: usize = 32;
 
 /// Items a transaction dequeued and holds, with their queues.
-pub(crate) type Held = SmallVec<[(Arc<QueueCore>, Entry); 1]>;
+pub(crate) type Held = SmallVec<[(QueueIndex, Entry); 1]>;
 
 /// What an open transaction has done so far, as its engine keeps it.
 ///
@@ -126,30 +126,31 @@ impl Work {
                 let mut seen = std::collections::HashSet::with_capacity(self.dequeued.len());
                 self.dequeued
                     .iter()
-                    .all(|(core, entry)| seen.insert((core.id(), entry.id)))
+                    .all(|(queue, entry)| seen.insert((*queue, entry.id)))
             },
             "a transaction holds each dequeued item once"
         );
     }
 
     /// Counts the dequeued items as no longer held (committed or given back).
-    pub(crate) fn release_held(&self) {
-        for (core, _) in &self.dequeued {
-            core.unhold(1);
+    pub(crate) fn release_held(&self, table: &QueueTable) {
+        for (queue, _) in &self.dequeued {
+            table.get(*queue).unhold(1);
         }
     }
 
     /// Gives the last item dequeued back to the front of its queue (it could not be decoded).
-    pub(crate) fn give_back_last(&mut self) {
-        let Some((core, entry)) = self.dequeued.pop() else {
+    pub(crate) fn give_back_last(&mut self, table: &QueueTable) {
+        let Some((queue, entry)) = self.dequeued.pop() else {
             return;
         };
         // Past the deadline the timer has put the item's copy back already.
         if self
             .expiry
             .as_ref()
-            .is_none_or(|x| x.forget(&core, entry.id))
+            .is_none_or(|x| x.forget(queue, entry.id))
         {
+            let core = table.get(queue);
             core.unhold(1);
             core.restore(std::iter::once(entry));
         }
@@ -157,9 +158,10 @@ impl Work {
 
     /// The dequeued items were committed: no longer held, gone from their queues, so their
     /// keys are free again. Leaves `dequeued` empty.
-    pub(crate) fn settle_dequeued(&mut self) {
+    pub(crate) fn settle_dequeued(&mut self, table: &QueueTable) {
         self.check_held();
-        for (core, entry) in self.dequeued.drain(..) {
+        for (queue, entry) in self.dequeued.drain(..) {
+            let core = table.get(queue);
             core.unhold(1);
             if let Some(key) = entry.key() {
                 core.release_key(key);
@@ -199,7 +201,7 @@ impl Work {
 }
 
 /// Gives `work`'s dequeued items back and undoes its moves; its enqueues are dropped.
-pub(crate) fn abort(mut work: Work) {
+pub(crate) fn abort(mut work: Work, table: &QueueTable) {
     debug_assert!(
         work.expiry.is_none(),
         "a deadline is settled before the work is undone"
@@ -208,7 +210,7 @@ pub(crate) fn abort(mut work: Work) {
     work.undo_moves();
     if !work.dequeued.is_empty() {
         work.check_held();
-        work.release_held();
-        restore_all(work.dequeued);
+        work.release_held(table);
+        restore_all(table, work.dequeued);
     }
 }

@@ -52,13 +52,18 @@ impl Memory {
                 let first = self.next_id.fetch_add(n, Ordering::Relaxed);
                 // Plain items need the time only to report it (their enqueue time).
                 let now = timers.clock().now_coarse();
-                publish_all(std::mem::take(&mut work.enqueues), first, now);
+                publish_all(
+                    self.catalog.table(),
+                    std::mem::take(&mut work.enqueues),
+                    first,
+                    now,
+                );
             }
         } else {
             self.commit_moves(work, timers);
         }
         if !work.dequeued.is_empty() {
-            work.settle_dequeued();
+            work.settle_dequeued(self.catalog.table());
         }
         work.enqueued_bytes = 0;
     }
@@ -72,7 +77,12 @@ impl Memory {
         let now = timers.clock().now();
         let enqueued = u64::try_from(work.enqueues.len()).unwrap_or(u64::MAX);
         if enqueued > 0 {
-            publish_all(std::mem::take(&mut work.enqueues), first, now);
+            publish_all(
+                self.catalog.table(),
+                std::mem::take(&mut work.enqueues),
+                first,
+                now,
+            );
         }
         let mut id = first + enqueued;
         for mv in work.moves.drain(..) {

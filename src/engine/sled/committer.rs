@@ -25,7 +25,7 @@ use super::record::{self, Bytes, Op, RecordBuilder, Version};
 use super::recovery::LogState;
 use super::trees::{self, Trees};
 use crate::config::{Config, Durability};
-use crate::core::{publish_all, Entry, QueueId};
+use crate::core::{publish_all, Entry, QueueId, QueueTable};
 use crate::engine::moves::{apply, due_after, Move, MoveKind};
 use crate::engine::timers::Timers;
 use crate::engine::work::Work;
@@ -84,8 +84,8 @@ impl CommitRequest {
 
     /// Answers the request with a failure, giving its dequeued items back to their queues
     /// and undoing its moves.
-    fn fail(self, error: Error) {
-        crate::engine::work::abort(self.work);
+    fn fail(self, error: Error, table: &QueueTable) {
+        crate::engine::work::abort(self.work, table);
         drop(self.reply.send(Err(error)));
     }
 }
@@ -128,9 +128,9 @@ pub(crate) enum Message {
 
 impl Message {
     /// Answers the message with `error` without doing it.
-    pub(crate) fn fail(self, error: Error) {
+    pub(crate) fn fail(self, error: Error, table: &QueueTable) {
         match self {
-            Message::Commit(req) => req.fail(error),
+            Message::Commit(req) => req.fail(error, table),
             Message::ReadItems { reply, .. } => drop(reply.send(Err(error))),
             Message::CreateQueue { reply, .. }
             | Message::SetPolicy { reply, .. }
@@ -173,6 +173,8 @@ pub(crate) struct Committer {
     rx: Receiver<Message>,
     /// The store's clock (commit times) and timers (delayed items, lease deadlines).
     timers: Arc<Timers>,
+    /// The store's queues, which the requests' work names by index.
+    table: Arc<QueueTable>,
     pub(super) liveness: Liveness,
     next_id: u64,
     pub(super) next_seq: u64,
@@ -206,6 +208,7 @@ impl Committer {
         marker: Marker,
         config: &Config,
         timers: Arc<Timers>,
+        table: Arc<QueueTable>,
         rx: Receiver<Message>,
     ) -> Self {
         Committer {
@@ -221,6 +224,7 @@ impl Committer {
             compaction_floor: config.compaction_floor,
             rx,
             timers,
+            table,
             liveness: log.liveness,
             next_id: log.next_id,
             next_seq: log.next_seq,
@@ -375,7 +379,7 @@ impl Committer {
         // Requests sent after the close: refused. A request that arrives after this drain
         // finds its reply dropped, which reads as `Closed` too.
         while let Ok(message) = self.rx.try_recv() {
-            message.fail(Error::Closed);
+            message.fail(Error::Closed, &self.table);
         }
     }
 
@@ -526,10 +530,13 @@ impl Committer {
                     }
                     kept.push(req);
                 }
-                Ok(_) => req.fail(Error::Bug {
-                    invariant: "a dead letter's record is in the log",
-                }),
-                Err(e) => req.fail(e),
+                Ok(_) => req.fail(
+                    Error::Bug {
+                        invariant: "a dead letter's record is in the log",
+                    },
+                    &self.table,
+                ),
+                Err(e) => req.fail(e, &self.table),
             }
         }
         kept
@@ -538,7 +545,9 @@ impl Committer {
     fn commit_group(&mut self, group: Vec<CommitRequest>) {
         if let Some(e) = &self.failed {
             let e = Error::previous(e);
-            group.into_iter().for_each(|req| req.fail(e.clone()));
+            group
+                .into_iter()
+                .for_each(|req| req.fail(e.clone(), &self.table));
             return;
         }
         let group = if group.iter().any(|r| !r.work.moves.is_empty()) {
@@ -558,7 +567,9 @@ impl Committer {
                 // Only a bug can get here; fail the group, keep the store going.
                 self.builder.reset();
                 let e = Error::storage(e);
-                group.into_iter().for_each(|req| req.fail(e.clone()));
+                group
+                    .into_iter()
+                    .for_each(|req| req.fail(e.clone(), &self.table));
                 return;
             }
         };
@@ -589,7 +600,9 @@ impl Committer {
         if let Err(e) = written {
             tracing::error!(error = %e, seq, "writing a commit group failed; the store stops writing");
             self.stop(&e);
-            group.into_iter().for_each(|req| req.fail(e.clone()));
+            group
+                .into_iter()
+                .for_each(|req| req.fail(e.clone(), &self.table));
             return;
         }
         // The group is written (and under `Sync` durable): its commits succeed whatever
@@ -641,7 +654,7 @@ impl Committer {
             }
             // Lossless: a `usize` is at most 64 bits on every target Rust supports.
             let n = u64::try_from(req.work.enqueues.len()).unwrap_or(u64::MAX);
-            publish_all(std::mem::take(&mut req.work.enqueues), id, now);
+            publish_all(&self.table, std::mem::take(&mut req.work.enqueues), id, now);
             id += n;
             for mv in req.work.moves.drain(..) {
                 if let Some(ended) = ended_id(&mv) {
@@ -656,7 +669,7 @@ impl Committer {
                 apply(mv, id, now, &self.timers, true);
                 id += u64::from(takes_id);
             }
-            req.work.settle_dequeued();
+            req.work.settle_dequeued(&self.table);
             drop(req.reply.send(Ok(())));
         }
         debug_assert_eq!(id, self.next_id, "every new id was published");
@@ -689,7 +702,7 @@ impl Committer {
         for req in group {
             for (queue, bytes) in &req.work.enqueues {
                 self.builder.push(&Op::Enqueue {
-                    queue: queue.id(),
+                    queue: self.table.get(*queue).id(),
                     id,
                     attempts: 0,
                     not_before: 0,
@@ -700,7 +713,7 @@ impl Committer {
             }
             for (queue, entry) in &req.work.dequeued {
                 self.builder.push(&Op::Ack {
-                    queue: queue.id(),
+                    queue: self.table.get(*queue).id(),
                     id: entry.id,
                 })?;
                 self.split_if_full(&mut records, &mut record_first, id, now)?;

@@ -188,6 +188,7 @@ impl Sled {
             marker,
             config,
             timers,
+            Arc::clone(catalog.table()),
             receiver,
         );
         let committer = std::thread::Builder::new()
@@ -212,7 +213,7 @@ impl Sled {
     /// [`Error::Closed`] (a commit's dequeued items go back).
     fn send(&self, message: Message) {
         if let Err(e) = self.sender.send(message) {
-            e.into_inner().fail(Error::Closed);
+            e.into_inner().fail(Error::Closed, self.catalog.table());
         }
     }
 
