@@ -43,6 +43,11 @@ impl QueueTable {
     /// The queue at `index`.
     #[inline]
     pub(crate) fn get(&self, index: QueueIndex) -> &QueueCore {
+        self.at(index)
+    }
+
+    #[inline]
+    fn at(&self, index: QueueIndex) -> &Arc<QueueCore> {
         // An index is only ever read off a queue, after `add` put it in the table.
         self.0
             .get(index.0 as usize)
@@ -56,15 +61,9 @@ impl QueueTable {
         &self,
         items: impl IntoIterator<Item = (QueueIndex, T)>,
     ) -> Vec<(Arc<QueueCore>, T)> {
-        let counted = |index: QueueIndex| {
-            self.0
-                .get(index.0 as usize)
-                .map(Arc::clone)
-                .expect("an index names a queue in the table")
-        };
         items
             .into_iter()
-            .map(|(queue, item)| (counted(queue), item))
+            .map(|(queue, item)| (Arc::clone(self.at(queue)), item))
             .collect()
     }
 }
