@@ -228,6 +228,23 @@ impl Config {
                 return bad("url", "either a path or a server's URL, not both");
             }
         }
+        // PostgreSQL's settings make a PostgreSQL configuration whatever came first, so a
+        // store named by a Redis URL, or by none, that was given one of them must not
+        // connect to PostgreSQL with an empty URL (libpq's defaults: a local server).
+        #[cfg(feature = "postgres")]
+        if c.postgres.as_ref().is_some_and(|pg| pg.url.is_empty()) {
+            return bad(
+                "url",
+                "a PostgreSQL URL (postgres:// or postgresql://) with the postgres_* settings",
+            );
+        }
+        #[cfg(all(feature = "postgres", feature = "redis"))]
+        if c.postgres.is_some() && c.redis.is_some() {
+            return bad(
+                "url",
+                "one server's URL: either PostgreSQL's or Redis's, not both",
+            );
+        }
         #[cfg(feature = "postgres")]
         if let Some(pg) = &mut c.postgres {
             if let Some(ns) = &c.namespace {

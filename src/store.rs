@@ -620,7 +620,9 @@ impl Builder {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidConfig`](crate::Error::InvalidConfig) for a setting out of range, [`Error::AlreadyOpen`](crate::Error::AlreadyOpen) if the
+    /// [`Error::InvalidConfig`](crate::Error::InvalidConfig) for a setting out of range or one
+    /// the named store does not take (`postgres_*` settings without a PostgreSQL URL),
+    /// [`Error::AlreadyOpen`](crate::Error::AlreadyOpen) if the
     /// directory is in use, [`Error::UnsupportedFormat`](crate::Error::UnsupportedFormat) for a store of another format
     /// version, [`Error::UnsafeDirectory`](crate::Error::UnsafeDirectory) for a path that is
     /// not a directory, a symbolic link in or to it, or (Unix) a directory owned by another
@@ -650,7 +652,8 @@ impl Builder {
     /// # Errors
     ///
     /// [`Error::InvalidConfig`](crate::Error::InvalidConfig) for a malformed URL or schema
-    /// name, or a setting the engine does not take;
+    /// name, or a setting the engine does not take (`postgres_*` settings without a
+    /// PostgreSQL URL, or with a Redis one);
     /// [`Error::Postgres`](crate::Error::Postgres) or [`Error::Redis`](crate::Error::Redis)
     /// when the server cannot be reached or refuses (or, with
     /// [`require_fsync`](Builder::require_fsync), does not fsync every commit);

@@ -275,6 +275,38 @@ fn bad_queue_names_are_rejected(engine: &'static Engine) {
     });
 }
 
+/// PostgreSQL's settings (`postgres_*`) without a PostgreSQL URL are refused at open, whatever
+/// else names the store: nothing connects to a server the settings do not name (before, the
+/// store went to PostgreSQL with an empty URL, a Redis URL beside it ignored).
+#[cfg(feature = "postgres")]
+fn postgres_settings_without_a_postgres_url_are_refused() {
+    let refused = |what: &str, builder: reliable_queue::Builder| match builder.open() {
+        Err(Error::InvalidConfig {
+            setting: "url",
+            expected,
+        }) => assert!(!expected.is_empty(), "{what}"),
+        other => panic!("{what}: expected InvalidConfig for url, got {other:?}"),
+    };
+    refused("no URL", Store::builder().postgres_pool_size(4));
+    let (_guard, path) = temp_dir();
+    refused(
+        "a path",
+        Store::builder().path(&path).postgres_schema("elsewhere"),
+    );
+    #[cfg(feature = "redis")]
+    {
+        let redis = || Store::builder().url("redis://127.0.0.1:1");
+        refused(
+            "a Redis URL",
+            redis().postgres_poll_interval(std::time::Duration::from_secs(5)),
+        );
+        refused(
+            "a Redis URL and a PostgreSQL one",
+            redis().postgres("postgres://rq@127.0.0.1:1/postgres"),
+        );
+    }
+}
+
 /// A queue whose name has a NUL character, made on sled before such names were refused (no
 /// engine makes one now: PostgreSQL's text cannot hold it), still opens, so that its items
 /// can be drained or moved; a new queue with such a name is refused.
@@ -805,6 +837,8 @@ pub(crate) fn cases() -> Vec<common::engines::Case> {
         engine_case!(undecodable_item_can_be_discarded_by_commit),
         engine_case!(invalid_builder_settings_are_rejected),
         engine_case!(bad_queue_names_are_rejected),
+        #[cfg(feature = "postgres")]
+        once_case!(postgres_settings_without_a_postgres_url_are_refused),
         once_case!(a_queue_made_with_a_nul_in_its_name_before_the_rule_still_opens),
         once_case!(damaged_record_body_fences_its_queue_only),
         once_case!(damaged_record_header_fences_every_queue),
