@@ -74,17 +74,13 @@ fn by_queue<T>(
     table: &QueueTable,
     items: impl IntoIterator<Item = (QueueIndex, T)>,
 ) -> Vec<(&QueueCore, Vec<T>)> {
-    let mut groups: Vec<(QueueIndex, Vec<T>)> = Vec::new();
+    let mut groups: Vec<(&QueueCore, Vec<T>)> = Vec::new();
     for (queue, item) in items {
-        match groups.iter_mut().find(|(q, _)| *q == queue) {
+        match groups.iter_mut().find(|(q, _)| q.index() == queue) {
             Some((_, group)) => group.push(item),
-            None => groups.push((queue, vec![item])),
+            None => groups.push((table.get(queue), vec![item])),
         }
     }
-    let mut groups: Vec<_> = groups
-        .into_iter()
-        .map(|(queue, items)| (table.get(queue), items))
-        .collect();
     groups.sort_by_key(|(q, _)| q.id());
     groups
 }
@@ -102,41 +98,41 @@ pub(crate) fn publish_all<L>(table: &QueueTable, items: L, first: u64, time: u64
 where
     L: IntoIterator<Item = (QueueIndex, Box<[u8]>)> + AsRef<[(QueueIndex, Box<[u8]>)]>,
 {
-    let Some(queue) = single_queue(items.as_ref()) else {
-        if !items.as_ref().is_empty() {
-            let entries = items
-                .into_iter()
-                .zip(first..)
-                .map(|((queue, bytes), id)| (queue, Entry::new(id, bytes, time)));
+    let single = single_queue(items.as_ref());
+    let entries = items.into_iter().zip(first..);
+    match single {
+        Some(queue) => table
+            .get(queue)
+            .publish(entries.map(|((_, bytes), id)| Entry::new(id, bytes, time))),
+        // Several queues, or none (nothing is locked then).
+        None => {
+            let entries = entries.map(|((queue, bytes), id)| (queue, Entry::new(id, bytes, time)));
             change_together(by_queue(table, entries), |lock, entries, wake| {
                 lock.publish(entries, wake)
             });
         }
-        return;
-    };
-    let entries = items.into_iter().zip(first..);
-    table
-        .get(queue)
-        .publish(entries.map(|((_, bytes), id)| Entry::new(id, bytes, time)));
+    }
 }
 
-/// Gives items back to the front of their queues, in their order, all queues at once.
-pub(crate) fn restore_all<L>(table: &QueueTable, items: L)
+/// Gives held items back: no longer held, at the front of their queues, in their order, all
+/// queues at once.
+pub(crate) fn give_back_all<L>(table: &QueueTable, items: L)
 where
     L: IntoIterator<Item = (QueueIndex, Entry)> + AsRef<[(QueueIndex, Entry)]>,
     L::IntoIter: DoubleEndedIterator,
 {
-    let Some(queue) = single_queue(items.as_ref()) else {
-        if !items.as_ref().is_empty() {
-            change_together(by_queue(table, items), |lock, entries, wake| {
-                lock.restore(entries.into_iter(), wake)
-            });
-        }
-        return;
-    };
-    table
-        .get(queue)
-        .restore(items.into_iter().map(|(_, entry)| entry));
+    for (queue, _) in items.as_ref() {
+        table.get(*queue).unhold(1);
+    }
+    match single_queue(items.as_ref()) {
+        Some(queue) => table
+            .get(queue)
+            .restore(items.into_iter().map(|(_, entry)| entry)),
+        // Several queues, or none (nothing is locked then).
+        None => change_together(by_queue(table, items), |lock, entries, wake| {
+            lock.restore(entries.into_iter(), wake)
+        }),
+    }
 }
 
 /// Applies `change` to each queue's entries with every queue locked (in the increasing id

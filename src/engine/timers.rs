@@ -85,8 +85,7 @@ impl TxExpiry {
         let mut state = self.state.lock();
         if state.expired {
             drop(state);
-            core.unhold(1);
-            core.restore(std::iter::once(entry.clone()));
+            crate::core::give_back_all(&self.table, [(core.index(), entry.clone())]);
             return;
         }
         state.copies.push((core.index(), entry.clone()));
@@ -144,10 +143,7 @@ impl TxExpiry {
             state.expired = true;
             (std::mem::take(&mut state.copies), state.on_fire.take())
         };
-        for (queue, _) in &copies {
-            self.table.get(*queue).unhold(1);
-        }
-        crate::core::restore_all(&self.table, copies);
+        crate::core::give_back_all(&self.table, copies);
         if let Some(hook) = hook {
             hook();
         }

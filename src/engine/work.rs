@@ -12,7 +12,7 @@ use super::postgres;
 #[cfg(feature = "redis")]
 use super::redis;
 use super::timers::TxExpiry;
-use crate::core::{restore_all, Entry, QueueCore, QueueIndex, QueueTable, Ticket};
+use crate::core::{give_back_all, Entry, QueueCore, QueueIndex, QueueTable, Ticket};
 use crate::error::{Error, Result};
 
 /// Encoded items a transaction enqueues, with their queues. One-item transactions, the most
@@ -132,13 +132,6 @@ impl Work {
         );
     }
 
-    /// Counts the dequeued items as no longer held (committed or given back).
-    pub(crate) fn release_held(&self, table: &QueueTable) {
-        for (queue, _) in &self.dequeued {
-            table.get(*queue).unhold(1);
-        }
-    }
-
     /// Gives the last item dequeued back to the front of its queue (it could not be decoded).
     pub(crate) fn give_back_last(&mut self, table: &QueueTable) {
         let Some((queue, entry)) = self.dequeued.pop() else {
@@ -150,9 +143,7 @@ impl Work {
             .as_ref()
             .is_none_or(|x| x.forget(queue, entry.id))
         {
-            let core = table.get(queue);
-            core.unhold(1);
-            core.restore(std::iter::once(entry));
+            give_back_all(table, [(queue, entry)]);
         }
     }
 
@@ -210,7 +201,6 @@ pub(crate) fn abort(mut work: Work, table: &QueueTable) {
     work.undo_moves();
     if !work.dequeued.is_empty() {
         work.check_held();
-        work.release_held(table);
-        restore_all(table, work.dequeued);
+        give_back_all(table, work.dequeued);
     }
 }

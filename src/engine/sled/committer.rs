@@ -542,12 +542,17 @@ impl Committer {
         kept
     }
 
+    /// Answers every request of `group` with `error` (their dequeued items go back).
+    fn fail_all(&self, group: Vec<CommitRequest>, error: &Error) {
+        group
+            .into_iter()
+            .for_each(|req| req.fail(error.clone(), &self.table));
+    }
+
     fn commit_group(&mut self, group: Vec<CommitRequest>) {
         if let Some(e) = &self.failed {
             let e = Error::previous(e);
-            group
-                .into_iter()
-                .for_each(|req| req.fail(e.clone(), &self.table));
+            self.fail_all(group, &e);
             return;
         }
         let group = if group.iter().any(|r| !r.work.moves.is_empty()) {
@@ -567,9 +572,7 @@ impl Committer {
                 // Only a bug can get here; fail the group, keep the store going.
                 self.builder.reset();
                 let e = Error::storage(e);
-                group
-                    .into_iter()
-                    .for_each(|req| req.fail(e.clone(), &self.table));
+                self.fail_all(group, &e);
                 return;
             }
         };
@@ -600,9 +603,7 @@ impl Committer {
         if let Err(e) = written {
             tracing::error!(error = %e, seq, "writing a commit group failed; the store stops writing");
             self.stop(&e);
-            group
-                .into_iter()
-                .for_each(|req| req.fail(e.clone(), &self.table));
+            self.fail_all(group, &e);
             return;
         }
         // The group is written (and under `Sync` durable): its commits succeed whatever
