@@ -431,12 +431,14 @@ impl Bounded<'_> {
 impl postcard::ser_flavors::Flavor for Bounded<'_> {
     type Output = ();
 
+    #[inline]
     fn try_extend(&mut self, data: &[u8]) -> postcard::Result<()> {
         self.room_for(data.len())?;
         self.buf.extend_from_slice(data);
         Ok(())
     }
 
+    #[inline]
     fn try_push(&mut self, data: u8) -> postcard::Result<()> {
         self.room_for(1)?;
         self.buf.push(data);
@@ -454,11 +456,13 @@ struct AppendTo<'a>(&'a mut Vec<u8>);
 impl postcard::ser_flavors::Flavor for AppendTo<'_> {
     type Output = ();
 
+    #[inline]
     fn try_extend(&mut self, data: &[u8]) -> postcard::Result<()> {
         self.0.extend_from_slice(data);
         Ok(())
     }
 
+    #[inline]
     fn try_push(&mut self, data: u8) -> postcard::Result<()> {
         self.0.push(data);
         Ok(())
@@ -491,6 +495,7 @@ const SCRATCH_KEEP: usize = 64 << 10;
 /// capacity. An item over the limit is refused as soon as that is known: before any copy for
 /// a byte-like item, at the write that crosses the limit otherwise, so refusing it costs at
 /// most `limit` bytes of memory, not the item's encoded size.
+#[inline]
 pub(crate) fn encode<T: Serialize + 'static>(
     item: &T,
     limit: usize,
@@ -534,7 +539,9 @@ pub(crate) fn as_text(bytes: &[u8]) -> Option<&str> {
 }
 
 /// Encodes `item` in the envelope through serde and postcard, within `limit` bytes.
+#[inline]
 fn encode_serde<T: Serialize>(item: &T, limit: usize) -> Result<Box<[u8]>, EncodeError> {
+    #[inline]
     fn into_exact(
         buf: &mut Vec<u8>,
         item: &impl Serialize,
@@ -580,6 +587,7 @@ fn encode_serde<T: Serialize>(item: &T, limit: usize) -> Result<Box<[u8]>, Encod
 }
 
 /// Decodes an enveloped item.
+#[inline]
 pub(crate) fn decode<T: DeserializeOwned + 'static>(bytes: &[u8]) -> Result<T, DecodeError> {
     let rest = open_envelope(bytes)?;
     if TypeId::of::<T>() == TypeId::of::<RawItem>() {
@@ -606,6 +614,7 @@ fn open_envelope(bytes: &[u8]) -> Result<&[u8], DecodeError> {
 }
 
 /// Decodes an item (without its envelope) through serde and postcard.
+#[inline]
 fn decode_serde<T: DeserializeOwned>(rest: &[u8]) -> Result<T, DecodeError> {
     let (item, trailing) = postcard::take_from_bytes(rest)?;
     if !trailing.is_empty() {
@@ -616,6 +625,7 @@ fn decode_serde<T: DeserializeOwned>(rest: &[u8]) -> Result<T, DecodeError> {
 
 /// The raw bytes of `item` if it is of a byte-like type, whose postcard encoding is a varint
 /// length followed by these bytes.
+#[inline]
 fn raw_bytes<T: 'static>(item: &T) -> Option<&[u8]> {
     // `RawKind::of` compares constant type ids and folds away for every other `T`, so they
     // pay nothing here; only a byte-like `T` goes through `Any`.
@@ -633,6 +643,7 @@ fn raw_bytes<T: 'static>(item: &T) -> Option<&[u8]> {
 
 /// Encodes raw bytes in the envelope as postcard does: version, varint length, bytes. One
 /// allocation of the exact size, one copy; none when the exact size is over `limit`.
+#[inline]
 fn encode_raw(raw: &[u8], limit: usize) -> Result<Box<[u8]>, EncodeError> {
     let mut prefix = [0u8; VARINT_MAX];
     let prefix = put_varint_usize(raw.len(), &mut prefix);

@@ -33,6 +33,7 @@ impl Engine {
     /// were taken. An error of `each` ends the take; what was taken stays held by `work`.
     ///
     /// Ready at once on the embedded engines; one round trip on PostgreSQL.
+    #[inline]
     pub(crate) async fn take(
         &self,
         queue: &QueueRef,
@@ -53,6 +54,7 @@ impl Engine {
     }
 
     /// [`take`](Self::take) for threads: on the embedded engines without a future.
+    #[inline]
     pub(crate) fn blocking_take(
         &self,
         queue: &QueueRef,
@@ -68,6 +70,7 @@ impl Engine {
     }
 
     /// The embedded engines' take, from the in-memory core: ready at once.
+    #[inline]
     fn take_now(
         &self,
         queue: &QueueRef,

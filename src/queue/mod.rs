@@ -1,4 +1,10 @@
 //! [`ReliableConcurrentQueue`]: the typed handle on one named queue.
+//!
+//! The item path (`enqueue`, `try_dequeue` and their blocking forms, down to the codec and the
+//! engine's take) is `#[inline]`: these functions are generic over the item, so they are
+//! compiled in the caller's crate, which the default release profile splits into 16 units, and
+//! a call from one unit into another is often left a call. Marked, every unit that uses them
+//! gets a copy it can inline (ARCHITECTURE.md, "Decisions where the contract is silent").
 
 pub(crate) mod delays;
 pub(crate) mod dequeue;
@@ -178,6 +184,7 @@ impl<T> ReliableConcurrentQueue<T> {
     }
 
     /// Checks that `tx` belongs to this queue's store.
+    #[inline]
     pub(crate) fn check(&self, tx: &Transaction) -> Result<()> {
         if std::ptr::eq(tx.engine(), &*self.engine) {
             Ok(())
@@ -221,6 +228,7 @@ where
     /// tx.blocking_commit()?;
     /// # Ok::<(), reliable_queue::Error>(())
     /// ```
+    #[inline]
     pub fn enqueue(&self, tx: &mut Transaction, item: impl Borrow<T>) -> Result<()> {
         self.check(tx)?;
         let bytes = self.encode(item.borrow())?;
@@ -228,6 +236,7 @@ where
     }
 
     /// Encodes an item within the item size limit, once the store is known open.
+    #[inline]
     pub(crate) fn encode(&self, item: &T) -> Result<Box<[u8]>> {
         self.engine.check_open()?;
         let limit = self.engine.max_item_size();
@@ -280,6 +289,7 @@ where
     /// tx.commit().await?;
     /// # Ok(()) }
     /// ```
+    #[inline]
     pub async fn try_dequeue(&self, tx: &mut Transaction) -> Result<Option<T>> {
         // Before taking anything: a future that yields here has taken nothing.
         crate::engine::consume_budget().await;
@@ -309,6 +319,7 @@ where
     /// tx.blocking_commit()?;
     /// # Ok::<(), reliable_queue::Error>(())
     /// ```
+    #[inline]
     pub fn blocking_try_dequeue(&self, tx: &mut Transaction) -> Result<Option<T>> {
         self.check(tx)?;
         let mut item = None;
@@ -369,6 +380,7 @@ where
     /// Decodes an entry the transaction now holds.
     /// What [`try_dequeue`](Self::try_dequeue) hands the engine's take: decodes the entry
     /// into `item`.
+    #[inline]
     fn decode_into<'a>(&'a self, item: &'a mut Option<T>) -> impl FnMut(&Entry) -> Result<()> + 'a {
         move |entry| {
             *item = Some(self.decode(entry)?);
@@ -376,6 +388,7 @@ where
         }
     }
 
+    #[inline]
     pub(crate) fn decode(&self, entry: &Entry) -> Result<T> {
         codec::decode(&entry.bytes).map_err(|e| Error::Deserialize {
             queue: self.name().to_owned(),
