@@ -16,6 +16,8 @@ mod loom_models;
 
 pub(crate) use entry::{Entry, Meta, QueueId, QueueIndex};
 pub(crate) use queue::{QueueCore, Request};
+
+use queue::len_u64;
 pub(crate) use waiters::Ticket;
 
 use std::sync::Arc;
@@ -121,17 +123,22 @@ where
     L: IntoIterator<Item = (QueueIndex, Entry)> + AsRef<[(QueueIndex, Entry)]>,
     L::IntoIter: DoubleEndedIterator,
 {
-    for (queue, _) in items.as_ref() {
-        table.get(*queue).unhold(1);
-    }
     match single_queue(items.as_ref()) {
-        Some(queue) => table
-            .get(queue)
-            .restore(items.into_iter().map(|(_, entry)| entry)),
+        Some(queue) => {
+            let core = table.get(queue);
+            core.unhold(len_u64(items.as_ref().len()));
+            core.restore(items.into_iter().map(|(_, entry)| entry));
+        }
         // Several queues, or none (nothing is locked then).
-        None => change_together(by_queue(table, items), |lock, entries, wake| {
-            lock.restore(entries.into_iter(), wake)
-        }),
+        None => {
+            let groups = by_queue(table, items);
+            for (core, entries) in &groups {
+                core.unhold(len_u64(entries.len()));
+            }
+            change_together(groups, |lock, entries, wake| {
+                lock.restore(entries.into_iter(), wake)
+            });
+        }
     }
 }
 

@@ -93,7 +93,7 @@ pub(crate) struct QueueCore {
     keys: Mutex<HashMap<Box<[u8]>, u32>>,
 }
 
-fn len_u64(len: usize) -> u64 {
+pub(super) fn len_u64(len: usize) -> u64 {
     // usize is at most 64 bits on every target Rust supports.
     u64::try_from(len).unwrap_or(u64::MAX)
 }

@@ -576,6 +576,8 @@ impl Engine {
         let deadline = now.saturating_add(ttl);
         let n = u64::try_from(work.dequeued.len()).unwrap_or(u64::MAX);
         let first = memory.take_ids(n);
+        // Leased now, no longer held.
+        queue.core.unhold(n);
         let mut granted = Vec::with_capacity(work.dequeued.len());
         let leased = work
             .dequeued
@@ -586,7 +588,6 @@ impl Engine {
                     at == queue.core.index(),
                     "the items a grant leases were taken from its queue"
                 );
-                queue.core.unhold(1);
                 entry.id = id;
                 count_attempt(&mut entry, now);
                 granted.push(Granted {
@@ -663,13 +664,15 @@ impl Engine {
 
     fn lease_moves(&self, queue: &QueueRef, work: &mut Work, from: usize, ttl: u64) -> Pending {
         let now = self.now();
-        let mut grants = Vec::with_capacity(work.dequeued.len().saturating_sub(from));
+        let leased = work.dequeued.len().saturating_sub(from);
+        // Leased at the commit, no longer held.
+        queue.core.unhold(u64::try_from(leased).unwrap_or(u64::MAX));
+        let mut grants = Vec::with_capacity(leased);
         for (at, mut entry) in work.dequeued.drain(from..) {
             debug_assert!(
                 at == queue.core.index(),
                 "the items a grant leases were taken from its queue"
             );
-            queue.core.unhold(1);
             count_attempt(&mut entry, now);
             let grant = Arc::new(Grant::default());
             grants.push(Arc::clone(&grant));
@@ -904,7 +907,8 @@ impl BuryExpired for Engine {
 /// an enqueue with the key then takes that item's place at commit (a job that schedules its
 /// successor).
 fn succeeds_own(queue: &QueueRef, work: &Work, key: &[u8]) -> bool {
-    let mine = |core: &Arc<QueueCore>| Arc::ptr_eq(core, &queue.core);
+    let this = queue.core.index();
+    let mine = |core: &QueueCore| core.index() == this;
     let acked = || {
         work.moves.iter().any(|m| match m.kind {
             MoveKind::Ack { token, .. } => mine(&m.proc.core) && m.proc.lease_has_key(token, key),
@@ -914,7 +918,7 @@ fn succeeds_own(queue: &QueueRef, work: &Work, key: &[u8]) -> bool {
     (work
         .dequeued
         .iter()
-        .any(|(at, e)| *at == queue.core.index() && e.key() == Some(key))
+        .any(|(at, e)| *at == this && e.key() == Some(key))
         || acked())
         && !work.moves.iter().any(|m| {
             mine(&m.proc.core)
