@@ -46,7 +46,7 @@ fn publish_reaches_a_waiting_consumer() {
             let q = q.clone();
             thread::spawn(move || take_waiting(&q))
         };
-        q.publish([Entry::new(1, Box::new([0]), 0)]);
+        q.publish_one(Entry::new(1, Box::new([0]), 0));
         assert_eq!(consumer.join().unwrap(), Ok(1));
         assert_eq!((q.count(), q.waiters()), (0, 0));
     });

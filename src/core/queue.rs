@@ -265,6 +265,18 @@ impl QueueCore {
         wake.into_iter().for_each(Waker::wake);
     }
 
+    /// [`publish`](Self::publish) of one entry (most commits' and timers'): without the
+    /// iterators and the list of wakers.
+    pub(crate) fn publish_one(&self, entry: Entry) {
+        let mut locked = self.lock();
+        let waker = locked.offer(entry);
+        locked.core.set_visible(&locked.state);
+        drop(locked);
+        if let Some(waker) = waker {
+            waker.wake();
+        }
+    }
+
     /// Puts entries given back (abort, failed commit, cancelled waiter) at the front, so that
     /// the first entry comes out first; waiters are served first.
     pub(crate) fn restore(&self, entries: impl DoubleEndedIterator<Item = Entry>) {
@@ -427,17 +439,31 @@ impl Locked<'_> {
         entries
     }
 
+    /// Hands `entry` to the oldest waiter and returns its waker, or puts it at the back.
+    fn offer(&mut self, entry: Entry) -> Option<Waker> {
+        let handed = match self.state.waiters.any() {
+            true => self.state.waiters.hand(entry),
+            false => Err(entry),
+        };
+        match handed {
+            Ok(waker) => Some(waker),
+            Err(entry) => {
+                self.state.ready.push_back(entry);
+                None
+            }
+        }
+    }
+
     /// See [`QueueCore::publish`].
     pub(crate) fn publish(
         &mut self,
         entries: impl IntoIterator<Item = Entry>,
         wake: &mut Vec<Waker>,
     ) {
-        let rest = self.serve_waiters(entries.into_iter(), wake);
         // One at a time: most commits publish one item, and `extend` of an iterator that
         // does not know its length costs more than that item's `push_back`.
-        for entry in rest {
-            self.state.ready.push_back(entry);
+        for entry in entries {
+            wake.extend(self.offer(entry));
         }
         self.core.set_visible(&self.state);
     }

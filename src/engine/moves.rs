@@ -119,7 +119,7 @@ pub(crate) fn apply(mv: Move, id: u64, now: u64, timers: &Timers, dead_on_disk: 
             if let Some(key) = entry.key() {
                 proc.core.add_key(key.into());
             }
-            proc.core.publish(std::iter::once(entry));
+            proc.core.publish_one(entry);
         }
         MoveKind::Lease {
             mut entry,

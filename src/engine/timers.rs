@@ -281,7 +281,7 @@ impl Timers {
     /// Makes `entry` visible at its due time (at the tail of its queue), or now if it is due.
     pub(crate) fn due_at(&self, proc: &Arc<Proc>, entry: Entry, now: u64) {
         if entry.not_before() <= now {
-            proc.core.publish(std::iter::once(entry));
+            proc.core.publish_one(entry);
             return;
         }
         proc.delayed.fetch_add(1, Ordering::AcqRel);
