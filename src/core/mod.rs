@@ -15,9 +15,7 @@ mod waiters;
 mod loom_models;
 
 pub(crate) use entry::{Entry, Meta, QueueId, QueueIndex};
-pub(crate) use queue::{QueueCore, Request};
-
-use queue::len_u64;
+pub(crate) use queue::{len_u64, QueueCore, Request};
 pub(crate) use waiters::Ticket;
 
 use std::sync::Arc;

@@ -93,7 +93,7 @@ pub(crate) struct QueueCore {
     keys: Mutex<HashMap<Box<[u8]>, u32>>,
 }
 
-pub(super) fn len_u64(len: usize) -> u64 {
+pub(crate) fn len_u64(len: usize) -> u64 {
     // usize is at most 64 bits on every target Rust supports.
     u64::try_from(len).unwrap_or(u64::MAX)
 }
@@ -441,11 +441,7 @@ impl Locked<'_> {
 
     /// Hands `entry` to the oldest waiter and returns its waker, or puts it at the back.
     fn offer(&mut self, entry: Entry) -> Option<Waker> {
-        let handed = match self.state.waiters.any() {
-            true => self.state.waiters.hand(entry),
-            false => Err(entry),
-        };
-        match handed {
+        match self.state.waiters.hand(entry) {
             Ok(waker) => Some(waker),
             Err(entry) => {
                 self.state.ready.push_back(entry);

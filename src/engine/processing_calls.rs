@@ -16,7 +16,7 @@ use super::proc::{
 use super::timers::BuryExpired;
 use super::{Engine, Flavor, QueueRef, Work};
 use crate::clock::{known_time, system_time};
-use crate::core::{Entry, QueueCore};
+use crate::core::{len_u64, Entry, QueueCore};
 use crate::error::{Error, Result};
 use crate::processing::{check_delay, ItemState, QueueStats, Replay, RetryPolicy};
 
@@ -574,7 +574,7 @@ impl Engine {
         }
         let now = self.now();
         let deadline = now.saturating_add(ttl);
-        let n = u64::try_from(work.dequeued.len()).unwrap_or(u64::MAX);
+        let n = len_u64(work.dequeued.len());
         let first = memory.take_ids(n);
         // Leased now, no longer held.
         queue.core.unhold(n);
@@ -666,7 +666,7 @@ impl Engine {
         let now = self.now();
         let leased = work.dequeued.len().saturating_sub(from);
         // Leased at the commit, no longer held.
-        queue.core.unhold(u64::try_from(leased).unwrap_or(u64::MAX));
+        queue.core.unhold(len_u64(leased));
         let mut grants = Vec::with_capacity(leased);
         for (at, mut entry) in work.dequeued.drain(from..) {
             debug_assert!(
